@@ -1,0 +1,58 @@
+# Run `make` (or `make test`) to vet and test everything. The end-to-end tests
+# start real redis-server processes (see e2e/redistest); `make test` installs
+# redis-server with apt-get when it is missing and make runs as root.
+
+GO       ?= go
+FUZZTIME ?= 30s
+
+.DEFAULT_GOAL := all
+
+.PHONY: all test redis vet bench fuzz build clean
+
+all: test
+
+test: redis
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+# Ensure redis-server is installed (RATELEASE_REDIS_SERVER, when set to an
+# executable, is used by the tests instead of the one on PATH).
+redis:
+	@if [ -n "$${RATELEASE_REDIS_SERVER:-}" ] && [ -x "$${RATELEASE_REDIS_SERVER}" ]; then \
+		echo "redis-server: $${RATELEASE_REDIS_SERVER} (RATELEASE_REDIS_SERVER)"; \
+	elif command -v redis-server >/dev/null 2>&1; then \
+		echo "redis-server: $$(command -v redis-server)"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "redis-server is missing: installing it with apt-get"; \
+		apt-get update || exit 1; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server || exit 1; \
+		command -v redis-server >/dev/null 2>&1 || { echo "redis-server is still not on PATH after apt-get install" >&2; exit 1; }; \
+	else \
+		echo 'redis-server is missing: install it with `sudo apt-get install redis-server` (Debian/Ubuntu)' >&2; \
+		exit 1; \
+	fi
+
+vet:
+	$(GO) vet ./...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./leases/...
+
+# Run every Fuzz target of every package for $(FUZZTIME) each. `go test -list`
+# prints each package's matching names followed by its "ok <package>" line;
+# -fuzz needs one package and one target at a time.
+fuzz:
+	@list=$$($(GO) test -list '^Fuzz' ./...) || { echo "$$list" >&2; exit 1; }; \
+	targets=$$(echo "$$list" | awk '/^Fuzz/ { names[n++] = $$1; next } /^ok[ \t]/ { for (i = 0; i < n; i++) print $$2, names[i]; n = 0 }'); \
+	if [ -z "$$targets" ]; then echo "no Fuzz targets found"; exit 0; fi; \
+	echo "$$targets" | while read -r pkg name; do \
+		echo "== $$pkg $$name (fuzztime $(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) "$$pkg" || exit 1; \
+	done
+
+build:
+	$(GO) build ./...
+	$(GO) build -o bin/rateleased ./server/cmd/rateleased
+
+clean:
+	rm -rf bin/ coverage* *.out *.test

@@ -1,0 +1,240 @@
+package leases
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/ratelease/ratelease/protocol"
+)
+
+// EngineOptions configure an Engine.
+type EngineOptions struct {
+	// Store keeps the buckets. Required.
+	Store Store
+	// Policy is the initial rules; nil means no rules and default allow.
+	Policy *Policy
+	// OnStoreCall, when set, is called after every store call with the
+	// operation ("lease", "take", "refund"), its duration and its error.
+	// The server uses it for the store latency histogram.
+	OnStoreCall func(op string, elapsed time.Duration, err error)
+}
+
+// Engine applies the rules to lease and check requests: it matches each key
+// to its rule, handles keys that match none, and runs the store. It is safe
+// for concurrent use; SetPolicy swaps the rules atomically (hot reload).
+type Engine struct {
+	store  Store
+	policy atomic.Pointer[Policy]
+	onCall func(string, time.Duration, error)
+}
+
+// NewEngine returns an Engine. It panics if opts.Store is nil, which is a
+// programming error.
+func NewEngine(opts EngineOptions) *Engine {
+	if opts.Store == nil {
+		panic("leases: NewEngine with nil Store")
+	}
+	e := &Engine{store: opts.Store, onCall: opts.OnStoreCall}
+	p := opts.Policy
+	if p == nil {
+		p, _ = NewPolicy(RuleSet{})
+	}
+	e.policy.Store(p)
+	return e
+}
+
+// Policy returns the rules in force.
+func (e *Engine) Policy() *Policy { return e.policy.Load() }
+
+// SetPolicy replaces the rules. Calls already running finish with the old
+// rules; buckets keep their state, and a changed rule applies to a key from
+// its next operation on.
+func (e *Engine) SetPolicy(p *Policy) { e.policy.Store(p) }
+
+// Store returns the engine's store.
+func (e *Engine) Store() Store { return e.store }
+
+// Report counts what one call did, for metrics.
+type Report struct {
+	Grants   int // entries granted at least one token
+	Denials  int // entries that wanted tokens and got none
+	Settles  int // leases settled
+	Expiries int // leases found expired (or replaced) and closed without credit
+}
+
+// NewLeaseID returns a fresh lease ID: 16 hex digits from a random 64-bit
+// number. Lease IDs need to be unique per owner and key only (the store
+// checks the owner), so a collision is harmless as well as improbable.
+func NewLeaseID() string {
+	var buf [16]byte
+	b := strconv.AppendUint(buf[:0], rand.Uint64()|1<<63, 16)
+	return string(b)
+}
+
+func (e *Engine) observe(op string, start time.Time, err error) {
+	if e.onCall != nil {
+		e.onCall(op, time.Since(start), err)
+	}
+}
+
+// Lease runs the entries of a lease request for owner and returns one
+// result per entry, in order. Entries must be valid (see
+// protocol.LeaseRequest.Validate). A store failure fails the whole call with
+// an error wrapping ErrStoreUnavailable; per-entry failures are in the
+// results' Error.
+func (e *Engine) Lease(ctx context.Context, owner string, entries []protocol.LeaseEntry) ([]protocol.LeaseResult, Report, error) {
+	p := e.policy.Load()
+	results := make([]protocol.LeaseResult, len(entries))
+	ops := make([]LeaseOp, 0, len(entries))
+	idx := make([]int, 0, len(entries))
+	rules := make([]*Rule, 0, len(entries))
+	var rep Report
+	for i := range entries {
+		en := &entries[i]
+		results[i].Key = en.Key
+		r, ok := p.Match(en.Key)
+		if !ok {
+			if p.Default() == DefaultDeny {
+				results[i].Error = protocol.NewProblem(protocol.CodeNoRule, fmt.Sprintf("key %q matches no rule and the server's default is deny", en.Key))
+				continue
+			}
+			results[i].Granted = en.Want
+			results[i].TTLMillis = DefaultLeaseTTL.Milliseconds()
+			results[i].Unlimited = true
+			if en.Want > 0 {
+				rep.Grants++
+			}
+			continue
+		}
+		ops = append(ops, LeaseOp{Key: en.Key, Bucket: r.Bucket(), Want: en.Want, LeaseID: en.LeaseID, Used: en.Used, NewLeaseID: NewLeaseID()})
+		idx = append(idx, i)
+		rules = append(rules, r)
+	}
+	if len(ops) == 0 {
+		return results, rep, nil
+	}
+	start := time.Now()
+	outs, err := e.store.Lease(ctx, owner, ops)
+	e.observe("lease", start, err)
+	if err != nil {
+		return nil, Report{}, err
+	}
+	for j, o := range outs {
+		i, r, en := idx[j], rules[j], &entries[idx[j]]
+		rep.Expiries += o.Expired
+		res := &results[i]
+		switch o.Err {
+		case nil:
+		case ErrUnknownLease:
+			res.Error = protocol.NewProblem(protocol.CodeUnknownLease, fmt.Sprintf("lease %q of key %q is not open for this client: it expired, was settled already, or was never this client's; nothing was settled or granted: ask again without lease_id", en.LeaseID, en.Key))
+			continue
+		case ErrUsedExceedsGranted:
+			res.Error = protocol.NewProblem(protocol.CodeUsedExceedsGranted, fmt.Sprintf("used %d for lease %q of key %q is more than it granted; nothing changed", en.Used, en.LeaseID, en.Key))
+			continue
+		default:
+			res.Error = protocol.NewProblem(protocol.CodeInternal, o.Err.Error())
+			continue
+		}
+		if o.Settled {
+			rep.Settles++
+		}
+		if en.Want > 0 {
+			if o.Granted > 0 {
+				rep.Grants++
+			} else {
+				rep.Denials++
+			}
+		}
+		res.LeaseID = o.LeaseID
+		res.Granted = o.Granted
+		res.TTLMillis = o.TTL.Milliseconds()
+		res.RetryAfterMillis = o.RetryAfter.Milliseconds()
+		res.Limit = r.Limit
+		res.PeriodMillis = r.Period.Milliseconds()
+		res.Burst = r.Burst
+		res.Remaining = o.Remaining
+		res.SafeRate = r.Rate() / float64(max(1, o.Holders))
+		res.Rule = r.Name
+	}
+	return results, rep, nil
+}
+
+// Check takes cost tokens from every key, all or nothing: when any key
+// denies, the tokens taken from the others are given back. It returns a
+// *protocol.Problem for a key that matches no rule under default deny or
+// whose bucket is smaller than cost, and an error wrapping
+// ErrStoreUnavailable when the store fails.
+//
+// Giving back is not atomic with taking, so a concurrent request may be
+// denied by tokens that are about to be given back; it can never be allowed
+// by tokens it should not have had. Check errs on the side of the limit.
+func (e *Engine) Check(ctx context.Context, keys []string, cost int64) (protocol.CheckResponse, Report, error) {
+	p := e.policy.Load()
+	resp := protocol.CheckResponse{Allowed: true, Keys: make([]protocol.CheckResult, len(keys))}
+	ops := make([]TakeOp, 0, len(keys))
+	idx := make([]int, 0, len(keys))
+	var rep Report
+	for i, k := range keys {
+		res := &resp.Keys[i]
+		res.Key = k
+		r, ok := p.Match(k)
+		if !ok {
+			if p.Default() == DefaultDeny {
+				return protocol.CheckResponse{}, rep, protocol.NewProblem(protocol.CodeNoRule, fmt.Sprintf("keys[%d] %q matches no rule and the server's default is deny", i, k))
+			}
+			res.Allowed = true
+			res.Unlimited = true
+			continue
+		}
+		if cost > r.Burst {
+			return protocol.CheckResponse{}, rep, protocol.NewProblem(protocol.CodeCostExceedsBurst, fmt.Sprintf("cost %d exceeds burst %d of rule %q for keys[%d] %q: it can never be allowed", cost, r.Burst, r.Name, i, k))
+		}
+		res.Limit, res.PeriodMillis, res.Burst, res.Rule = r.Limit, r.Period.Milliseconds(), r.Burst, r.Name
+		ops = append(ops, TakeOp{Key: k, Bucket: r.Bucket(), Cost: cost})
+		idx = append(idx, i)
+	}
+	if len(ops) == 0 {
+		rep.Grants++
+		return resp, rep, nil
+	}
+	start := time.Now()
+	outs, err := e.store.Take(ctx, ops)
+	e.observe("take", start, err)
+	if err != nil {
+		return protocol.CheckResponse{}, Report{}, err
+	}
+	var giveBack []TakeOp
+	for j, o := range outs {
+		res := &resp.Keys[idx[j]]
+		rep.Expiries += o.Expired
+		res.Allowed = o.Taken
+		res.Remaining = o.Remaining
+		if o.Taken {
+			giveBack = append(giveBack, ops[j])
+			continue
+		}
+		resp.Allowed = false
+		res.RetryAfterMillis = o.RetryAfter.Milliseconds()
+		resp.RetryAfterMillis = max(resp.RetryAfterMillis, res.RetryAfterMillis)
+	}
+	if resp.Allowed {
+		rep.Grants++
+		return resp, rep, nil
+	}
+	rep.Denials++
+	if len(giveBack) > 0 && cost > 0 {
+		start := time.Now()
+		err := e.store.Refund(ctx, giveBack)
+		e.observe("refund", start, err)
+		if err != nil {
+			// The request is denied either way; tokens not given back only
+			// cost utilization, never accuracy.
+			return resp, rep, nil
+		}
+	}
+	return resp, rep, nil
+}

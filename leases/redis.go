@@ -1,0 +1,255 @@
+package leases
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed scripts/token_bucket.lua
+var tokenBucketLua string
+
+// RedisOptions configure a RedisStore. The zero value is ready to use.
+type RedisOptions struct {
+	// Now, when set, replaces Redis TIME as the clock of every operation.
+	// It exists for deterministic tests only: with several lease servers
+	// the buckets must share one clock, and Redis TIME is that clock.
+	Now func() time.Time
+}
+
+// RedisStore is a Store that keeps buckets and leases in Redis, so any
+// number of lease servers can share them. It takes a redis.UniversalClient:
+// a single node, Sentinel (failover) and Cluster are all configuration.
+//
+// Every operation on a key runs as one Lua script (scripts/token_bucket.lua,
+// embedded) under EVALSHA, atomically, with the time taken from Redis TIME.
+// The two Redis keys of a bucket, rl:{key}:b and rl:{key}:l, carry the same
+// hash tag, so a script touches one slot and the store runs unchanged on
+// Redis Cluster. A call for many keys is one pipelined round trip per Redis
+// node. Keys expire once the bucket would be full with no open lease, so
+// Redis memory follows the active keys.
+type RedisStore struct {
+	rdb    redis.UniversalClient
+	script *redis.Script
+	now    func() time.Time
+}
+
+// NewRedisStore returns a store over rdb. The caller keeps ownership of rdb:
+// Close does not close it.
+func NewRedisStore(rdb redis.UniversalClient, opts RedisOptions) *RedisStore {
+	return &RedisStore{rdb: rdb, script: redis.NewScript(tokenBucketLua), now: opts.Now}
+}
+
+// redisKeys returns the bucket and leases keys of key. Both carry one hash
+// tag. A key containing '}' would end the tag early (and "}x" would give an
+// empty tag, which Redis ignores), so such keys are tagged with a hash of the
+// key instead; the full key still follows, so names never collide.
+func redisKeys(key string) (bucket, leases string) {
+	var base string
+	if strings.IndexByte(key, '}') < 0 {
+		base = "rl:{" + key + "}"
+	} else {
+		h := fnv.New64a()
+		h.Write([]byte(key))
+		base = fmt.Sprintf("rl:{h%016x}%s", h.Sum64(), key)
+	}
+	return base + ":b", base + ":l"
+}
+
+func (s *RedisStore) nowArg() string {
+	if s.now == nil {
+		return ""
+	}
+	return strconv.FormatInt(s.now().UnixMicro(), 10)
+}
+
+func bucketArgs(mode, now string, b *Bucket) []any {
+	return []any{mode, now, b.Limit, b.Period.Microseconds(), b.Burst, b.LeaseTTL.Microseconds()}
+}
+
+// run evaluates one script call per element of args in one pipeline, then
+// retries with EVAL the calls that failed with NOSCRIPT (after a Redis
+// restart or SCRIPT FLUSH); a NOSCRIPT call did not run, so the retry is
+// safe.
+func (s *RedisStore) run(ctx context.Context, keys [][]string, args [][]any) ([]*redis.Cmd, error) {
+	cmds := make([]*redis.Cmd, len(args))
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range args {
+			cmds[i] = s.script.EvalSha(ctx, p, keys[i], args[i]...)
+		}
+		return nil
+	})
+	if err != nil {
+		var retry []int
+		for i, c := range cmds {
+			if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+				retry = append(retry, i)
+			}
+		}
+		if len(retry) > 0 {
+			_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for _, i := range retry {
+					cmds[i] = s.script.Eval(ctx, p, keys[i], args[i]...)
+				}
+				return nil
+			})
+		}
+	}
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	return cmds, nil
+}
+
+func unavailable(err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("redis: %w (%w)", ErrStoreUnavailable, err)
+	}
+	return fmt.Errorf("redis: %w: %w", ErrStoreUnavailable, err)
+}
+
+func ints(cmd *redis.Cmd, n int) ([]int64, error) {
+	vals, err := cmd.Int64Slice()
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	if len(vals) < n {
+		return nil, fmt.Errorf("redis: %w: script returned %d values, want %d", ErrStoreUnavailable, len(vals), n)
+	}
+	return vals, nil
+}
+
+// Lease implements Store.
+func (s *RedisStore) Lease(ctx context.Context, owner string, ops []LeaseOp) ([]LeaseOutcome, error) {
+	now := s.nowArg()
+	keys := make([][]string, len(ops))
+	args := make([][]any, len(ops))
+	for i := range ops {
+		op := &ops[i]
+		b, l := redisKeys(op.Key)
+		keys[i] = []string{b, l}
+		args[i] = append(bucketArgs("lease", now, &op.Bucket), owner, op.Want, op.LeaseID, op.Used, op.NewLeaseID)
+	}
+	cmds, err := s.run(ctx, keys, args)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]LeaseOutcome, len(ops))
+	for i, c := range cmds {
+		v, err := ints(c, 7)
+		if err != nil {
+			return nil, err
+		}
+		o := LeaseOutcome{Expired: int(v[6])}
+		switch v[0] {
+		case 0:
+			o.Granted = v[1]
+			if o.Granted > 0 {
+				o.LeaseID = ops[i].NewLeaseID
+				o.TTL = ops[i].Bucket.LeaseTTL
+			}
+			o.RetryAfter = time.Duration(v[2]) * time.Millisecond
+			o.Remaining = v[3]
+			o.Holders = int(v[4])
+			o.Settled = v[5] == 1
+		case 1:
+			o.Err = ErrUnknownLease
+		case 2:
+			o.Err = ErrUsedExceedsGranted
+		default:
+			return nil, fmt.Errorf("redis: %w: script returned status %d", ErrStoreUnavailable, v[0])
+		}
+		out[i] = o
+	}
+	return out, nil
+}
+
+// Take implements Store.
+func (s *RedisStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, error) {
+	now := s.nowArg()
+	keys := make([][]string, len(ops))
+	args := make([][]any, len(ops))
+	for i := range ops {
+		op := &ops[i]
+		b, l := redisKeys(op.Key)
+		keys[i] = []string{b, l}
+		args[i] = append(bucketArgs("take", now, &op.Bucket), "", op.Cost, "", 0, "")
+	}
+	cmds, err := s.run(ctx, keys, args)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]TakeOutcome, len(ops))
+	for i, c := range cmds {
+		v, err := ints(c, 4)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = TakeOutcome{Taken: v[0] == 1, Remaining: v[2], Expired: int(v[3])}
+		if v[1] < 0 {
+			out[i].RetryAfter = -1
+		} else {
+			out[i].RetryAfter = time.Duration(v[1]) * time.Millisecond
+		}
+	}
+	return out, nil
+}
+
+// Refund implements Store.
+func (s *RedisStore) Refund(ctx context.Context, ops []TakeOp) error {
+	now := s.nowArg()
+	keys := make([][]string, len(ops))
+	args := make([][]any, len(ops))
+	for i := range ops {
+		op := &ops[i]
+		b, l := redisKeys(op.Key)
+		keys[i] = []string{b, l}
+		args[i] = append(bucketArgs("refund", now, &op.Bucket), "", op.Cost, "", 0, "")
+	}
+	cmds, err := s.run(ctx, keys, args)
+	if err != nil {
+		return err
+	}
+	for _, c := range cmds {
+		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return unavailable(err)
+		}
+	}
+	return nil
+}
+
+// State implements Store.
+func (s *RedisStore) State(ctx context.Context, key string, b Bucket) (BucketState, error) {
+	bk, lk := redisKeys(key)
+	cmds, err := s.run(ctx, [][]string{{bk, lk}}, [][]any{append(bucketArgs("state", s.nowArg(), &b), "", 0, "", 0, "")})
+	if err != nil {
+		return BucketState{}, err
+	}
+	vals, err := cmds[0].Slice()
+	if err != nil || len(vals) != 4 {
+		return BucketState{}, fmt.Errorf("redis: %w: bad state reply %v: %v", ErrStoreUnavailable, vals, err)
+	}
+	lvl, _ := strconv.ParseFloat(fmt.Sprint(vals[0]), 64)
+	out, _ := vals[1].(int64)
+	n, _ := vals[2].(int64)
+	nowUs, _ := strconv.ParseInt(fmt.Sprint(vals[3]), 10, 64)
+	return BucketState{Level: lvl, Outstanding: out, Leases: int(n), Now: time.UnixMicro(nowUs)}, nil
+}
+
+// Ping implements Store.
+func (s *RedisStore) Ping(ctx context.Context) error {
+	if err := s.rdb.Ping(ctx).Err(); err != nil {
+		return unavailable(err)
+	}
+	return nil
+}
+
+// Close implements Store. It does not close the Redis client.
+func (s *RedisStore) Close() error { return nil }

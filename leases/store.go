@@ -1,0 +1,147 @@
+package leases
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Errors of a Store. Per-operation errors (ErrUnknownLease,
+// ErrUsedExceedsGranted) come back in Outcome.Err and fail that operation
+// alone; ErrStoreUnavailable wraps a failure of the whole call.
+var (
+	// ErrUnknownLease: the lease ID names no open lease of this owner and
+	// key. It expired, was settled already, belongs to another owner, or
+	// never existed. Nothing changed.
+	ErrUnknownLease = errors.New("unknown lease: it expired, was settled already, or is not this client's")
+	// ErrUsedExceedsGranted: a settle reported more tokens used than the
+	// lease granted. Nothing changed.
+	ErrUsedExceedsGranted = errors.New("used exceeds the lease's grant")
+	// ErrStoreUnavailable: the store could not be reached or failed; the
+	// call may be retried. Nothing is known to have changed.
+	ErrStoreUnavailable = errors.New("store unavailable")
+)
+
+// Bucket holds the parameters of one key's bucket, taken from its rule. A
+// Store keeps no rules: each call says which parameters apply, so a rules
+// reload takes effect at the next call on the key.
+type Bucket struct {
+	Algorithm Algorithm
+	// Limit tokens are added per Period.
+	Limit  int64
+	Period time.Duration
+	// Burst is the bucket size.
+	Burst int64
+	// LeaseTTL is the lifetime of a new lease.
+	LeaseTTL time.Duration
+}
+
+// ratePerMicro returns the refill rate in tokens per microsecond.
+func (b *Bucket) ratePerMicro() float64 {
+	return float64(b.Limit) / float64(b.Period.Microseconds())
+}
+
+// LeaseOp settles and grants the lease of one owner and key in one atomic
+// step.
+type LeaseOp struct {
+	Key    string
+	Bucket Bucket
+	// Want is the number of tokens asked for; 0 grants nothing.
+	Want int64
+	// LeaseID, when set, names the owner's open lease to settle first, of
+	// which Used tokens were spent. When empty and the owner holds an open
+	// lease on the key, that lease is closed as if fully spent: at most one
+	// lease per owner and key is ever open.
+	LeaseID string
+	Used    int64
+	// NewLeaseID names the lease opened by a grant. The caller generates
+	// it (see NewLeaseID) so that every store names leases alike.
+	NewLeaseID string
+}
+
+// LeaseOutcome is the result of one LeaseOp.
+type LeaseOutcome struct {
+	// Err is ErrUnknownLease or ErrUsedExceedsGranted when the operation
+	// failed; nothing changed then and the other fields are zero.
+	Err error
+	// Granted tokens are in the new lease LeaseID, valid for TTL.
+	Granted int64
+	LeaseID string
+	TTL     time.Duration
+	// RetryAfter is set when tokens were wanted and none granted: the time
+	// until the bucket can serve one token, assuming no lease is settled
+	// early.
+	RetryAfter time.Duration
+	// Remaining is the number of whole tokens in the bucket after the
+	// operation.
+	Remaining int64
+	// Holders is the number of owners holding an open lease on the key
+	// after the operation, counting this owner as one even if it holds none.
+	Holders int
+	// Settled is true when LeaseID was settled.
+	Settled bool
+	// Expired counts the leases of any owner on this key found expired and
+	// closed without credit during the operation (including a lease replaced
+	// because the owner asked again without its lease ID).
+	Expired int
+}
+
+// TakeOp takes Cost tokens from one key's bucket outright, without a lease:
+// all of them or none.
+type TakeOp struct {
+	Key    string
+	Bucket Bucket
+	Cost   int64
+}
+
+// TakeOutcome is the result of one TakeOp.
+type TakeOutcome struct {
+	// Taken is true when Cost tokens were taken.
+	Taken bool
+	// RetryAfter is set when the tokens were not taken: the time until the
+	// bucket holds Cost tokens, assuming no lease is settled early. It is
+	// negative when Cost is larger than the bucket (it can never be served).
+	RetryAfter time.Duration
+	Remaining  int64
+	Expired    int
+}
+
+// BucketState is a snapshot of one key's bucket, for tests and operators.
+type BucketState struct {
+	// Level is the number of tokens in the bucket, refilled to Now.
+	Level float64
+	// Outstanding is the number of tokens granted in open leases.
+	Outstanding int64
+	// Leases is the number of open leases.
+	Leases int
+	// Now is the store's clock at the snapshot.
+	Now time.Time
+}
+
+// Store keeps the global buckets and leases. Implementations must be safe
+// for concurrent use, and every operation on one key must be atomic:
+// package leases ships a memory store and a Redis store, and the suite in
+// leases/storetest checks any implementation against the invariant.
+//
+// Owner identifies who holds a lease: the server passes the authenticated
+// client name and the client_id together, so one caller can never settle
+// another's lease.
+type Store interface {
+	// Lease applies ops, each key at most once, and returns one outcome per
+	// op in order. A store error (ErrStoreUnavailable) fails the call; per-op
+	// errors are in the outcomes.
+	Lease(ctx context.Context, owner string, ops []LeaseOp) ([]LeaseOutcome, error)
+	// Take applies each op independently (the caller does all-or-nothing
+	// across keys by giving back with Refund).
+	Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, error)
+	// Refund puts back tokens taken by Take, never filling a bucket above
+	// its size minus its outstanding leases.
+	Refund(ctx context.Context, ops []TakeOp) error
+	// State returns a snapshot of key's bucket without changing it.
+	State(ctx context.Context, key string, b Bucket) (BucketState, error)
+	// Ping reports whether the store is reachable.
+	Ping(ctx context.Context) error
+	// Close releases the store's resources. It does not close a Redis client
+	// passed in by the caller.
+	Close() error
+}

@@ -1,0 +1,37 @@
+// Package protocol defines version 1 of the ratelease wire protocol: the JSON
+// request and response types of the lease server's HTTP API, their validation,
+// the limits every server enforces, and the RFC 9457 problem type with its
+// stable error codes.
+//
+// The package holds no logic beyond validation and does no I/O, so that both
+// the server (package server) and the client SDK (package client) can import
+// it without linking each other.
+//
+// # Endpoints
+//
+// POST /v1/leases takes a [LeaseRequest] and answers a [LeaseResponse]. Each
+// entry acquires, renews or returns the lease of one (client, key) pair:
+//
+//   - an entry without LeaseID grants up to Want tokens in a new lease;
+//   - an entry with LeaseID first settles that lease (Used of its tokens were
+//     spent, the rest go back to the bucket) and then grants up to Want tokens
+//     in a new lease, in one atomic step;
+//   - Want 0 with a LeaseID is a pure return.
+//
+// A per-entry [Problem] in [LeaseResult.Error] fails that entry alone. When no
+// entry of a request succeeds, the server answers the status of the first
+// failure with a problem body that still carries the per-entry results in its
+// "leases" member, so a client can decode either answer into a LeaseResponse.
+//
+// POST /v1/check takes a [CheckRequest] and answers a [CheckResponse]: one
+// decision for callers that do not embed the SDK, all or nothing across its
+// keys.
+//
+// # Limits
+//
+// A key is 1 to [MaxKeyBytes] bytes of valid UTF-8 without control characters.
+// A call carries at most [MaxEntries] entries or keys. Counts (want, used,
+// cost) are between 0 and [MaxCount]. A request body is at most
+// [MaxBodyBytes]. Requests that break a limit are refused whole with a 4xx
+// problem and change nothing.
+package protocol

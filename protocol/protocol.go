@@ -1,0 +1,270 @@
+package protocol
+
+import (
+	"errors"
+	"fmt"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Limits enforced by every server and checked by [LeaseRequest.Validate] and
+// [CheckRequest.Validate].
+const (
+	// MaxKeyBytes is the longest key, in bytes.
+	MaxKeyBytes = 256
+	// MaxEntries is the most entries of a LeaseRequest, or keys of a
+	// CheckRequest, in one call.
+	MaxEntries = 1000
+	// MaxCount is the largest want, used or cost.
+	MaxCount = 1_000_000_000
+	// MaxBodyBytes is the largest request body, in bytes (1 MiB).
+	MaxBodyBytes = 1 << 20
+	// MaxClientIDBytes is the longest client_id, in bytes.
+	MaxClientIDBytes = 128
+	// MaxLeaseIDBytes is the longest lease_id, in bytes.
+	MaxLeaseIDBytes = 64
+)
+
+// Paths of the v1 API.
+const (
+	PathLeases  = "/v1/leases"
+	PathCheck   = "/v1/check"
+	PathRules   = "/v1/rules"
+	PathHealthz = "/healthz"
+	PathReadyz  = "/readyz"
+	PathMetrics = "/metrics"
+)
+
+// LeaseRequest is the body of POST /v1/leases.
+type LeaseRequest struct {
+	// ClientID names the calling process (for example "checkout-7f3a"). A
+	// lease belongs to the authenticated client and this ID together: no
+	// other caller can settle it.
+	ClientID string `json:"client_id"`
+	// Leases holds one entry per key, at most MaxEntries, each key at most
+	// once.
+	Leases []LeaseEntry `json:"leases"`
+}
+
+// LeaseEntry asks for, renews or returns the lease of one key.
+type LeaseEntry struct {
+	// Key is the bucket name, for example "user:42".
+	Key string `json:"key"`
+	// Want is the number of tokens asked for in the new lease, 0 to
+	// MaxCount. The server may grant fewer.
+	Want int64 `json:"want"`
+	// LeaseID, when set, names the open lease of this client and key to
+	// settle before granting.
+	LeaseID string `json:"lease_id,omitempty"`
+	// Used is how many tokens of the settled lease were spent, 0 to the
+	// lease's grant. It must be 0 when LeaseID is empty.
+	Used int64 `json:"used,omitempty"`
+}
+
+// LeaseResponse is the body of a successful POST /v1/leases. Leases has one
+// result per request entry, in the request's order.
+type LeaseResponse struct {
+	Leases []LeaseResult `json:"leases"`
+}
+
+// LeaseResult is the outcome of one LeaseEntry.
+type LeaseResult struct {
+	// Key repeats the entry's key.
+	Key string `json:"key"`
+	// LeaseID names the new lease; empty when nothing was granted.
+	LeaseID string `json:"lease_id,omitempty"`
+	// Granted is the number of tokens in the new lease, 0 to Want.
+	Granted int64 `json:"granted"`
+	// TTLMillis is the lease's time to live. The client's local deadline is
+	// the moment it sent the request plus this TTL.
+	TTLMillis int64 `json:"ttl_ms"`
+	// RetryAfterMillis is set when Granted is 0 although tokens were wanted:
+	// the time until the bucket can serve again. The client should deny the
+	// key locally until then.
+	RetryAfterMillis int64 `json:"retry_after_ms"`
+	// Limit, PeriodMillis and Burst describe the rule that matched: Limit
+	// tokens per period, bucket size Burst.
+	Limit        int64 `json:"limit"`
+	PeriodMillis int64 `json:"period_ms"`
+	Burst        int64 `json:"burst"`
+	// Remaining is the number of whole tokens left in the bucket after this
+	// grant.
+	Remaining int64 `json:"remaining"`
+	// SafeRate is the rate, in tokens per second, this client may use on its
+	// own if it loses every server: the rule's rate divided by the number of
+	// clients currently holding leases on the key.
+	SafeRate float64 `json:"safe_rate"`
+	// Rule names the rule that matched; empty when no rule matched and the
+	// server's default is allow.
+	Rule string `json:"rule,omitempty"`
+	// Unlimited is true when no rule matched and the server's default is
+	// allow: the key has no limit, and Granted equals Want.
+	Unlimited bool `json:"unlimited,omitempty"`
+	// Error, when set, says why this entry failed; the other fields are then
+	// zero apart from Key.
+	Error *Problem `json:"error,omitempty"`
+}
+
+// CheckRequest is the body of POST /v1/check.
+type CheckRequest struct {
+	// Keys are the buckets to take Cost tokens from, all or nothing, at most
+	// MaxEntries, each at most once.
+	Keys []string `json:"keys"`
+	// Cost is the number of tokens taken from each key, 0 to MaxCount. A
+	// missing cost means 1.
+	Cost *int64 `json:"cost,omitempty"`
+}
+
+// CostOrDefault returns the request's cost, 1 when it was not given.
+func (r *CheckRequest) CostOrDefault() int64 {
+	if r.Cost == nil {
+		return 1
+	}
+	return *r.Cost
+}
+
+// CheckResponse is the body of a successful POST /v1/check.
+type CheckResponse struct {
+	// Allowed is true when Cost tokens were taken from every key.
+	Allowed bool `json:"allowed"`
+	// RetryAfterMillis is set when Allowed is false: the longest wait among
+	// the keys that denied.
+	RetryAfterMillis int64 `json:"retry_after_ms"`
+	// Keys has one result per requested key, in the request's order.
+	Keys []CheckResult `json:"keys"`
+}
+
+// CheckResult is the decision for one key of a CheckRequest.
+type CheckResult struct {
+	Key string `json:"key"`
+	// Allowed is true when this key alone could serve the cost. When another
+	// key denied, the tokens taken here were given back.
+	Allowed          bool   `json:"allowed"`
+	RetryAfterMillis int64  `json:"retry_after_ms"`
+	Remaining        int64  `json:"remaining"`
+	Limit            int64  `json:"limit"`
+	PeriodMillis     int64  `json:"period_ms"`
+	Burst            int64  `json:"burst"`
+	Rule             string `json:"rule,omitempty"`
+	Unlimited        bool   `json:"unlimited,omitempty"`
+}
+
+// Errors returned by ValidateKey; match them with errors.Is.
+var (
+	ErrKeyEmpty   = errors.New("key is empty")
+	ErrKeyTooLong = fmt.Errorf("key is longer than %d bytes", MaxKeyBytes)
+	ErrKeyUTF8    = errors.New("key is not valid UTF-8")
+	ErrKeyControl = errors.New("key contains a control character")
+)
+
+// ValidateKey reports whether key is a valid bucket key: 1 to MaxKeyBytes
+// bytes of valid UTF-8 without control characters (Unicode category Cc, which
+// includes NUL, newline and DEL).
+func ValidateKey(key string) error {
+	if key == "" {
+		return ErrKeyEmpty
+	}
+	if len(key) > MaxKeyBytes {
+		return ErrKeyTooLong
+	}
+	for i := 0; i < len(key); {
+		c := key[i]
+		if c < utf8.RuneSelf {
+			if c < 0x20 || c == 0x7f {
+				return ErrKeyControl
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(key[i:])
+		if r == utf8.RuneError && size == 1 {
+			return ErrKeyUTF8
+		}
+		if unicode.IsControl(r) {
+			return ErrKeyControl
+		}
+		i += size
+	}
+	return nil
+}
+
+// validID checks a client_id or lease_id: printable ASCII without spaces,
+// at most max bytes.
+func validID(s string, max int) bool {
+	if len(s) > max {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// Validate checks the request against the protocol's limits. It returns nil
+// or a *Problem with status 422 (or 413 for too many entries) whose Detail
+// names the offending entry and field.
+func (r *LeaseRequest) Validate() error {
+	if r.ClientID == "" {
+		return NewProblem(CodeInvalidClientID, "client_id is required")
+	}
+	if !validID(r.ClientID, MaxClientIDBytes) {
+		return NewProblem(CodeInvalidClientID, fmt.Sprintf("client_id must be 1 to %d bytes of printable ASCII without spaces", MaxClientIDBytes))
+	}
+	if len(r.Leases) == 0 {
+		return NewProblem(CodeInvalidRequest, "leases is empty: send at least one entry")
+	}
+	if len(r.Leases) > MaxEntries {
+		return NewProblem(CodeTooManyEntries, fmt.Sprintf("%d entries in one call; the most is %d: split the call", len(r.Leases), MaxEntries))
+	}
+	seen := make(map[string]struct{}, len(r.Leases))
+	for i, e := range r.Leases {
+		if err := ValidateKey(e.Key); err != nil {
+			return NewProblem(CodeInvalidKey, fmt.Sprintf("leases[%d].key: %v", i, err))
+		}
+		if _, dup := seen[e.Key]; dup {
+			return NewProblem(CodeDuplicateKey, fmt.Sprintf("leases[%d].key %q appears more than once in the call", i, e.Key))
+		}
+		seen[e.Key] = struct{}{}
+		if e.Want < 0 || e.Want > MaxCount {
+			return NewProblem(CodeInvalidCount, fmt.Sprintf("leases[%d].want is %d; it must be 0 to %d", i, e.Want, MaxCount))
+		}
+		if e.Used < 0 || e.Used > MaxCount {
+			return NewProblem(CodeInvalidCount, fmt.Sprintf("leases[%d].used is %d; it must be 0 to %d", i, e.Used, MaxCount))
+		}
+		if e.LeaseID == "" {
+			if e.Used != 0 {
+				return NewProblem(CodeInvalidCount, fmt.Sprintf("leases[%d].used is %d without a lease_id; used reports the spending of the lease being settled", i, e.Used))
+			}
+		} else if !validID(e.LeaseID, MaxLeaseIDBytes) {
+			return NewProblem(CodeInvalidLeaseID, fmt.Sprintf("leases[%d].lease_id must be at most %d bytes of printable ASCII without spaces", i, MaxLeaseIDBytes))
+		}
+	}
+	return nil
+}
+
+// Validate checks the request against the protocol's limits. It returns nil
+// or a *Problem whose Detail names the offending key or field.
+func (r *CheckRequest) Validate() error {
+	if len(r.Keys) == 0 {
+		return NewProblem(CodeInvalidRequest, "keys is empty: send at least one key")
+	}
+	if len(r.Keys) > MaxEntries {
+		return NewProblem(CodeTooManyEntries, fmt.Sprintf("%d keys in one call; the most is %d", len(r.Keys), MaxEntries))
+	}
+	if c := r.CostOrDefault(); c < 0 || c > MaxCount {
+		return NewProblem(CodeInvalidCount, fmt.Sprintf("cost is %d; it must be 0 to %d", c, MaxCount))
+	}
+	seen := make(map[string]struct{}, len(r.Keys))
+	for i, k := range r.Keys {
+		if err := ValidateKey(k); err != nil {
+			return NewProblem(CodeInvalidKey, fmt.Sprintf("keys[%d]: %v", i, err))
+		}
+		if _, dup := seen[k]; dup {
+			return NewProblem(CodeDuplicateKey, fmt.Sprintf("keys[%d] %q appears more than once in the call", i, k))
+		}
+		seen[k] = struct{}{}
+	}
+	return nil
+}
