@@ -57,6 +57,12 @@ for i = 1, #raw, 2 do
   end
 end
 
+-- Close the expired leases now, before an owner's new lease may take the
+-- same field.
+if mode ~= 'state' and #dels > 0 then
+  redis.call('HDEL', KEYS[2], unpack(dels))
+end
+
 -- Refill.
 if now > last then
   level = level + rate * (now - last)
@@ -99,7 +105,6 @@ local function retry_after(target)
 end
 
 local function save()
-  if #dels > 0 then redis.call('HDEL', KEYS[2], unpack(dels)) end
   redis.call('HSET', KEYS[1], 'l', string.format('%.17g', level), 't', string.format('%d', last), 'o', string.format('%d', out))
   -- A full bucket with no lease is the same as no key: expire both keys
   -- once the bucket can have refilled and every lease has ended.

@@ -218,12 +218,24 @@ func testExpiry(t *testing.T, f *fixture) {
 	// 60 left + 1 s of refill at 10/s; the 40 leased are not credited.
 	assert.InDelta(t, 70, st.Level, 1e-6)
 
+	// The owner's first write after expiry opens a new lease in the place
+	// of the expired one.
+	b2 := f.lease("a/1", "k2", b, 10, "", 0)
+	require.EqualValues(t, 10, b2.Granted)
+	f.clock.Advance(time.Second)
+	n2 := f.lease("a/1", "k2", b, 4, "", 0)
+	require.EqualValues(t, 4, n2.Granted)
+	assert.Equal(t, 1, n2.Expired)
+	st2 := f.state("k2", b)
+	assert.Equal(t, 1, st2.Leases)
+	assert.EqualValues(t, 4, st2.Outstanding)
+
 	late := f.lease("a/1", "k", b, 5, o.LeaseID, 0)
 	assert.ErrorIs(t, late.Err, leases.ErrUnknownLease, "settling an expired lease fails")
 	n := f.lease("a/1", "k", b, 5, "", 0)
 	require.NoError(t, n.Err)
 	assert.EqualValues(t, 5, n.Granted)
-	assert.InDelta(t, 65, f.state("k", b).Level, 1e-6)
+	assert.InDelta(t, 80-5, f.state("k", b).Level, 1e-6, "70 + 1 s of refill − 5")
 }
 
 func testReplace(t *testing.T, f *fixture) {
