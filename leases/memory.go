@@ -5,6 +5,7 @@ import (
 	"errors"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,21 +25,25 @@ const memoryShards = 64
 //
 // It is safe for concurrent use. Keys are spread over shards, each with its
 // own mutex, so operations on different keys rarely contend. Buckets that
-// are full and hold no lease are dropped as the store is used, so memory
-// follows the active keys.
+// are full and hold no lease are dropped as the store is used (one shard at
+// a time, the cost spread over the operations), so memory follows the active
+// keys.
 type MemoryStore struct {
 	now    func() time.Time
 	seed   maphash.Seed
 	shards [memoryShards]memShard
 	closed chan struct{}
 	once   sync.Once
+
+	sinceSweep atomic.Int64 // operations since the last sweep
+	sweepMu    sync.Mutex   // held by the sweeper
+	nextSweep  int          // shard swept next, under sweepMu
 }
 
 type memShard struct {
-	mu  sync.Mutex
-	m   map[string]*tbState
-	ops int // operations since the last sweep
-	_   [40]byte
+	mu sync.Mutex
+	m  map[string]*tbState
+	_  [48]byte // keep shards on separate cache lines
 }
 
 // ErrClosed is returned by a store used after Close.
@@ -80,20 +85,36 @@ func (s *MemoryStore) with(key string, b *Bucket, now int64, fn func(*tbState)) 
 		sh.m[key] = st
 	}
 	fn(st)
-	sh.ops++
-	if sh.ops >= 256 && sh.ops >= len(sh.m) {
-		sh.sweep(now)
-	}
 	sh.mu.Unlock()
+	s.maybeSweep(now)
 }
 
-func (sh *memShard) sweep(now int64) {
-	sh.ops = 0
+// sweepEvery is the least number of operations between two shard sweeps.
+const sweepEvery = 256
+
+// maybeSweep drops the idle buckets of one shard, the shards taken in turn,
+// once at least sweepEvery operations and at least as many operations as
+// the shard holds buckets have run since the last sweep. A sweep's cost is
+// thus spread over as many operations as it scans buckets: O(1) per
+// operation, and with no background goroutine.
+func (s *MemoryStore) maybeSweep(now int64) {
+	if s.sinceSweep.Add(1) < sweepEvery || !s.sweepMu.TryLock() {
+		return
+	}
+	defer s.sweepMu.Unlock()
+	sh := &s.shards[s.nextSweep]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if s.sinceSweep.Load() < int64(len(sh.m)) {
+		return
+	}
 	for k, st := range sh.m {
 		if st.idle(now) {
 			delete(sh.m, k)
 		}
 	}
+	s.nextSweep = (s.nextSweep + 1) % memoryShards
+	s.sinceSweep.Store(0)
 }
 
 // Lease implements Store.

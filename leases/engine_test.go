@@ -1,0 +1,204 @@
+package leases_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ratelease/ratelease/leases"
+	"github.com/ratelease/ratelease/leases/storetest"
+	"github.com/ratelease/ratelease/protocol"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func newEngine(t *testing.T, yaml string) (*leases.Engine, *storetest.Clock, *leases.MemoryStore) {
+	t.Helper()
+	rs, err := leases.ParseRuleSet([]byte(yaml))
+	require.NoError(t, err)
+	p, err := leases.NewPolicy(rs)
+	require.NoError(t, err)
+	clock := storetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	store := leases.NewMemoryStore(leases.MemoryOptions{Now: clock.Now})
+	return leases.NewEngine(leases.EngineOptions{Store: store, Policy: p}), clock, store
+}
+
+const engineRules = `
+default: allow
+rules:
+  - {name: per-user, match: "user:*", limit: 100, period: 1s, lease_ttl: 2s}
+  - {name: search, match: "api:search", limit: 10, period: 1s}
+`
+
+func TestEngineLease(t *testing.T) {
+	e, _, _ := newEngine(t, engineRules)
+	ctx := context.Background()
+	res, rep, err := e.Lease(ctx, "svc/a", []protocol.LeaseEntry{{Key: "user:42", Want: 50}, {Key: "other", Want: 7}})
+	require.NoError(t, err)
+	require.Len(t, res, 2)
+	u := res[0]
+	assert.Nil(t, u.Error)
+	assert.Equal(t, "user:42", u.Key)
+	assert.EqualValues(t, 50, u.Granted)
+	assert.Len(t, u.LeaseID, 16)
+	assert.EqualValues(t, 2000, u.TTLMillis)
+	assert.EqualValues(t, 100, u.Limit)
+	assert.EqualValues(t, 1000, u.PeriodMillis)
+	assert.EqualValues(t, 100, u.Burst)
+	assert.EqualValues(t, 50, u.Remaining)
+	assert.InDelta(t, 100.0, u.SafeRate, 1e-9)
+	assert.Equal(t, "per-user", u.Rule)
+
+	o := res[1]
+	assert.True(t, o.Unlimited, "no rule and default allow: unlimited")
+	assert.EqualValues(t, 7, o.Granted)
+	assert.Empty(t, o.LeaseID)
+	assert.Equal(t, leases.Report{Grants: 2}, rep)
+
+	// A second client: fair share and safe rate split between two holders.
+	res, _, err = e.Lease(ctx, "svc/b", []protocol.LeaseEntry{{Key: "user:42", Want: 100}})
+	require.NoError(t, err)
+	assert.EqualValues(t, 50, res[0].Granted)
+	assert.InDelta(t, 50.0, res[0].SafeRate, 1e-9)
+
+	// Settle, with the per-entry errors.
+	res, rep, err = e.Lease(ctx, "svc/a", []protocol.LeaseEntry{
+		{Key: "user:42", Want: 0, LeaseID: u.LeaseID, Used: 50},
+		{Key: "user:42x", Want: 1, LeaseID: "nope", Used: 0},
+	})
+	require.NoError(t, err)
+	assert.Nil(t, res[0].Error)
+	assert.Zero(t, res[0].Granted)
+	require.NotNil(t, res[1].Error)
+	assert.Equal(t, protocol.CodeUnknownLease, res[1].Error.Code)
+	assert.Equal(t, 409, res[1].Error.Status)
+	assert.Equal(t, leases.Report{Settles: 1}, rep)
+}
+
+func TestEngineDenyDefault(t *testing.T) {
+	e, _, _ := newEngine(t, "default: deny\nrules: [{name: u, match: 'user:*', limit: 1, period: 1s}]")
+	res, _, err := e.Lease(context.Background(), "a/1", []protocol.LeaseEntry{{Key: "svc:x", Want: 1}, {Key: "user:1", Want: 1}})
+	require.NoError(t, err)
+	require.NotNil(t, res[0].Error)
+	assert.Equal(t, protocol.CodeNoRule, res[0].Error.Code)
+	assert.Nil(t, res[1].Error)
+	assert.EqualValues(t, 1, res[1].Granted)
+
+	_, _, err = e.Check(context.Background(), []string{"user:2", "svc:x"}, 1)
+	var p *protocol.Problem
+	require.ErrorAs(t, err, &p)
+	assert.Equal(t, protocol.CodeNoRule, p.Code)
+}
+
+func TestEngineCheckAllOrNothing(t *testing.T) {
+	e, clock, store := newEngine(t, engineRules)
+	ctx := context.Background()
+	search, _ := e.Policy().Match("api:search")
+	user, _ := e.Policy().Match("user:1")
+
+	for i := range 10 {
+		resp, rep, err := e.Check(ctx, []string{"user:1", "api:search", "free"}, 1)
+		require.NoError(t, err)
+		require.True(t, resp.Allowed, "call %d", i)
+		assert.Equal(t, leases.Report{Grants: 1}, rep)
+	}
+	// api:search is empty now: the call is denied and user:1 gets its
+	// token back.
+	resp, rep, err := e.Check(ctx, []string{"user:1", "api:search"}, 1)
+	require.NoError(t, err)
+	assert.False(t, resp.Allowed)
+	assert.EqualValues(t, 100, resp.RetryAfterMillis)
+	assert.True(t, resp.Keys[0].Allowed)
+	assert.False(t, resp.Keys[1].Allowed)
+	assert.Equal(t, leases.Report{Denials: 1}, rep)
+	st, err := store.State(ctx, "user:1", user.Bucket())
+	require.NoError(t, err)
+	assert.InDelta(t, 90, st.Level, 1e-9, "the denied call took nothing")
+	st, err = store.State(ctx, "api:search", search.Bucket())
+	require.NoError(t, err)
+	assert.InDelta(t, 0, st.Level, 1e-9)
+
+	clock.Advance(100 * time.Millisecond)
+	resp, _, err = e.Check(ctx, []string{"user:1", "api:search"}, 1)
+	require.NoError(t, err)
+	assert.True(t, resp.Allowed)
+
+	_, _, err = e.Check(ctx, []string{"api:search"}, 11)
+	var p *protocol.Problem
+	require.ErrorAs(t, err, &p)
+	assert.Equal(t, protocol.CodeCostExceedsBurst, p.Code)
+}
+
+type failingStore struct{ leases.Store }
+
+func (failingStore) Lease(context.Context, string, []leases.LeaseOp) ([]leases.LeaseOutcome, error) {
+	return nil, fmt.Errorf("dial: %w", leases.ErrStoreUnavailable)
+}
+
+func TestEngineStoreFailure(t *testing.T) {
+	var calls []string
+	e := leases.NewEngine(leases.EngineOptions{
+		Store: failingStore{leases.NewMemoryStore(leases.MemoryOptions{})},
+		Policy: func() *leases.Policy {
+			p, err := leases.NewPolicy(leases.RuleSet{Rules: []leases.Rule{{Name: "u", Match: "*", Limit: 1, Period: time.Second}}})
+			require.NoError(t, err)
+			return p
+		}(),
+		OnStoreCall: func(op string, _ time.Duration, err error) { calls = append(calls, fmt.Sprint(op, " ", err != nil)) },
+	})
+	_, _, err := e.Lease(context.Background(), "a/1", []protocol.LeaseEntry{{Key: "k", Want: 1}})
+	assert.True(t, errors.Is(err, leases.ErrStoreUnavailable))
+	assert.Equal(t, []string{"lease true"}, calls)
+}
+
+func TestEngineSetPolicy(t *testing.T) {
+	e, _, _ := newEngine(t, engineRules)
+	p, err := leases.NewPolicy(leases.RuleSet{Default: leases.DefaultDeny})
+	require.NoError(t, err)
+	e.SetPolicy(p)
+	res, _, err := e.Lease(context.Background(), "a/1", []protocol.LeaseEntry{{Key: "user:1", Want: 1}})
+	require.NoError(t, err)
+	require.NotNil(t, res[0].Error)
+	assert.Equal(t, protocol.CodeNoRule, res[0].Error.Code)
+}
+
+func TestNewLeaseID(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		id := leases.NewLeaseID()
+		require.Len(t, id, 16)
+		require.False(t, seen[id])
+		seen[id] = true
+	}
+}
+
+func TestMemoryStoreSweepsIdleBuckets(t *testing.T) {
+	clock := storetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	s := leases.NewMemoryStore(leases.MemoryOptions{Now: clock.Now})
+	ctx := context.Background()
+	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 10, Period: time.Second, Burst: 10, LeaseTTL: time.Second}
+	for i := range 5000 {
+		_, err := s.Lease(ctx, "a/1", []leases.LeaseOp{{Key: fmt.Sprint("k", i), Bucket: b, Want: 1, NewLeaseID: "x"}})
+		require.NoError(t, err)
+	}
+	assert.Equal(t, 5000, s.Len())
+	// After the leases expire and the buckets refill, using the store
+	// drops the idle buckets.
+	clock.Advance(3 * time.Second)
+	for i := range 64 * 600 {
+		_, err := s.Take(ctx, []leases.TakeOp{{Key: fmt.Sprint("hot", i%10), Bucket: b, Cost: 0}})
+		require.NoError(t, err)
+	}
+	assert.LessOrEqual(t, s.Len(), 10)
+}
+
+func TestMemoryStoreClosed(t *testing.T) {
+	s := leases.NewMemoryStore(leases.MemoryOptions{})
+	require.NoError(t, s.Close())
+	require.NoError(t, s.Close())
+	_, err := s.Lease(context.Background(), "a", []leases.LeaseOp{{Key: "k"}})
+	assert.ErrorIs(t, err, leases.ErrClosed)
+	assert.ErrorIs(t, s.Ping(context.Background()), leases.ErrClosed)
+}
