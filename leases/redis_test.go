@@ -174,3 +174,20 @@ func TestRedisStoreUnavailable(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, out[0].Granted)
 }
+
+// TestRedisClusterConformance runs the suite on a real three-node Redis
+// Cluster: every script touches one slot (the keys of a bucket share a hash
+// tag), and a call for many keys is pipelined per node.
+func TestRedisClusterConformance(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-node Redis Cluster")
+	}
+	cl := redistest.StartCluster(t, 3)
+	rdb := cl.Client(t)
+	storetest.Run(t, func(t *testing.T, now func() time.Time) leases.Store {
+		require.NoError(t, rdb.ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
+			return c.FlushDB(ctx).Err()
+		}))
+		return leases.NewRedisStore(rdb, leases.RedisOptions{Now: now})
+	}, storetest.Options{ConcurrentTicks: 300})
+}

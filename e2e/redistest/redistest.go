@@ -44,10 +44,11 @@ var errExited = errors.New("redis-server exited before answering PING")
 
 // Server is a redis-server process started for one test.
 type Server struct {
-	bin  string
-	dir  string
-	port int
-	out  *tailBuffer
+	bin   string
+	dir   string
+	port  int
+	out   *tailBuffer
+	extra []string // more redis-server arguments
 
 	mu sync.Mutex
 	p  *proc // latest process; nil before the first launch
@@ -76,11 +77,16 @@ func (p *proc) exited() bool {
 // install it.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	return start(t, nil)
+}
+
+func start(t testing.TB, extra []string) *Server {
+	t.Helper()
 	bin, err := lookPath()
 	if err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
-	s := &Server{bin: bin, dir: t.TempDir(), out: &tailBuffer{}}
+	s := &Server{bin: bin, dir: t.TempDir(), out: &tailBuffer{}, extra: extra}
 	// Registered after t.TempDir, so it runs before the directory is removed,
 	// and before launching, so a half-started process is killed as well.
 	t.Cleanup(func() {
@@ -201,7 +207,7 @@ func (s *Server) kill() bool {
 // launch runs redis-server on s.port and waits until it answers PING. On
 // failure the process is gone when launch returns.
 func (s *Server) launch() error {
-	cmd := exec.Command(s.bin,
+	args := []string{
 		"--port", strconv.Itoa(s.port),
 		"--bind", "127.0.0.1",
 		"--save", "",
@@ -210,8 +216,10 @@ func (s *Server) launch() error {
 		"--protected-mode", "yes",
 		"--daemonize", "no",
 		"--loglevel", "warning",
-	)
+	}
+	cmd := exec.Command(s.bin, append(args, s.extra...)...)
 	cmd.Dir = s.dir
+	cmd.SysProcAttr = procAttr()
 	cmd.Stdin = nil
 	cmd.Stdout = s.out
 	cmd.Stderr = s.out
