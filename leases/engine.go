@@ -96,12 +96,15 @@ func (e *Engine) Lease(ctx context.Context, owner string, entries []protocol.Lea
 	for i := range entries {
 		en := &entries[i]
 		results[i].Key = en.Key
+		results[i].Slot = en.Slot
 		r, ok := p.Match(en.Key)
 		if !ok {
 			if p.Default() == DefaultDeny {
 				results[i].Error = protocol.NewProblem(protocol.CodeNoRule, fmt.Sprintf("key %q matches no rule and the server's default is deny", en.Key))
 				continue
 			}
+			// Unlimited. A lease_id is accepted and ignored: a lease of a
+			// key whose rule was removed just expires by its TTL.
 			results[i].Granted = en.Want
 			results[i].TTLMillis = DefaultLeaseTTL.Milliseconds()
 			results[i].Unlimited = true
@@ -110,7 +113,7 @@ func (e *Engine) Lease(ctx context.Context, owner string, entries []protocol.Lea
 			}
 			continue
 		}
-		ops = append(ops, LeaseOp{Key: en.Key, Bucket: r.Bucket(), Want: en.Want, LeaseID: en.LeaseID, Used: en.Used, NewLeaseID: NewLeaseID()})
+		ops = append(ops, LeaseOp{Key: en.Key, Bucket: r.Bucket(), Want: en.Want, LeaseID: en.LeaseID, Used: en.Used, NewLeaseID: NewLeaseID(), Slot: en.Slot})
 		idx = append(idx, i)
 		rules = append(rules, r)
 	}
@@ -136,7 +139,7 @@ func (e *Engine) Lease(ctx context.Context, owner string, entries []protocol.Lea
 			res.Error = protocol.NewProblem(protocol.CodeUsedExceedsGranted, fmt.Sprintf("used %d for lease %q of key %q is more than it granted; nothing changed", en.Used, en.LeaseID, en.Key))
 			continue
 		default:
-			res.Error = protocol.NewProblem(protocol.CodeInternal, o.Err.Error())
+			res.Error = protocol.NewProblem(protocol.CodeInternal, fmt.Sprintf("key %q could not be leased; the server logs why", en.Key))
 			continue
 		}
 		if o.Settled {

@@ -3,6 +3,7 @@ package leases
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
@@ -46,7 +47,8 @@ type memShard struct {
 	_  [48]byte // keep shards on separate cache lines
 }
 
-// ErrClosed is returned by a store used after Close.
+// ErrClosed is returned, wrapped with ErrStoreUnavailable, by a store used
+// after Close.
 var ErrClosed = errors.New("store closed")
 
 // NewMemoryStore returns an empty MemoryStore.
@@ -65,13 +67,16 @@ func (s *MemoryStore) shard(key string) *memShard {
 	return &s.shards[maphash.String(s.seed, key)%memoryShards]
 }
 
-func (s *MemoryStore) check() error {
+func (s *MemoryStore) check(ctx context.Context) error {
 	select {
 	case <-s.closed:
-		return ErrClosed
+		return fmt.Errorf("%w: %w", ErrStoreUnavailable, ErrClosed)
 	default:
-		return nil
 	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+	}
+	return nil
 }
 
 // with runs fn on key's state under the shard lock, creating the state when
@@ -119,10 +124,7 @@ func (s *MemoryStore) maybeSweep(now int64) {
 
 // Lease implements Store.
 func (s *MemoryStore) Lease(ctx context.Context, owner string, ops []LeaseOp) ([]LeaseOutcome, error) {
-	if err := s.check(); err != nil {
-		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
+	if err := s.check(ctx); err != nil {
 		return nil, err
 	}
 	now := s.now().UnixMicro()
@@ -138,10 +140,7 @@ func (s *MemoryStore) Lease(ctx context.Context, owner string, ops []LeaseOp) ([
 
 // Take implements Store.
 func (s *MemoryStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, error) {
-	if err := s.check(); err != nil {
-		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
+	if err := s.check(ctx); err != nil {
 		return nil, err
 	}
 	now := s.now().UnixMicro()
@@ -157,7 +156,7 @@ func (s *MemoryStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, er
 
 // Refund implements Store.
 func (s *MemoryStore) Refund(ctx context.Context, ops []TakeOp) error {
-	if err := s.check(); err != nil {
+	if err := s.check(ctx); err != nil {
 		return err
 	}
 	now := s.now().UnixMicro()
@@ -172,7 +171,7 @@ func (s *MemoryStore) Refund(ctx context.Context, ops []TakeOp) error {
 
 // State implements Store. A key the store does not hold is a full bucket.
 func (s *MemoryStore) State(ctx context.Context, key string, b Bucket) (BucketState, error) {
-	if err := s.check(); err != nil {
+	if err := s.check(ctx); err != nil {
 		return BucketState{}, err
 	}
 	nowT := s.now()
@@ -205,7 +204,7 @@ func (s *MemoryStore) Len() int {
 }
 
 // Ping implements Store; it fails only after Close.
-func (s *MemoryStore) Ping(context.Context) error { return s.check() }
+func (s *MemoryStore) Ping(ctx context.Context) error { return s.check(ctx) }
 
 // Close implements Store. Later calls fail with ErrClosed.
 func (s *MemoryStore) Close() error {

@@ -135,7 +135,7 @@ func (s *RedisStore) Lease(ctx context.Context, owner string, ops []LeaseOp) ([]
 		op := &ops[i]
 		b, l := redisKeys(op.Key)
 		keys[i] = []string{b, l}
-		args[i] = append(bucketArgs("lease", now, &op.Bucket), owner, op.Want, op.LeaseID, op.Used, op.NewLeaseID)
+		args[i] = append(bucketArgs("lease", now, &op.Bucket), owner, op.Want, op.LeaseID, op.Used, op.NewLeaseID, op.Slot)
 	}
 	cmds, err := s.run(ctx, keys, args)
 	if err != nil {
@@ -180,7 +180,7 @@ func (s *RedisStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, err
 		op := &ops[i]
 		b, l := redisKeys(op.Key)
 		keys[i] = []string{b, l}
-		args[i] = append(bucketArgs("take", now, &op.Bucket), "", op.Cost, "", 0, "")
+		args[i] = append(bucketArgs("take", now, &op.Bucket), "", op.Cost, "", 0, "", 0)
 	}
 	cmds, err := s.run(ctx, keys, args)
 	if err != nil {
@@ -211,7 +211,7 @@ func (s *RedisStore) Refund(ctx context.Context, ops []TakeOp) error {
 		op := &ops[i]
 		b, l := redisKeys(op.Key)
 		keys[i] = []string{b, l}
-		args[i] = append(bucketArgs("refund", now, &op.Bucket), "", op.Cost, "", 0, "")
+		args[i] = append(bucketArgs("refund", now, &op.Bucket), "", op.Cost, "", 0, "", 0)
 	}
 	cmds, err := s.run(ctx, keys, args)
 	if err != nil {
@@ -228,7 +228,7 @@ func (s *RedisStore) Refund(ctx context.Context, ops []TakeOp) error {
 // State implements Store.
 func (s *RedisStore) State(ctx context.Context, key string, b Bucket) (BucketState, error) {
 	bk, lk := redisKeys(key)
-	cmds, err := s.run(ctx, [][]string{{bk, lk}}, [][]any{append(bucketArgs("state", s.nowArg(), &b), "", 0, "", 0, "")})
+	cmds, err := s.run(ctx, [][]string{{bk, lk}}, [][]any{append(bucketArgs("state", s.nowArg(), &b), "", 0, "", 0, "", 0)})
 	if err != nil {
 		return BucketState{}, err
 	}

@@ -2,6 +2,7 @@ package leases_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -63,8 +64,10 @@ func TestStoresAgree(t *testing.T) {
 			require.NoError(t, mem.Refund(ctx, op))
 			require.NoError(t, red.Refund(ctx, op))
 		default:
-			h := open[owner+"|"+key]
-			op := leases.LeaseOp{Key: key, Bucket: b, Want: rng.Int64N(b.Burst + 2), NewLeaseID: leases.NewLeaseID()}
+			slot := rng.IntN(2)
+			hk := fmt.Sprint(owner, "|", key, "|", slot)
+			h := open[hk]
+			op := leases.LeaseOp{Key: key, Bucket: b, Want: rng.Int64N(b.Burst + 2), NewLeaseID: leases.NewLeaseID(), Slot: slot}
 			if h.id != "" && rng.IntN(8) != 0 {
 				op.LeaseID = h.id
 				op.Used = rng.Int64N(h.g + 2) // sometimes one too many
@@ -75,9 +78,9 @@ func TestStoresAgree(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, mo, ro, "step %d lease %+v", step, op)
 			if mo[0].Err == nil {
-				open[owner+"|"+key] = held{mo[0].LeaseID, mo[0].Granted}
+				open[hk] = held{mo[0].LeaseID, mo[0].Granted}
 			} else if mo[0].Err == leases.ErrUnknownLease {
-				delete(open, owner+"|"+key)
+				delete(open, hk)
 			}
 		}
 		ms, err := mem.State(ctx, key, b)

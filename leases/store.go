@@ -57,6 +57,10 @@ type LeaseOp struct {
 	// NewLeaseID names the lease opened by a grant. The caller generates
 	// it (see NewLeaseID) so that every store names leases alike.
 	NewLeaseID string
+	// Slot is 0 or 1: an owner may hold one open lease per key in each
+	// slot (see protocol.LeaseEntry.Slot). Fair share and safe rate count
+	// owners, not slots.
+	Slot int
 }
 
 // LeaseOutcome is the result of one LeaseOp.
@@ -76,7 +80,8 @@ type LeaseOutcome struct {
 	// operation.
 	Remaining int64
 	// Holders is the number of owners holding an open lease on the key
-	// after the operation, counting this owner as one even if it holds none.
+	// after the operation (an owner with two slots counts once), counting
+	// this owner as one even if it holds none.
 	Holders int
 	// Settled is true when LeaseID was settled.
 	Settled bool

@@ -27,6 +27,7 @@ const epsilon = 1e-9
 
 type openLease struct {
 	owner   string
+	slot    int
 	id      string
 	granted int64
 	expiry  int64 // µs
@@ -79,13 +80,30 @@ func (s *tbState) refill(b *Bucket, now int64) {
 	}
 }
 
-func (s *tbState) find(owner string) int {
+func (s *tbState) find(owner string, slot int) int {
 	for i := range s.leases {
-		if s.leases[i].owner == owner {
+		if s.leases[i].owner == owner && s.leases[i].slot == slot {
 			return i
 		}
 	}
 	return -1
+}
+
+// holders counts the owners holding open leases, plus owner if it holds
+// none: an owner with a lease in each slot is one holder.
+func (s *tbState) holders(owner string) int {
+	n := 0
+	for i := range s.leases {
+		l := &s.leases[i]
+		if l.owner == owner {
+			continue
+		}
+		if l.slot == 1 && s.find(l.owner, 0) >= 0 {
+			continue // counted with its slot 0 lease
+		}
+		n++
+	}
+	return n + 1
 }
 
 func (s *tbState) remove(i int) {
@@ -147,7 +165,7 @@ func (s *tbState) lease(b *Bucket, owner string, op *LeaseOp, now int64) LeaseOu
 	var o LeaseOutcome
 	o.Expired = s.reap(now)
 	s.refill(b, now)
-	i := s.find(owner)
+	i := s.find(owner, op.Slot)
 	if op.LeaseID != "" {
 		if i < 0 || s.leases[i].id != op.LeaseID {
 			return LeaseOutcome{Err: ErrUnknownLease, Expired: o.Expired}
@@ -161,12 +179,13 @@ func (s *tbState) lease(b *Bucket, owner string, op *LeaseOp, now int64) LeaseOu
 		s.remove(i)
 		o.Settled = true
 	} else if i >= 0 {
-		// A new lease replaces the open one, which counts as fully spent.
+		// A new lease replaces the open one of this slot, which counts as
+		// fully spent.
 		s.out -= s.leases[i].granted
 		s.remove(i)
 		o.Expired++
 	}
-	holders := len(s.leases) + 1
+	holders := s.holders(owner)
 	if op.Want > 0 {
 		g := op.Want
 		if holders > 1 {
@@ -180,7 +199,7 @@ func (s *tbState) lease(b *Bucket, owner string, op *LeaseOp, now int64) LeaseOu
 		if g > 0 {
 			s.level -= float64(g)
 			s.out += g
-			s.leases = append(s.leases, openLease{owner: owner, id: op.NewLeaseID, granted: g, expiry: now + b.LeaseTTL.Microseconds()})
+			s.leases = append(s.leases, openLease{owner: owner, slot: op.Slot, id: op.NewLeaseID, granted: g, expiry: now + b.LeaseTTL.Microseconds()})
 			o.Granted = g
 			o.LeaseID = op.NewLeaseID
 			o.TTL = b.LeaseTTL

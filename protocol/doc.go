@@ -18,6 +18,14 @@
 //     in a new lease, in one atomic step;
 //   - Want 0 with a LeaseID is a pure return.
 //
+// A client may hold two leases per key, in slots 0 and 1 (LeaseEntry.Slot),
+// and the same key may appear once per slot in a call. This is an addition
+// to the design's protocol: it lets the SDK take its next lease while it
+// still spends the current one, then settle the current one once it stopped
+// spending it, so that no token is ever spent after the server closed its
+// lease (which would break the accuracy bound) and no request waits for a
+// renewal. A client that ignores Slot gets the design's behaviour exactly.
+//
 // A per-entry [Problem] in [LeaseResult.Error] fails that entry alone. When no
 // entry of a request succeeds, the server answers the status of the first
 // failure with a problem body that still carries the per-entry results in its

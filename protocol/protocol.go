@@ -23,6 +23,8 @@ const (
 	MaxClientIDBytes = 128
 	// MaxLeaseIDBytes is the longest lease_id, in bytes.
 	MaxLeaseIDBytes = 64
+	// Slots is the number of leases a client may hold open per key.
+	Slots = 2
 )
 
 // Paths of the v1 API.
@@ -59,6 +61,13 @@ type LeaseEntry struct {
 	// Used is how many tokens of the settled lease were spent, 0 to the
 	// lease's grant. It must be 0 when LeaseID is empty.
 	Used int64 `json:"used,omitempty"`
+	// Slot is 0 or 1. A client may hold one open lease per key in each
+	// slot, so it can take its next lease in one slot while it still spends
+	// the current one in the other, and settle the current one only once it
+	// has stopped spending it. That keeps the client's hot path busy during
+	// a renewal without ever spending a token of a lease the server already
+	// closed. Clients that do not double-buffer leave it 0.
+	Slot int `json:"slot,omitempty"`
 }
 
 // LeaseResponse is the body of a successful POST /v1/leases. Leases has one
@@ -69,8 +78,9 @@ type LeaseResponse struct {
 
 // LeaseResult is the outcome of one LeaseEntry.
 type LeaseResult struct {
-	// Key repeats the entry's key.
-	Key string `json:"key"`
+	// Key and Slot repeat the entry's.
+	Key  string `json:"key"`
+	Slot int    `json:"slot,omitempty"`
 	// LeaseID names the new lease; empty when nothing was granted.
 	LeaseID string `json:"lease_id,omitempty"`
 	// Granted is the number of tokens in the new lease, 0 to Want.
@@ -218,15 +228,22 @@ func (r *LeaseRequest) Validate() error {
 	if len(r.Leases) > MaxEntries {
 		return NewProblem(CodeTooManyEntries, fmt.Sprintf("%d entries in one call; the most is %d: split the call", len(r.Leases), MaxEntries))
 	}
-	seen := make(map[string]struct{}, len(r.Leases))
+	type slotKey struct {
+		key  string
+		slot int
+	}
+	seen := make(map[slotKey]struct{}, len(r.Leases))
 	for i, e := range r.Leases {
 		if err := ValidateKey(e.Key); err != nil {
 			return NewProblem(CodeInvalidKey, fmt.Sprintf("leases[%d].key: %v", i, err))
 		}
-		if _, dup := seen[e.Key]; dup {
-			return NewProblem(CodeDuplicateKey, fmt.Sprintf("leases[%d].key %q appears more than once in the call", i, e.Key))
+		if e.Slot < 0 || e.Slot >= Slots {
+			return NewProblem(CodeInvalidRequest, fmt.Sprintf("leases[%d].slot is %d; it must be 0 or 1", i, e.Slot))
 		}
-		seen[e.Key] = struct{}{}
+		if _, dup := seen[slotKey{e.Key, e.Slot}]; dup {
+			return NewProblem(CodeDuplicateKey, fmt.Sprintf("leases[%d].key %q appears more than once in the call for slot %d", i, e.Key, e.Slot))
+		}
+		seen[slotKey{e.Key, e.Slot}] = struct{}{}
 		if e.Want < 0 || e.Want > MaxCount {
 			return NewProblem(CodeInvalidCount, fmt.Sprintf("leases[%d].want is %d; it must be 0 to %d", i, e.Want, MaxCount))
 		}

@@ -3,10 +3,11 @@
 -- suite in leases/storetest checks that both stores answer alike.
 --
 -- KEYS[1]  bucket hash: l (level, %.17g), t (last refill, µs), o (outstanding)
--- KEYS[2]  leases hash: owner -> "<lease id> <granted> <expiry µs>"
+-- KEYS[2]  leases hash: "<slot>|<owner>" -> "<lease id> <granted> <expiry µs>"
 -- ARGV     1 mode (lease|take|refund|state), 2 now µs ("" = Redis TIME),
 --          3 limit, 4 period µs, 5 burst, 6 lease ttl µs, 7 owner,
---          8 want or cost, 9 lease id to settle, 10 used, 11 new lease id
+--          8 want or cost, 9 lease id to settle, 10 used, 11 new lease id,
+--          12 slot (0 or 1)
 --
 -- Both keys carry the hash tag of the bucket key, so they live in one slot.
 
@@ -53,7 +54,8 @@ for i = 1, #raw, 2 do
     expired = expired + 1
     dels[#dels + 1] = raw[i]
   else
-    leases[#leases + 1] = { owner = raw[i], id = id, g = g, exp = exp }
+    local slot, who = string.match(raw[i], '^(%d)|(.*)$')
+    leases[#leases + 1] = { field = raw[i], owner = who, slot = slot, id = id, g = g, exp = exp }
   end
 end
 
@@ -146,10 +148,12 @@ local want = tonumber(ARGV[8])
 local settle_id = ARGV[9]
 local used = tonumber(ARGV[10])
 local new_id = ARGV[11]
+local slot = ARGV[12]
+local field = slot .. '|' .. owner
 
 local mine = nil
 for i = 1, #leases do
-  if leases[i].owner == owner then mine = i end
+  if leases[i].field == field then mine = i end
 end
 
 local settled = 0
@@ -166,17 +170,26 @@ if settle_id ~= '' then
   out = out - l.g
   level = level + (l.g - used)
   table.remove(leases, mine)
-  redis.call('HDEL', KEYS[2], owner)
+  redis.call('HDEL', KEYS[2], field)
   settled = 1
 elseif mine ~= nil then
   -- A new lease replaces the open one, which counts as fully spent.
   out = out - leases[mine].g
   table.remove(leases, mine)
-  redis.call('HDEL', KEYS[2], owner)
+  redis.call('HDEL', KEYS[2], field)
   expired = expired + 1
 end
 
-local holders = #leases + 1
+-- Holders: owners with an open lease (two slots count once), plus this one.
+local seen = {}
+local holders = 1
+for i = 1, #leases do
+  local who = leases[i].owner
+  if who ~= owner and not seen[who] then
+    seen[who] = true
+    holders = holders + 1
+  end
+end
 local granted, retry = 0, 0
 if want > 0 then
   local g = want
@@ -191,7 +204,7 @@ if want > 0 then
   if g > 0 then
     level = level - g
     out = out + g
-    redis.call('HSET', KEYS[2], owner, new_id .. ' ' .. string.format('%d', g) .. ' ' .. string.format('%d', now + ttl))
+    redis.call('HSET', KEYS[2], field, new_id .. ' ' .. string.format('%d', g) .. ' ' .. string.format('%d', now + ttl))
     granted = g
   else
     retry = retry_after(1)

@@ -46,6 +46,15 @@ func newFixture(t *testing.T, f Factory) *fixture {
 	return &fixture{t: t, ctx: context.Background(), clock: clock, store: s}
 }
 
+// leaseSlot runs one LeaseOp in a slot and returns its outcome.
+func (f *fixture) leaseSlot(owner, key string, slot int, b leases.Bucket, want int64, leaseID string, used int64) leases.LeaseOutcome {
+	f.t.Helper()
+	out, err := f.store.Lease(f.ctx, owner, []leases.LeaseOp{{Key: key, Bucket: b, Want: want, LeaseID: leaseID, Used: used, NewLeaseID: leases.NewLeaseID(), Slot: slot}})
+	require.NoError(f.t, err)
+	require.Len(f.t, out, 1)
+	return out[0]
+}
+
 // lease runs one LeaseOp and returns its outcome.
 func (f *fixture) lease(owner, key string, b leases.Bucket, want int64, leaseID string, used int64) leases.LeaseOutcome {
 	f.t.Helper()
@@ -75,6 +84,7 @@ func Run(t *testing.T, newStore Factory, opts Options) {
 	t.Run("ExpiryWithoutCredit", func(t *testing.T) { testExpiry(t, newFixture(t, newStore)) })
 	t.Run("NewLeaseReplacesOpenOne", func(t *testing.T) { testReplace(t, newFixture(t, newStore)) })
 	t.Run("FairShare", func(t *testing.T) { testFairShare(t, newFixture(t, newStore)) })
+	t.Run("TwoSlots", func(t *testing.T) { testSlots(t, newFixture(t, newStore)) })
 	t.Run("RetryAfterExact", func(t *testing.T) { testRetryAfter(t, newFixture(t, newStore)) })
 	t.Run("RetryAfterWaitsForLeases", func(t *testing.T) { testRetryAfterLeases(t, newFixture(t, newStore)) })
 	t.Run("TakeAndRefund", func(t *testing.T) { testTakeRefund(t, newFixture(t, newStore)) })
@@ -273,6 +283,45 @@ func testFairShare(t *testing.T, f *fixture) {
 	o := f.lease("o/2", "tiny", tiny, 5, "", 0)
 	assert.Zero(t, o.Granted, "burst/3 = 0 is raised to 1, but the bucket is empty")
 	assert.Equal(t, 2*time.Second, o.RetryAfter, "both tokens are leased until the leases end")
+}
+
+func testSlots(t *testing.T, f *fixture) {
+	b := bucket(100, time.Second, 100, 2*time.Second)
+	// a renews into slot 1 while its slot 0 lease is still open: both stay
+	// open, and a counts as one holder.
+	a0 := f.leaseSlot("a/1", "k", 0, b, 30, "", 0)
+	require.EqualValues(t, 30, a0.Granted)
+	a1 := f.leaseSlot("a/1", "k", 1, b, 30, "", 0)
+	require.EqualValues(t, 30, a1.Granted, "alone: no fair-share cap")
+	assert.Equal(t, 1, a1.Holders)
+	st := f.state("k", b)
+	assert.EqualValues(t, 60, st.Outstanding)
+	assert.Equal(t, 2, st.Leases)
+
+	// The lease ID of one slot does not settle the other.
+	wrong := f.leaseSlot("a/1", "k", 0, b, 0, a1.LeaseID, 0)
+	assert.ErrorIs(t, wrong.Err, leases.ErrUnknownLease)
+	assert.Equal(t, st, f.state("k", b))
+
+	// b joins: two holders, whatever slots a uses.
+	bo := f.leaseSlot("b/1", "k", 0, b, 100, "", 0)
+	assert.EqualValues(t, 40, bo.Granted, "min(100/2, 40 left)")
+	assert.Equal(t, 2, bo.Holders)
+
+	// a returns slot 0 (20 of 30 used): only that lease closes.
+	r := f.leaseSlot("a/1", "k", 0, b, 0, a0.LeaseID, 20)
+	require.NoError(t, r.Err)
+	assert.True(t, r.Settled)
+	st = f.state("k", b)
+	assert.EqualValues(t, 30+40, st.Outstanding)
+	assert.InDelta(t, 10, st.Level, 1e-9)
+	// A new lease without ID in slot 1 replaces a's slot 1 lease only.
+	n := f.leaseSlot("a/1", "k", 1, b, 5, "", 0)
+	assert.EqualValues(t, 5, n.Granted)
+	assert.Equal(t, 1, n.Expired)
+	st = f.state("k", b)
+	assert.EqualValues(t, 5+40, st.Outstanding)
+	assert.Equal(t, 2, st.Leases)
 }
 
 func testRetryAfter(t *testing.T, f *fixture) {

@@ -1,0 +1,49 @@
+// Command rateleased is the ratelease lease server: it serves protocol v1
+// (see package server) over a memory store, or over Redis so that any number
+// of lease servers share the limits.
+//
+// Usage:
+//
+//	rateleased [flags]
+//
+// Every flag takes its default from an environment variable when that is
+// set:
+//
+//	-listen            RATELEASED_LISTEN            address to listen on (default 127.0.0.1:8080)
+//	-rules             RATELEASED_RULES             rules file; empty: no rules, every key unlimited
+//	-redis             RATELEASED_REDIS             redis:// or rediss:// URL; empty: memory store
+//	-redis-cluster     RATELEASED_REDIS_CLUSTER     the -redis URL names a Redis Cluster
+//	-insecure          RATELEASED_INSECURE          allow a non-loopback address without clients
+//	-log-level         RATELEASED_LOG_LEVEL         debug, info, warn or error (default info)
+//	-log-format        RATELEASED_LOG_FORMAT        text or json (default text)
+//	-shutdown-timeout  RATELEASED_SHUTDOWN_TIMEOUT  grace period for in-flight requests (default 10s)
+//
+// The server reloads the rules file when it changes. SIGINT or SIGTERM
+// shuts it down gracefully and it exits 0; a startup error (a bad rules
+// file, say) is logged and it exits 1.
+//
+// For a cluster URL, list every seed node as an addr parameter:
+// redis://host1:6379?addr=host2:6379&addr=host3:6379.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stderr)
+	stop()
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+	case errors.Is(err, errUsage):
+		os.Exit(2)
+	default:
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,238 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratelease/ratelease/leases"
+	"github.com/ratelease/ratelease/server"
+)
+
+// errUsage is wrapped by the errors of bad flags or environment variables.
+var errUsage = errors.New("usage")
+
+// config is the parsed command line.
+type config struct {
+	listen          string
+	rules           string
+	redisURL        string
+	redisCluster    bool
+	insecure        bool
+	logLevel        slog.Level
+	logFormat       string
+	shutdownTimeout time.Duration
+}
+
+// run is the daemon: it parses args (without the program name), taking flag
+// defaults from env, logs to stderr, and serves until ctx is canceled. It
+// returns nil after a graceful shutdown. Startup errors are logged and
+// returned; flag errors are printed with the usage and wrap errUsage.
+func run(ctx context.Context, args []string, env func(string) string, stderr io.Writer) error {
+	cfg, err := parseFlags(args, env, stderr)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg, stderr)
+	if err := serve(ctx, cfg, log); err != nil {
+		log.Error("rateleased failed", "err", err)
+		return err
+	}
+	return nil
+}
+
+// serve opens the store, builds the server and runs it.
+func serve(ctx context.Context, cfg config, log *slog.Logger) error {
+	store, storeAttrs, closeStore, err := openStore(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+
+	// The daemon's registry adds the Go runtime and process metrics to the
+	// server's own.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv, err := server.New(server.Options{
+		Registry:        reg,
+		Store:           store,
+		RulesPath:       cfg.rules,
+		ListenAddr:      cfg.listen,
+		Insecure:        cfg.insecure,
+		Logger:          log,
+		ShutdownTimeout: cfg.shutdownTimeout,
+	})
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", cfg.listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w (set -listen or RATELEASED_LISTEN to a free address)", cfg.listen, err)
+	}
+	rules := srv.Rules()
+	attrs := append([]any{
+		"addr", ln.Addr().String(),
+		"rules", len(rules.Policy().Rules()),
+		"rules_file", cfg.rules,
+		"clients", len(rules.Clients()),
+		"default", rules.Policy().Default(),
+	}, storeAttrs...)
+	if cfg.insecure {
+		attrs = append(attrs, "insecure", true)
+	}
+	log.Info("rateleased listening", attrs...)
+	return srv.Run(ctx, ln)
+}
+
+// openStore returns the memory store, or a Redis store when cfg names a
+// Redis URL, with attributes that describe it for the log and a function
+// that releases it.
+func openStore(ctx context.Context, cfg config, log *slog.Logger) (leases.Store, []any, func(), error) {
+	if cfg.redisURL == "" {
+		s := leases.NewMemoryStore(leases.MemoryOptions{})
+		return s, []any{"store", "memory"}, func() { _ = s.Close() }, nil
+	}
+	var (
+		rdb  redis.UniversalClient
+		addr string
+	)
+	if cfg.redisCluster {
+		opts, err := redis.ParseClusterURL(cfg.redisURL)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("-redis (with -redis-cluster): %w: want redis://host:port?addr=host2:port", err)
+		}
+		rdb, addr = redis.NewClusterClient(opts), strings.Join(opts.Addrs, ",")
+	} else {
+		opts, err := redis.ParseURL(cfg.redisURL)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("-redis: %w: want redis://[user:password@]host:port/db or rediss://…", err)
+		}
+		rdb, addr = redis.NewClient(opts), opts.Addr
+	}
+	// The server starts even when Redis is down: /readyz fails and calls
+	// get 503 until it answers, and then it recovers by itself.
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	if err := rdb.Ping(pctx).Err(); err != nil {
+		log.Warn("redis does not answer yet: serving 503 until it does", "redis", addr, "err", err)
+	}
+	cancel()
+	s := leases.NewRedisStore(rdb, leases.RedisOptions{})
+	release := func() {
+		_ = s.Close()
+		_ = rdb.Close()
+	}
+	return s, []any{"store", "redis", "redis", addr, "redis_cluster", cfg.redisCluster}, release, nil
+}
+
+func newLogger(cfg config, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: cfg.logLevel}
+	if cfg.logFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// parseFlags parses args with flag defaults taken from env.
+func parseFlags(args []string, env func(string) string, stderr io.Writer) (config, error) {
+	fs := flag.NewFlagSet("rateleased", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var envErrs []error
+	str := func(name, def string) string {
+		if v := env(name); v != "" {
+			return v
+		}
+		return def
+	}
+	boolean := func(name string) bool {
+		v := env(name)
+		if v == "" {
+			return false
+		}
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			envErrs = append(envErrs, fmt.Errorf("%s=%q: want true or false", name, v))
+		}
+		return b
+	}
+	duration := func(name string, def time.Duration) time.Duration {
+		v := env(name)
+		if v == "" {
+			return def
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			envErrs = append(envErrs, fmt.Errorf("%s=%q: want a duration such as 10s", name, v))
+			return def
+		}
+		return d
+	}
+
+	var cfg config
+	var level, format string
+	fs.StringVar(&cfg.listen, "listen", str("RATELEASED_LISTEN", "127.0.0.1:8080"),
+		"`address` to listen on; a non-loopback address needs clients in the rules file or -insecure (env RATELEASED_LISTEN)")
+	fs.StringVar(&cfg.rules, "rules", str("RATELEASED_RULES", ""),
+		"rules `file` (YAML), reloaded when it changes; empty: no rules, every key unlimited (env RATELEASED_RULES)")
+	fs.StringVar(&cfg.redisURL, "redis", str("RATELEASED_REDIS", ""),
+		"Redis `URL` (redis:// or rediss://) to share buckets across servers; empty: in-memory store (env RATELEASED_REDIS)")
+	fs.BoolVar(&cfg.redisCluster, "redis-cluster", boolean("RATELEASED_REDIS_CLUSTER"),
+		"the -redis URL names a Redis Cluster; list more seed nodes as ?addr=host:port (env RATELEASED_REDIS_CLUSTER)")
+	fs.BoolVar(&cfg.insecure, "insecure", boolean("RATELEASED_INSECURE"),
+		"allow listening on a non-loopback address without client authentication (env RATELEASED_INSECURE)")
+	fs.StringVar(&level, "log-level", str("RATELEASED_LOG_LEVEL", "info"),
+		"log `level`: debug, info, warn or error (env RATELEASED_LOG_LEVEL)")
+	fs.StringVar(&format, "log-format", str("RATELEASED_LOG_FORMAT", "text"),
+		"log `format`: text or json (env RATELEASED_LOG_FORMAT)")
+	fs.DurationVar(&cfg.shutdownTimeout, "shutdown-timeout", duration("RATELEASED_SHUTDOWN_TIMEOUT", server.DefaultShutdownTimeout),
+		"how long in-flight requests may take to finish on SIGTERM (env RATELEASED_SHUTDOWN_TIMEOUT)")
+
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return config{}, err
+		}
+		return config{}, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return config{}, usageError(fs, fmt.Errorf("unexpected argument %q: rateleased takes flags only", fs.Arg(0)))
+	}
+	if len(envErrs) > 0 {
+		return config{}, usageError(fs, errors.Join(envErrs...))
+	}
+	if err := cfg.logLevel.UnmarshalText([]byte(level)); err != nil {
+		return config{}, usageError(fs, fmt.Errorf("-log-level %q: want debug, info, warn or error", level))
+	}
+	switch format {
+	case "text", "json":
+		cfg.logFormat = format
+	default:
+		return config{}, usageError(fs, fmt.Errorf("-log-format %q: want text or json", format))
+	}
+	if cfg.shutdownTimeout <= 0 {
+		return config{}, usageError(fs, fmt.Errorf("-shutdown-timeout %v: want a positive duration", cfg.shutdownTimeout))
+	}
+	if cfg.redisCluster && cfg.redisURL == "" {
+		return config{}, usageError(fs, errors.New("-redis-cluster needs -redis with the cluster's URL"))
+	}
+	return cfg, nil
+}
+
+// usageError prints err to the flag set's output, as flag does for its own
+// errors, and returns it wrapped in errUsage.
+func usageError(fs *flag.FlagSet, err error) error {
+	fmt.Fprintf(fs.Output(), "rateleased: %v\n", err)
+	return fmt.Errorf("%w: %w", errUsage, err)
+}

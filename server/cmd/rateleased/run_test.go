@@ -1,0 +1,288 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ratelease/ratelease/e2e/redistest"
+	"github.com/ratelease/ratelease/protocol"
+	"github.com/ratelease/ratelease/server"
+)
+
+// logSink collects the daemon's JSON log lines.
+type logSink struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	lines chan map[string]any
+}
+
+func newLogSink() *logSink { return &logSink{lines: make(chan map[string]any, 1000)} }
+
+// Write takes one slog record per call, as slog handlers write them.
+func (s *logSink) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	s.buf.Write(p)
+	s.mu.Unlock()
+	sc := bufio.NewScanner(bytes.NewReader(p))
+	for sc.Scan() {
+		var rec map[string]any
+		if json.Unmarshal(sc.Bytes(), &rec) == nil {
+			select {
+			case s.lines <- rec:
+			default:
+			}
+		}
+	}
+	return len(p), nil
+}
+
+func (s *logSink) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.String()
+}
+
+// waitFor returns the first log record with message msg.
+func (s *logSink) waitFor(t *testing.T, msg string) map[string]any {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case rec := <-s.lines:
+			if rec["msg"] == msg {
+				return rec
+			}
+		case <-timeout:
+			t.Fatalf("no log %q within 10s; logs:\n%s", msg, s.String())
+		}
+	}
+}
+
+// daemon is run() in a goroutine.
+type daemon struct {
+	logs   *logSink
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error
+	addr   string
+	start  map[string]any // the "rateleased listening" record
+}
+
+func startDaemon(t *testing.T, env map[string]string, args ...string) *daemon {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	d := &daemon{logs: newLogSink(), cancel: cancel, done: make(chan struct{})}
+	args = append([]string{"-listen", "127.0.0.1:0", "-log-format", "json"}, args...)
+	go func() {
+		defer close(d.done)
+		d.err = run(ctx, args, func(k string) string { return env[k] }, d.logs)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-d.done:
+		case <-time.After(10 * time.Second):
+			t.Error("run did not return")
+		}
+	})
+	d.start = d.logs.waitFor(t, "rateleased listening")
+	d.addr, _ = d.start["addr"].(string)
+	require.NotEmpty(t, d.addr)
+	require.NotEqual(t, "127.0.0.1:0", d.addr, "the real port is logged")
+	return d
+}
+
+// stop cancels run's context and returns its error.
+func (d *daemon) stop(t *testing.T) error {
+	t.Helper()
+	d.cancel()
+	select {
+	case <-d.done:
+		return d.err
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not return after cancel")
+		return nil
+	}
+}
+
+func post(t *testing.T, url, token, body string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, b
+}
+
+func TestRunServesAndStops(t *testing.T) {
+	d := startDaemon(t, nil, "-rules", "../../../examples/rules.yaml")
+	assert.Equal(t, "memory", d.start["store"])
+	assert.EqualValues(t, 3, d.start["rules"])
+	assert.EqualValues(t, 0, d.start["clients"])
+
+	status, body := post(t, "http://"+d.addr+protocol.PathLeases, "",
+		`{"client_id":"checkout-1","leases":[{"key":"user:42","want":10},{"key":"api:createURL","want":5000}]}`)
+	require.Equal(t, http.StatusOK, status, "body: %s", body)
+	var lr protocol.LeaseResponse
+	require.NoError(t, json.Unmarshal(body, &lr))
+	assert.EqualValues(t, 10, lr.Leases[0].Granted)
+	assert.Equal(t, "per-user", lr.Leases[0].Rule)
+	assert.EqualValues(t, 1000, lr.Leases[1].Granted, "capped at the bucket")
+
+	require.NoError(t, d.stop(t))
+	assert.Contains(t, d.logs.String(), `"msg":"shut down"`)
+}
+
+func TestRunWithAuth(t *testing.T) {
+	d := startDaemon(t, map[string]string{"RATELEASED_RULES": "../../../examples/rules-auth.yaml"})
+	assert.EqualValues(t, 1, d.start["clients"])
+	url := "http://" + d.addr + protocol.PathLeases
+	body := `{"client_id":"c","leases":[{"key":"user:1","want":1}]}`
+
+	status, _ := post(t, url, "", body)
+	assert.Equal(t, http.StatusUnauthorized, status)
+	status, resp := post(t, url, "dev-token-change-me", body)
+	assert.Equal(t, http.StatusOK, status, "body: %s", resp)
+	require.NoError(t, d.stop(t))
+}
+
+func TestRunWithRedis(t *testing.T) {
+	rs := redistest.Start(t)
+	d := startDaemon(t, map[string]string{"RATELEASED_REDIS": rs.URL()}, "-rules", "../../../examples/rules.yaml")
+	assert.Equal(t, "redis", d.start["store"])
+	assert.Equal(t, rs.Addr(), d.start["redis"])
+
+	status, body := post(t, "http://"+d.addr+protocol.PathLeases, "", `{"client_id":"c","leases":[{"key":"user:1","want":7}]}`)
+	require.Equal(t, http.StatusOK, status, "body: %s", body)
+	keys, err := rs.Client(t).Keys(context.Background(), "rl:{user:1}:*").Result()
+	require.NoError(t, err)
+	assert.NotEmpty(t, keys, "the bucket lives in Redis")
+	require.NoError(t, d.stop(t))
+}
+
+func TestRunBadRulesFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(`
+rules:
+  - name: per-user
+    match: "user:*"
+    limit: 100
+    period: 1s
+    burst: -4
+`), 0o600))
+	var stderr bytes.Buffer
+	err := run(context.Background(), []string{"-rules", path, "-listen", "127.0.0.1:0"}, func(string) string { return "" }, &stderr)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `rule "per-user"`)
+	assert.Contains(t, err.Error(), "burst")
+	assert.Contains(t, err.Error(), path)
+	assert.Contains(t, stderr.String(), "level=ERROR")
+	assert.Contains(t, stderr.String(), "burst", "the error is logged")
+	assert.False(t, errors.Is(err, errUsage))
+}
+
+func TestRunRefusesExposedAddress(t *testing.T) {
+	var stderr bytes.Buffer
+	// New refuses before anything is bound.
+	err := run(context.Background(), []string{"-listen", "0.0.0.0:0"}, func(string) string { return "" }, &stderr)
+	require.ErrorIs(t, err, server.ErrInsecureListen)
+	assert.Contains(t, err.Error(), "-insecure")
+	assert.Contains(t, stderr.String(), "level=ERROR")
+}
+
+func TestRunListenError(t *testing.T) {
+	d := startDaemon(t, nil)
+	// The same port again.
+	err := run(context.Background(), []string{"-listen", d.addr}, func(string) string { return "" }, io.Discard)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "listen on "+d.addr)
+}
+
+func TestParseFlags(t *testing.T) {
+	defaults := config{listen: "127.0.0.1:8080", logLevel: slog.LevelInfo, logFormat: "text", shutdownTimeout: server.DefaultShutdownTimeout}
+	tests := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		want    config
+		wantErr string // substring; the error wraps errUsage
+	}{
+		{name: "defaults", want: defaults},
+		{
+			name: "environment",
+			env: map[string]string{
+				"RATELEASED_LISTEN": "127.0.0.1:9999", "RATELEASED_RULES": "r.yaml",
+				"RATELEASED_REDIS": "redis://h:1/0", "RATELEASED_REDIS_CLUSTER": "true",
+				"RATELEASED_INSECURE": "1", "RATELEASED_LOG_LEVEL": "debug",
+				"RATELEASED_LOG_FORMAT": "json", "RATELEASED_SHUTDOWN_TIMEOUT": "3s",
+			},
+			want: config{listen: "127.0.0.1:9999", rules: "r.yaml", redisURL: "redis://h:1/0", redisCluster: true,
+				insecure: true, logLevel: slog.LevelDebug, logFormat: "json", shutdownTimeout: 3 * time.Second},
+		},
+		{
+			name: "flags override the environment",
+			args: []string{"-listen", "127.0.0.1:1", "-insecure=false", "-log-level", "WARN", "-shutdown-timeout", "1s"},
+			env:  map[string]string{"RATELEASED_LISTEN": "127.0.0.1:9999", "RATELEASED_INSECURE": "true", "RATELEASED_LOG_LEVEL": "debug"},
+			want: config{listen: "127.0.0.1:1", logLevel: slog.LevelWarn, logFormat: "text", shutdownTimeout: time.Second},
+		},
+		{name: "bad boolean in env", env: map[string]string{"RATELEASED_INSECURE": "yes please"}, wantErr: "RATELEASED_INSECURE"},
+		{name: "bad duration in env", env: map[string]string{"RATELEASED_SHUTDOWN_TIMEOUT": "soon"}, wantErr: "RATELEASED_SHUTDOWN_TIMEOUT"},
+		{name: "bad log level", args: []string{"-log-level", "loud"}, wantErr: "-log-level"},
+		{name: "bad log format", args: []string{"-log-format", "xml"}, wantErr: "-log-format"},
+		{name: "zero shutdown timeout", args: []string{"-shutdown-timeout", "0s"}, wantErr: "-shutdown-timeout"},
+		{name: "cluster without URL", args: []string{"-redis-cluster"}, wantErr: "-redis-cluster"},
+		{name: "unknown flag", args: []string{"-nope"}, wantErr: "nope"},
+		{name: "positional argument", args: []string{"serve"}, wantErr: `"serve"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out bytes.Buffer
+			cfg, err := parseFlags(tt.args, func(k string) string { return tt.env[k] }, &out)
+			if tt.wantErr != "" {
+				require.Error(t, err)
+				assert.ErrorIs(t, err, errUsage)
+				assert.Contains(t, err.Error(), tt.wantErr)
+				assert.NotEmpty(t, out.String(), "the problem is printed")
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, cfg)
+		})
+	}
+
+	var out bytes.Buffer
+	_, err := parseFlags([]string{"-h"}, func(string) string { return "" }, &out)
+	require.ErrorIs(t, err, flag.ErrHelp)
+	assert.Contains(t, out.String(), "RATELEASED_REDIS")
+}
+
+func TestRunBadRedisURL(t *testing.T) {
+	err := run(context.Background(), []string{"-redis", "http://nope"}, func(string) string { return "" }, io.Discard)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "-redis")
+}

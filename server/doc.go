@@ -1,0 +1,77 @@
+// Package server is the HTTP API of a ratelease lease server: protocol v1
+// over the accounting engine of package leases. The daemon
+// server/cmd/rateleased is a thin main around it; embed a Server in your own
+// process when you want the lease server and something else in one binary.
+//
+//	store := leases.NewMemoryStore(leases.MemoryOptions{})
+//	srv, err := server.New(server.Options{Store: store, RulesPath: "rules.yaml", Logger: logger})
+//	if err != nil { ... }
+//	ln, err := net.Listen("tcp", "127.0.0.1:8080")
+//	if err != nil { ... }
+//	err = srv.Run(ctx, ln) // until ctx is canceled, then a graceful shutdown
+//
+// # Routes
+//
+//	POST /v1/leases   acquire, renew and return leases (protocol.LeaseRequest)
+//	POST /v1/check    one all-or-nothing decision (protocol.CheckRequest)
+//	GET  /v1/rules    the rules in force and what the caller may use (RulesResponse)
+//	GET  /healthz     the process is alive
+//	GET  /readyz      the store answers and the server is not shutting down
+//	GET  /metrics     Prometheus metrics
+//
+// Every error is an RFC 9457 application/problem+json body
+// (protocol.Problem) with a stable code, including unknown routes (404) and
+// wrong methods (405, with an Allow header). Bad input is refused before the
+// engine runs, so it changes nothing in the store.
+//
+// A /v1/check that is denied answers 200 with "allowed": false and a
+// Retry-After header, not 429: the request was served, and its answer is
+// "no". Callers branch on the body; status codes are kept for requests that
+// could not be served.
+//
+// # Rules and clients
+//
+// The rules file (RulesFile) holds the rules of package leases and a
+// clients section. Each client has a name, the SHA-256 of its bearer token
+// (the token itself is never stored) and the glob patterns of the keys it
+// may use. When the file lists clients, every /v1 request needs
+// "Authorization: Bearer <token>"; the token's hash is compared with every
+// client's in constant time. A lease entry for a key outside the client's
+// patterns fails alone with code forbidden; a check with such a key fails
+// whole. Leases are owned by "<client name>/<client_id>", so a client cannot
+// settle another client's lease even by claiming its client_id. With no
+// clients, the API is open and every caller is AnonymousClient.
+//
+// A server without clients refuses to listen on an address that is not
+// loopback unless Options.Insecure is set: leasing trusts its callers (a
+// caller can spend what it holds), so an open server belongs on loopback or
+// a network where everyone is trusted.
+//
+// The server polls the rules file (Options.ReloadInterval, 500ms by
+// default) and compares its content, not its modification time, so a
+// change is in force within a second, however the file was written. A file
+// that does not validate leaves the old rules in force and is logged at
+// level error with the rule or client and field at fault. Polling was chosen
+// over file-system notifications because it needs no platform code, follows
+// a file replaced by rename or a Kubernetes ConfigMap symlink swap alike,
+// and costs one small read per interval.
+//
+// # Store and failures
+//
+// The Server builds its leases.Engine itself from Options.Store: it owns
+// the rules (it swaps them on reload, with the engine, in one atomic step so
+// that a request sees one version of rules and clients) and it hooks the
+// engine's store calls for the store latency histogram. When the store does
+// not answer, /v1 calls get 503 store_unavailable with "Retry-After: 1" and
+// /readyz fails; nothing needs restarting when the store comes back.
+//
+// # Metrics
+//
+// Metrics go to Options.Registry (a fresh registry when nil, never the
+// global one) under the "ratelease" namespace: grants_total, denials_total,
+// settles_total, expiries_total, requests_total{route,code},
+// request_duration_seconds{route}, store_latency_seconds{op}, rules_loaded
+// and rules_reloads_total{result}. The route label is the ServeMux pattern
+// ("POST /v1/leases"; "/" for unknown routes), never the raw path, so its
+// cardinality is fixed.
+package server

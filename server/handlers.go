@@ -1,0 +1,504 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"mime"
+	"net/http"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/ratelease/ratelease/leases"
+	"github.com/ratelease/ratelease/protocol"
+)
+
+// RulesResponse is the body of GET /v1/rules: the rules in force and what
+// the caller may do. It never carries the clients' token hashes.
+type RulesResponse struct {
+	// Version is the hex SHA-256 of the rules file in force; it changes
+	// with every reload.
+	Version string `json:"version"`
+	// Default says what happens to keys that match no rule: "allow" or
+	// "deny".
+	Default leases.Default `json:"default"`
+	// Rules are the rules in file order, with defaults filled in.
+	Rules []RuleInfo `json:"rules"`
+	// Client is the caller's client name, AnonymousClient when the server
+	// has no clients configured.
+	Client string `json:"client"`
+	// Keys are the glob patterns of the keys the caller may use.
+	Keys []string `json:"keys"`
+}
+
+// RuleInfo describes one rule in a RulesResponse. Durations are given both
+// as Go duration strings ("1s", "1m") and in milliseconds.
+type RuleInfo struct {
+	// Name identifies the rule.
+	Name string `json:"name"`
+	// Match is the rule's glob pattern.
+	Match string `json:"match"`
+	// Algorithm is the rule's algorithm, "token_bucket" today.
+	Algorithm leases.Algorithm `json:"algorithm"`
+	// Limit tokens are added per Period.
+	Limit int64 `json:"limit"`
+	// Period is the refill period, as "1s"; PeriodMillis in milliseconds.
+	Period       string `json:"period"`
+	PeriodMillis int64  `json:"period_ms"`
+	// Burst is the bucket size.
+	Burst int64 `json:"burst"`
+	// LeaseTTL is the lifetime of a lease, as "2s"; LeaseTTLMillis in
+	// milliseconds.
+	LeaseTTL       string `json:"lease_ttl"`
+	LeaseTTLMillis int64  `json:"lease_ttl_ms"`
+}
+
+// routes builds the handler. Every route is instrumented and recovers from
+// panics. Besides the API's method patterns, each API path is registered
+// without a method, which answers 405 with an Allow header, and "/" catches
+// everything else with 404; both in problem+json, where ServeMux would
+// answer plain text.
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	type route struct {
+		method, path string
+		h            http.HandlerFunc
+	}
+	metrics := promhttp.HandlerFor(s.opts.Registry, promhttp.HandlerOpts{
+		ErrorLog:      promLogger{s},
+		ErrorHandling: promhttp.ContinueOnError,
+	})
+	api := []route{
+		{http.MethodPost, protocol.PathLeases, s.authed(s.handleLeases)},
+		{http.MethodPost, protocol.PathCheck, s.authed(s.handleCheck)},
+		{http.MethodGet, protocol.PathRules, s.authed(s.handleRules)},
+		{http.MethodGet, protocol.PathHealthz, s.handleHealthz},
+		{http.MethodGet, protocol.PathReadyz, s.handleReadyz},
+		{http.MethodGet, protocol.PathMetrics, metrics.ServeHTTP},
+	}
+	for _, rt := range api {
+		s.handle(mux, rt.method+" "+rt.path, rt.h)
+		allow := rt.method
+		if rt.method == http.MethodGet {
+			allow += ", " + http.MethodHead
+		}
+		s.handle(mux, rt.path, methodNotAllowed(allow))
+	}
+	s.handle(mux, "/", notFound)
+	return mux
+}
+
+// handle registers h for pattern, wrapped to record metrics, log, and turn a
+// panic into a 500 problem.
+func (s *Server) handle(mux *http.ServeMux, pattern string, h http.HandlerFunc) {
+	mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		defer func() {
+			if p := recover(); p != nil {
+				if p == http.ErrAbortHandler { //nolint:errorlint // sentinel value, never wrapped
+					panic(p)
+				}
+				s.log.ErrorContext(r.Context(), "panic serving request: this is a bug",
+					"route", pattern, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+				if !sw.wroteHeader {
+					writeProblem(sw, protocol.NewProblem(protocol.CodeInternal, "the server failed while serving this request and logged why"))
+				}
+			}
+			status := sw.status
+			if status == 0 {
+				status = http.StatusOK
+			}
+			elapsed := time.Since(start)
+			s.metrics.requests.WithLabelValues(pattern, strconv.Itoa(status)).Inc()
+			s.metrics.duration.WithLabelValues(pattern).Observe(elapsed.Seconds())
+			s.log.DebugContext(r.Context(), "request", "method", r.Method, "path", r.URL.Path,
+				"route", pattern, "status", status, "elapsed", elapsed)
+		}()
+		h(sw, r)
+	})
+}
+
+// statusWriter records the status of a response.
+type statusWriter struct {
+	http.ResponseWriter
+	status      int
+	wroteHeader bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wroteHeader {
+		w.status, w.wroteHeader = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if !w.wroteHeader {
+		w.status, w.wroteHeader = http.StatusOK, true
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Flush implements http.Flusher.
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		if !w.wroteHeader {
+			w.status, w.wroteHeader = http.StatusOK, true
+		}
+		f.Flush()
+	}
+}
+
+// promLogger adapts the server's logger to promhttp.Logger.
+type promLogger struct{ s *Server }
+
+func (l promLogger) Println(v ...any) {
+	l.s.log.Error("serve metrics", "err", fmt.Sprint(v...))
+}
+
+func notFound(w http.ResponseWriter, r *http.Request) {
+	writeProblem(w, protocol.NewProblem(protocol.CodeNotFound, fmt.Sprintf(
+		"no route for %s %s: the API serves POST %s, POST %s, GET %s, GET %s, GET %s and GET %s",
+		r.Method, r.URL.Path, protocol.PathLeases, protocol.PathCheck, protocol.PathRules,
+		protocol.PathHealthz, protocol.PathReadyz, protocol.PathMetrics)))
+}
+
+func methodNotAllowed(allow string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", allow)
+		writeProblem(w, protocol.NewProblem(protocol.CodeMethodNotAllowed, fmt.Sprintf(
+			"%s does not serve %s: use %s", r.URL.Path, r.Method, allow)))
+	}
+}
+
+// writeProblem writes p as an RFC 9457 problem+json response with p.Status.
+func writeProblem(w http.ResponseWriter, p *protocol.Problem) {
+	h := w.Header()
+	h.Set("Content-Type", protocol.ContentTypeProblem)
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+// writeJSON writes v as an application/json response with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// apiHandler serves an authenticated /v1 request with one version of the
+// rules.
+type apiHandler func(w http.ResponseWriter, r *http.Request, st *state, who *caller)
+
+// authed loads the rules in force and authenticates the caller: when the
+// rules configure clients, the request needs "Authorization: Bearer
+// <token>" with the token of one of them, or it gets 401.
+func (s *Server) authed(h apiHandler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		st := s.state.Load()
+		if !st.rules.authRequired() {
+			h(w, r, st, &caller{name: AnonymousClient})
+			return
+		}
+		token, ok := bearerToken(r.Header.Get("Authorization"))
+		if !ok {
+			unauthorized(w, "send the header \"Authorization: Bearer <token>\": this server authenticates its clients")
+			return
+		}
+		c := st.rules.authenticate(token)
+		if c == nil {
+			unauthorized(w, "the bearer token is not the token of any client of the rules file")
+			return
+		}
+		h(w, r, st, &caller{name: c.name, keys: c.keys})
+	}
+}
+
+func unauthorized(w http.ResponseWriter, detail string) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="ratelease"`)
+	writeProblem(w, protocol.NewProblem(protocol.CodeUnauthorized, detail))
+}
+
+// bearerToken returns the token of an "Authorization: Bearer <token>"
+// header value. The scheme is case-insensitive (RFC 9110).
+func bearerToken(h string) (string, bool) {
+	scheme, token, ok := strings.Cut(strings.TrimSpace(h), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token = strings.TrimSpace(token)
+	return token, token != ""
+}
+
+// readBody checks the content type and reads the body, at most
+// Options.MaxBodyBytes. On failure it writes the problem and returns false.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || mt != "application/json" {
+			writeProblem(w, protocol.NewProblem(protocol.CodeUnsupportedMediaType, fmt.Sprintf(
+				"Content-Type is %q: send application/json", ct)))
+			return nil, false
+		}
+	}
+	max := s.opts.MaxBodyBytes
+	if r.ContentLength > max {
+		w.Header().Set("Connection", "close")
+		writeProblem(w, protocol.NewProblem(protocol.CodeBodyTooLarge, fmt.Sprintf(
+			"body is %d bytes; the most is %d: split the call", r.ContentLength, max)))
+		return nil, false
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			writeProblem(w, protocol.NewProblem(protocol.CodeBodyTooLarge, fmt.Sprintf(
+				"body is more than %d bytes: split the call", max)))
+			return nil, false
+		}
+		writeProblem(w, protocol.NewProblem(protocol.CodeInvalidJSON, "could not read the body: "+err.Error()))
+		return nil, false
+	}
+	return body, true
+}
+
+// problemOf returns the *protocol.Problem in err, or a 500 problem when err
+// holds none.
+func problemOf(err error) *protocol.Problem {
+	if p, ok := errors.AsType[*protocol.Problem](err); ok {
+		return p
+	}
+	return protocol.NewProblem(protocol.CodeInternal, "the server failed and logged why")
+}
+
+// storeFailed answers a failed engine call: 503 with Retry-After when the
+// store is unreachable, closed or too slow, 500 otherwise.
+func (s *Server) storeFailed(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, leases.ErrClosed):
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, protocol.NewProblem(protocol.CodeShuttingDown, "the store is closed: the server is stopping; use another lease server"))
+	case errors.Is(err, leases.ErrStoreUnavailable),
+		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		if r.Context().Err() != nil {
+			s.log.DebugContext(r.Context(), "request canceled by the caller", "route", r.Pattern, "err", err)
+		} else {
+			s.log.WarnContext(r.Context(), "store unavailable", "route", r.Pattern, "err", err)
+		}
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, protocol.NewProblem(protocol.CodeStoreUnavailable,
+			"the store did not answer: retry after the Retry-After delay, or use another lease server"))
+	default:
+		s.log.ErrorContext(r.Context(), "engine failed", "route", r.Pattern, "err", err)
+		writeProblem(w, protocol.NewProblem(protocol.CodeInternal, "the server failed and logged why"))
+	}
+}
+
+// handleLeases serves POST /v1/leases.
+//
+// Entries for keys outside the caller's patterns fail alone with
+// CodeForbidden and never reach the store. The lease owner is the client
+// name and the request's client_id, "name/client_id": client names cannot
+// contain '/', so no client can name another's leases.
+func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state, who *caller) {
+	body, ok := s.readBody(w, r)
+	if !ok {
+		return
+	}
+	req, err := protocol.DecodeLeaseRequest(body)
+	if err != nil {
+		writeProblem(w, problemOf(err))
+		return
+	}
+	entries := req.Leases
+	results := make([]protocol.LeaseResult, len(entries))
+	// permitted are the entries the caller may lease; idx maps them back to
+	// their position in the request when some are not (nil when all are).
+	permitted, idx := entries, []int(nil)
+	if slices.ContainsFunc(entries, func(e protocol.LeaseEntry) bool { return !who.may(e.Key) }) {
+		permitted = make([]protocol.LeaseEntry, 0, len(entries))
+		idx = make([]int, 0, len(entries))
+		for i, e := range entries {
+			if !who.may(e.Key) {
+				results[i] = protocol.LeaseResult{Key: e.Key, Error: forbidden(who, e.Key, fmt.Sprintf("leases[%d]", i))}
+				continue
+			}
+			permitted = append(permitted, e)
+			idx = append(idx, i)
+		}
+	}
+	if len(permitted) > 0 {
+		ctx, cancel := context.WithTimeout(r.Context(), s.opts.StoreTimeout)
+		out, rep, err := st.engine.Lease(ctx, who.name+"/"+req.ClientID, permitted)
+		cancel()
+		if err != nil {
+			s.storeFailed(w, r, err)
+			return
+		}
+		s.metrics.record(rep)
+		for j := range out {
+			i := j
+			if idx != nil {
+				i = idx[j]
+			}
+			results[i] = out[j]
+			if e := out[j].Error; e != nil && e.Code == protocol.CodeInternal {
+				s.log.ErrorContext(r.Context(), "lease entry failed", "key", out[j].Key, "err", e.Detail)
+			}
+		}
+	}
+	var first *protocol.Problem
+	for i := range results {
+		if results[i].Error == nil {
+			writeJSON(w, http.StatusOK, protocol.LeaseResponse{Leases: results})
+			return
+		}
+		if first == nil {
+			first = results[i].Error
+		}
+	}
+	p := *first
+	p.Leases = results
+	if len(results) > 1 {
+		p.Detail = "every entry failed; leases[0]: " + p.Detail
+	}
+	writeProblem(w, &p)
+}
+
+func forbidden(who *caller, key, where string) *protocol.Problem {
+	return protocol.NewProblem(protocol.CodeForbidden, fmt.Sprintf(
+		"%s: client %q may not use key %q: its key patterns are %q; change the client's keys in the rules file",
+		where, who.name, key, who.keys))
+}
+
+// handleCheck serves POST /v1/check. A decision is a 200 whether the call
+// is allowed or not: a denial is the answer to the question, not an error
+// of the request, so it is {"allowed": false} with the Retry-After header
+// set. Any key outside the caller's patterns fails the whole call with 403.
+func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request, st *state, who *caller) {
+	body, ok := s.readBody(w, r)
+	if !ok {
+		return
+	}
+	req, err := protocol.DecodeCheckRequest(body)
+	if err != nil {
+		writeProblem(w, problemOf(err))
+		return
+	}
+	for i, k := range req.Keys {
+		if !who.may(k) {
+			writeProblem(w, forbidden(who, k, fmt.Sprintf("keys[%d]", i)))
+			return
+		}
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.opts.StoreTimeout)
+	resp, rep, err := st.engine.Check(ctx, req.Keys, req.CostOrDefault())
+	cancel()
+	if err != nil {
+		if p, ok := errors.AsType[*protocol.Problem](err); ok {
+			writeProblem(w, p)
+			return
+		}
+		s.storeFailed(w, r, err)
+		return
+	}
+	s.metrics.record(rep)
+	if !resp.Allowed {
+		w.Header().Set("Retry-After", retryAfterSeconds(resp.RetryAfterMillis))
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// retryAfterSeconds formats a wait for the Retry-After header: whole
+// seconds, rounded up, at least 1.
+func retryAfterSeconds(ms int64) string {
+	return strconv.FormatInt(max(1, int64(math.Ceil(float64(ms)/1000))), 10)
+}
+
+// handleRules serves GET /v1/rules.
+func (s *Server) handleRules(w http.ResponseWriter, r *http.Request, st *state, who *caller) {
+	p := st.rules.policy
+	rules := p.Rules()
+	resp := RulesResponse{
+		Version: st.rules.Version(),
+		Default: p.Default(),
+		Rules:   make([]RuleInfo, len(rules)),
+		Client:  who.name,
+		Keys:    who.keys,
+	}
+	if resp.Keys == nil {
+		resp.Keys = []string{"*"}
+	}
+	for i, rl := range rules {
+		resp.Rules[i] = RuleInfo{
+			Name:           rl.Name,
+			Match:          rl.Match,
+			Algorithm:      rl.Algorithm,
+			Limit:          rl.Limit,
+			Period:         formatDuration(rl.Period),
+			PeriodMillis:   rl.Period.Milliseconds(),
+			Burst:          rl.Burst,
+			LeaseTTL:       formatDuration(rl.LeaseTTL),
+			LeaseTTLMillis: rl.LeaseTTL.Milliseconds(),
+		}
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// formatDuration is time.Duration.String without trailing zero units:
+// "1m" rather than "1m0s", "1h" rather than "1h0m0s".
+func formatDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
+}
+
+type statusBody struct {
+	Status string `json:"status"`
+}
+
+// handleHealthz serves GET /healthz: the process is alive.
+func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, statusBody{Status: "ok"})
+}
+
+// handleReadyz serves GET /readyz: the server can serve leases, that is
+// the store answers a ping within ReadyTimeout and the server is not
+// shutting down.
+func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, protocol.NewProblem(protocol.CodeShuttingDown, "the server is shutting down: use another lease server"))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), ReadyTimeout)
+	err := s.opts.Store.Ping(ctx)
+	cancel()
+	if err != nil {
+		s.log.WarnContext(r.Context(), "readiness check: store ping failed", "err", err)
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, protocol.NewProblem(protocol.CodeStoreUnavailable, "the store does not answer a ping: the server cannot serve leases until it does"))
+		return
+	}
+	writeJSON(w, http.StatusOK, statusBody{Status: "ok"})
+}

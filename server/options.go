@@ -1,0 +1,155 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/ratelease/ratelease/leases"
+	"github.com/ratelease/ratelease/protocol"
+)
+
+// Defaults of Options.
+const (
+	// DefaultReloadInterval is how often the rules file is checked for
+	// changes when Options.ReloadInterval is zero.
+	DefaultReloadInterval = 500 * time.Millisecond
+	// DefaultStoreTimeout bounds one request's store calls when
+	// Options.StoreTimeout is zero.
+	DefaultStoreTimeout = 2 * time.Second
+	// DefaultShutdownTimeout is how long Run waits for in-flight requests
+	// when Options.ShutdownTimeout is zero.
+	DefaultShutdownTimeout = 10 * time.Second
+	// ReadyTimeout bounds the store ping of GET /readyz.
+	ReadyTimeout = time.Second
+)
+
+// Registry is where a Server registers its metrics and what GET /metrics
+// serves. A *prometheus.Registry is one.
+type Registry interface {
+	prometheus.Registerer
+	prometheus.Gatherer
+}
+
+// Options configure a Server. Only Store is required; the zero value of
+// every other field is a sane default.
+type Options struct {
+	// Store keeps the buckets and leases: leases.NewMemoryStore for a single
+	// lease server, leases.NewRedisStore to share the limits across
+	// servers. Required. The Server never closes it: the caller does, after
+	// Run has returned.
+	Store leases.Store
+
+	// RulesPath is the rules file (YAML, see RulesFile). It is read by New,
+	// which fails when the file is missing or invalid, and then polled for
+	// changes. Empty means no rules file: every key is unlimited and the
+	// API needs no authentication.
+	RulesPath string
+
+	// ReloadInterval is how often the rules file is checked for changes.
+	// Zero means DefaultReloadInterval; a negative value disables polling
+	// (Reload still works).
+	ReloadInterval time.Duration
+
+	// ListenAddr is the address the server will listen on, used to refuse
+	// an address that is not loopback when the rules file configures no
+	// clients (see Insecure), at start and at every reload. New checks it
+	// when it is set, so that a daemon fails before it binds; Run checks
+	// its listener's address in every case. When it is empty and Run is
+	// not used (Handler mounted in an http.Server of your own), no check is
+	// made: exposing the handler safely is then the caller's job.
+	ListenAddr string
+
+	// Insecure allows listening on a non-loopback address without client
+	// authentication, for a network where every caller is trusted.
+	Insecure bool
+
+	// Logger receives the server's logs. Nil discards them.
+	Logger *slog.Logger
+
+	// Registry receives the server's metrics and is what GET /metrics
+	// serves. Nil means a fresh prometheus.NewRegistry(); the global
+	// default registry is never used implicitly. Two Servers cannot share
+	// one Registry: their metrics would collide.
+	Registry Registry
+
+	// MaxBodyBytes is the largest request body accepted. Zero means
+	// protocol.MaxBodyBytes, which is also the most: larger values are
+	// lowered to it.
+	MaxBodyBytes int64
+
+	// StoreTimeout bounds the store calls of one request, so that a hung
+	// store answers 503 rather than holding the caller. Zero means
+	// DefaultStoreTimeout.
+	StoreTimeout time.Duration
+
+	// ShutdownTimeout is how long Run waits for in-flight requests after
+	// its context is canceled before it closes the remaining connections.
+	// Zero means DefaultShutdownTimeout.
+	ShutdownTimeout time.Duration
+}
+
+// withDefaults validates o and fills in the defaults.
+func (o Options) withDefaults() (Options, error) {
+	if o.Store == nil {
+		return o, errors.New("server: Options.Store is nil: pass leases.NewMemoryStore(leases.MemoryOptions{}) or a leases.NewRedisStore")
+	}
+	if o.ReloadInterval == 0 {
+		o.ReloadInterval = DefaultReloadInterval
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	if o.MaxBodyBytes <= 0 || o.MaxBodyBytes > protocol.MaxBodyBytes {
+		o.MaxBodyBytes = protocol.MaxBodyBytes
+	}
+	if o.StoreTimeout <= 0 {
+		o.StoreTimeout = DefaultStoreTimeout
+	}
+	if o.ShutdownTimeout <= 0 {
+		o.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	return o, nil
+}
+
+// ErrInsecureListen is wrapped by the error of New, Run and Reload when the
+// server would accept unauthenticated calls on an address that is not
+// loopback.
+var ErrInsecureListen = errors.New("refusing to serve a non-loopback address without client authentication")
+
+// checkExposure returns an error wrapping ErrInsecureListen when addr is not
+// a loopback address, rules configure no clients, and insecure is false.
+func checkExposure(addr string, rules *Rules, insecure bool) error {
+	if insecure || rules.authRequired() || isLoopback(addr) {
+		return nil
+	}
+	return fmt.Errorf("server: listen address %q: %w: add a clients section to the rules file (see examples/rules-auth.yaml), listen on a loopback address such as 127.0.0.1:8080, or pass -insecure (Options.Insecure) if every caller on the network is trusted",
+		addr, ErrInsecureListen)
+}
+
+// isLoopback reports whether the host of addr ("host:port" or a bare host)
+// is a loopback address: in 127.0.0.0/8, ::1, or the name "localhost". An
+// empty host and unspecified addresses (0.0.0.0, ::) listen on every
+// interface and are not loopback; other names are not resolved and count as
+// not loopback.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = strings.TrimSuffix(strings.TrimPrefix(addr, "["), "]")
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	if i := strings.IndexByte(host, '%'); i >= 0 {
+		host = host[:i] // zone, as in fe80::1%eth0
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

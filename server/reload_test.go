@@ -1,0 +1,120 @@
+package server
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ratelease/ratelease/protocol"
+)
+
+// rulesLimit returns the limit of the per-user rule in force, from
+// GET /v1/rules.
+func (f *fixture) rulesLimit(token string) int64 {
+	f.t.Helper()
+	r := f.do(http.MethodGet, protocol.PathRules, token, "", nil)
+	require.Equal(f.t, http.StatusOK, r.status, "body: %s", r.body)
+	var rr RulesResponse
+	require.NoError(f.t, json.Unmarshal(r.body, &rr))
+	for _, rl := range rr.Rules {
+		if rl.Name == "per-user" {
+			return rl.Limit
+		}
+	}
+	f.t.Fatalf("no per-user rule in %s", r.body)
+	return 0
+}
+
+func TestHotReload(t *testing.T) {
+	f := newFixture(t, rulesYAML, nil, Options{ReloadInterval: 20 * time.Millisecond})
+	require.EqualValues(t, 100, f.rulesLimit(""))
+
+	// A changed limit is in force within 2s (the contract; it takes about
+	// one interval).
+	f.writeRules(strings.Replace(rulesYAML, "limit: 100", "limit: 200", 1))
+	require.Eventually(t, func() bool { return f.rulesLimit("") == 200 }, 2*time.Second, 10*time.Millisecond)
+	assert.Contains(t, f.logs.String(), "rules reloaded")
+	assert.Equal(t, "1", f.metric(`ratelease_rules_reloads_total{result="ok"}`))
+	res := f.lease("", "c", protocol.LeaseEntry{Key: "user:1", Want: 1})[0]
+	assert.EqualValues(t, 200, res.Limit, "the engine runs the new rules")
+
+	// A broken file keeps the rules in force and logs why, naming the rule
+	// and the field.
+	f.writeRules(strings.Replace(rulesYAML, "limit: 100", "limit: -3", 1))
+	require.Eventually(t, func() bool { return f.metric(`ratelease_rules_reloads_total{result="error"}`) == "1" }, 2*time.Second, 10*time.Millisecond)
+	logs := f.logs.String()
+	assert.Contains(t, logs, "rules reload failed")
+	assert.Contains(t, logs, `rule \"per-user\": limit`)
+	assert.EqualValues(t, 200, f.rulesLimit(""))
+	// It is logged once, not at every poll.
+	time.Sleep(100 * time.Millisecond)
+	assert.Equal(t, 1, strings.Count(f.logs.String(), "rules reload failed"))
+	assert.Equal(t, "1", f.metric(`ratelease_rules_reloads_total{result="error"}`))
+	assert.Equal(t, "2", f.metric("ratelease_rules_loaded"))
+
+	// A deleted file too.
+	require.NoError(t, os.Remove(f.path))
+	require.Eventually(t, func() bool { return f.metric(`ratelease_rules_reloads_total{result="error"}`) == "2" }, 2*time.Second, 10*time.Millisecond)
+	assert.EqualValues(t, 200, f.rulesLimit(""))
+
+	// A fixed file is picked up.
+	f.writeRules(strings.Replace(rulesYAML, "limit: 100", "limit: 300", 1))
+	require.Eventually(t, func() bool { return f.rulesLimit("") == 300 }, 2*time.Second, 10*time.Millisecond)
+}
+
+func TestHotReloadClients(t *testing.T) {
+	f := newFixture(t, rulesYAML, nil, Options{ReloadInterval: 20 * time.Millisecond})
+	r := f.do(http.MethodGet, protocol.PathRules, "", "", nil)
+	require.Equal(t, http.StatusOK, r.status)
+
+	// Adding clients turns authentication on.
+	f.writeRules(authRulesYAML())
+	require.Eventually(t, func() bool {
+		return f.do(http.MethodGet, protocol.PathRules, "", "", nil).status == http.StatusUnauthorized
+	}, 2*time.Second, 10*time.Millisecond)
+	assert.EqualValues(t, 100, f.rulesLimit(alphaToken))
+
+	// Changing a client's patterns applies to its next call.
+	f.writeRules(strings.Replace(authRulesYAML(), `keys: ["user:*"]`, `keys: ["tiny:*"]`, 1))
+	require.Eventually(t, func() bool {
+		r := f.postJSON(protocol.PathLeases, betaToken, `{"client_id":"b","leases":[{"key":"user:1","want":1}]}`)
+		return r.status == http.StatusForbidden
+	}, 2*time.Second, 10*time.Millisecond)
+}
+
+func TestReloadRefusesExposure(t *testing.T) {
+	// The server would listen on every interface with clients configured;
+	// a file without clients must not open it up.
+	f := newFixture(t, authRulesYAML(), nil, Options{ListenAddr: "0.0.0.0:8080", ReloadInterval: -1})
+	f.writeRules(rulesYAML)
+	err := f.srv.Reload()
+	require.ErrorIs(t, err, ErrInsecureListen)
+	assert.Equal(t, []string{"alpha", "beta"}, f.srv.Rules().Clients(), "the old rules are in force")
+	assert.Contains(t, f.logs.String(), "rules reload failed")
+	r := f.do(http.MethodGet, protocol.PathRules, "", "", nil)
+	assert.Equal(t, http.StatusUnauthorized, r.status)
+
+	// Reload returns the error again, but logs it once.
+	require.ErrorIs(t, f.srv.Reload(), ErrInsecureListen)
+	assert.Equal(t, 1, strings.Count(f.logs.String(), "rules reload failed"))
+
+	// Unchanged content is not a reload.
+	f.writeRules(authRulesYAML())
+	require.NoError(t, f.srv.Reload())
+	assert.NotContains(t, f.logs.String(), "rules reloaded")
+}
+
+func TestCloseStopsPolling(t *testing.T) {
+	f := newFixture(t, rulesYAML, nil, Options{ReloadInterval: 10 * time.Millisecond})
+	require.NoError(t, f.srv.Close())
+	require.NoError(t, f.srv.Close(), "Close is idempotent")
+	f.writeRules(strings.Replace(rulesYAML, "limit: 100", "limit: 200", 1))
+	time.Sleep(100 * time.Millisecond)
+	assert.EqualValues(t, 100, f.rulesLimit(""), "no reload after Close")
+}

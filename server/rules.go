@@ -1,0 +1,234 @@
+package server
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"fmt"
+	"os"
+
+	"github.com/ratelease/ratelease/leases"
+)
+
+// AnonymousClient is the client name of every caller when the rules file
+// configures no clients. Leases are then owned by "anonymous/<client_id>".
+const AnonymousClient = "anonymous"
+
+// maxClientNameBytes is the longest client name.
+const maxClientNameBytes = 64
+
+// RulesFile is a rules file as written: the rules of package leases (default
+// and rules) and the clients section, which only the server reads.
+//
+//	default: allow
+//	rules:
+//	  - name: per-user
+//	    match: "user:*"
+//	    limit: 100
+//	    period: 1s
+//	clients:
+//	  - name: checkout
+//	    token_sha256: "<64 hex digits: printf %s "$TOKEN" | sha256sum>"
+//	    keys: ["user:*", "api:*"]
+//
+// Unknown fields are an error, so that a typo is reported rather than
+// silently ignored.
+type RulesFile struct {
+	leases.RuleSet `yaml:",inline"`
+	// Clients are the callers allowed to use the API. When the list is
+	// empty, the API needs no authentication.
+	Clients []ClientConfig `yaml:"clients"`
+}
+
+// ClientConfig is one entry of a rules file's clients section.
+type ClientConfig struct {
+	// Name identifies the client in leases, logs and GET /v1/rules. It is
+	// required, unique, and 1 to 64 bytes of ASCII letters, digits, '.',
+	// '_' and '-'. A lease belongs to the client's name and the request's
+	// client_id together, so a client can never settle another's lease.
+	Name string `yaml:"name"`
+	// TokenSHA256 is the SHA-256 of the client's bearer token, as 64 hex
+	// digits. The token itself is never stored; compute the hash with
+	// `printf %s "$TOKEN" | sha256sum`.
+	TokenSHA256 string `yaml:"token_sha256"`
+	// Keys are the glob patterns of the keys the client may lease and
+	// check, with the syntax of rule patterns (see leases.ValidateGlob); at
+	// least one. ["*"] allows every key.
+	Keys []string `yaml:"keys"`
+}
+
+// Rules is a validated, compiled rules file: the policy the engine runs and
+// the clients that may call the API. It is immutable and safe for
+// concurrent use; a reload builds new Rules.
+type Rules struct {
+	policy  *leases.Policy
+	clients []client
+	digest  [sha256.Size]byte
+}
+
+type client struct {
+	name string
+	hash [sha256.Size]byte
+	keys []string
+}
+
+// ParseRules decodes and validates a rules file. Errors wrap
+// leases.ErrInvalidRules and name the rule or client and the field at fault.
+func ParseRules(data []byte) (*Rules, error) {
+	var f RulesFile
+	if err := leases.DecodeYAMLStrict(data, &f); err != nil {
+		return nil, err
+	}
+	p, err := leases.NewPolicy(f.RuleSet)
+	if err != nil {
+		return nil, err
+	}
+	clients, err := compileClients(f.Clients)
+	if err != nil {
+		return nil, err
+	}
+	return &Rules{policy: p, clients: clients, digest: sha256.Sum256(data)}, nil
+}
+
+// LoadRules reads and parses the rules file at path. Errors name the file.
+func LoadRules(path string) (*Rules, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read rules file: %w", err)
+	}
+	r, err := ParseRules(data)
+	if err != nil {
+		return nil, fmt.Errorf("rules file %s: %w", path, err)
+	}
+	return r, nil
+}
+
+// noRules returns the rules of a server without a rules file: no rules,
+// default allow, no clients.
+func noRules() *Rules {
+	r, err := ParseRules(nil)
+	if err != nil {
+		panic("server: empty rules do not compile: " + err.Error()) // unreachable
+	}
+	return r
+}
+
+func compileClients(cfgs []ClientConfig) ([]client, error) {
+	out := make([]client, 0, len(cfgs))
+	names := make(map[string]bool, len(cfgs))
+	hashes := make(map[[sha256.Size]byte]string, len(cfgs))
+	for i, c := range cfgs {
+		who := fmt.Sprintf("clients[%d]", i)
+		if c.Name != "" {
+			who = fmt.Sprintf("client %q", c.Name)
+		}
+		fail := func(field, format string, args ...any) error {
+			return fmt.Errorf("%w: %s: %s: %s", leases.ErrInvalidRules, who, field, fmt.Sprintf(format, args...))
+		}
+		if c.Name == "" {
+			return nil, fail("name", "is required")
+		}
+		if !validClientName(c.Name) {
+			return nil, fail("name", "must be 1 to %d bytes of ASCII letters, digits, '.', '_' and '-'", maxClientNameBytes)
+		}
+		if names[c.Name] {
+			return nil, fail("name", "is used by more than one client")
+		}
+		names[c.Name] = true
+		if len(c.TokenSHA256) != hex.EncodedLen(sha256.Size) {
+			return nil, fail("token_sha256", "is %d characters; it must be the %d hex digits of the token's SHA-256: compute it with printf %%s \"$TOKEN\" | sha256sum",
+				len(c.TokenSHA256), hex.EncodedLen(sha256.Size))
+		}
+		var cl client
+		if _, err := hex.Decode(cl.hash[:], []byte(c.TokenSHA256)); err != nil {
+			return nil, fail("token_sha256", "is not hex: %v", err)
+		}
+		if other, dup := hashes[cl.hash]; dup {
+			return nil, fail("token_sha256", "is also the hash of client %q: give every client its own token", other)
+		}
+		hashes[cl.hash] = c.Name
+		if len(c.Keys) == 0 {
+			return nil, fail("keys", "is empty: list the key patterns the client may use, or [\"*\"] for all")
+		}
+		for j, k := range c.Keys {
+			if err := leases.ValidateGlob(k); err != nil {
+				return nil, fail(fmt.Sprintf("keys[%d]", j), "%q: %v", k, err)
+			}
+		}
+		cl.name = c.Name
+		cl.keys = append([]string(nil), c.Keys...)
+		out = append(out, cl)
+	}
+	return out, nil
+}
+
+func validClientName(s string) bool {
+	if s == "" || len(s) > maxClientNameBytes {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '.', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// Policy returns the compiled rules the engine runs.
+func (r *Rules) Policy() *leases.Policy { return r.policy }
+
+// Clients returns the names of the configured clients, in file order. It is
+// empty when the API needs no authentication.
+func (r *Rules) Clients() []string {
+	names := make([]string, len(r.clients))
+	for i := range r.clients {
+		names[i] = r.clients[i].name
+	}
+	return names
+}
+
+// Version returns the hex SHA-256 of the rules file's content, which
+// identifies the rules in force (GET /v1/rules reports it).
+func (r *Rules) Version() string { return hex.EncodeToString(r.digest[:]) }
+
+// authRequired reports whether callers must present a bearer token.
+func (r *Rules) authRequired() bool { return len(r.clients) > 0 }
+
+// authenticate returns the client whose token hash matches token, or nil.
+// It compares the hash with every client's, in constant time each and
+// without stopping at a match, so the time taken does not reveal which
+// client (if any) matched.
+func (r *Rules) authenticate(token string) *client {
+	sum := sha256.Sum256([]byte(token))
+	found := -1
+	for i := range r.clients {
+		eq := subtle.ConstantTimeCompare(sum[:], r.clients[i].hash[:])
+		found = subtle.ConstantTimeSelect(eq, i, found)
+	}
+	if found < 0 {
+		return nil
+	}
+	return &r.clients[found]
+}
+
+// caller is the authenticated identity of one request.
+type caller struct {
+	name string
+	keys []string // nil: every key
+}
+
+// may reports whether the caller may use key.
+func (c *caller) may(key string) bool {
+	if c.keys == nil {
+		return true
+	}
+	for _, p := range c.keys {
+		if leases.MatchGlob(p, key) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,252 @@
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ratelease/ratelease/leases"
+)
+
+// Server is a lease server: the HTTP API of protocol v1 over a
+// leases.Store. Create one with New, serve it with Run (or mount Handler in
+// your own http.Server), and stop it by canceling Run's context or calling
+// Close. A Server is safe for concurrent use.
+type Server struct {
+	opts    Options
+	log     *slog.Logger
+	metrics *metrics
+	handler http.Handler
+
+	// state holds the rules in force and an engine running them, swapped
+	// together so that one request sees one version of both.
+	state atomic.Pointer[state]
+
+	// listenAddr is the address checked by checkExposure on reload.
+	listenAddr atomic.Pointer[string]
+
+	draining atomic.Bool // Run is shutting down: /readyz fails
+	running  atomic.Bool // Run was called
+
+	reloadMu   sync.Mutex // serializes reloads
+	failedHash [sha256.Size]byte
+	failedMsg  string // last reload failure logged, to log each once
+
+	stopOnce sync.Once
+	stop     chan struct{} // closed by Close
+	done     chan struct{} // closed when the watcher has exited
+}
+
+// state is one version of the rules with the engine that runs them.
+type state struct {
+	rules  *Rules
+	engine *leases.Engine
+}
+
+// New returns a Server. It reads the rules file when Options.RulesPath is
+// set, and fails when the file is invalid (the error names the rule or
+// client and the field) or when Options.ListenAddr is not loopback and the
+// file configures no clients, unless Options.Insecure. When RulesPath is
+// set, New starts polling the file for changes; Close stops it.
+func New(opts Options) (*Server, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	rules := noRules()
+	if opts.RulesPath != "" {
+		if rules, err = LoadRules(opts.RulesPath); err != nil {
+			return nil, fmt.Errorf("server: %w", err)
+		}
+	}
+	if opts.ListenAddr != "" {
+		if err := checkExposure(opts.ListenAddr, rules, opts.Insecure); err != nil {
+			return nil, err
+		}
+	}
+	m, err := newMetrics(opts.Registry)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		opts:    opts,
+		log:     opts.Logger,
+		metrics: m,
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	addr := opts.ListenAddr
+	s.listenAddr.Store(&addr)
+	s.setRules(rules)
+	s.handler = s.routes()
+	if opts.RulesPath != "" && opts.ReloadInterval > 0 {
+		go s.watch()
+	} else {
+		close(s.done)
+	}
+	return s, nil
+}
+
+// Handler returns the server's HTTP handler, for mounting in an http.Server
+// of your own. Run serves it too.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Rules returns the rules in force.
+func (s *Server) Rules() *Rules { return s.state.Load().rules }
+
+func (s *Server) setRules(r *Rules) {
+	e := leases.NewEngine(leases.EngineOptions{
+		Store:       s.opts.Store,
+		Policy:      r.policy,
+		OnStoreCall: s.metrics.observeStore,
+	})
+	s.state.Store(&state{rules: r, engine: e})
+	s.metrics.rulesLoaded.Set(float64(len(r.policy.Rules())))
+}
+
+// Run serves HTTP/1.1 and unencrypted HTTP/2 (h2c, with prior knowledge) on
+// ln until ctx is canceled, then shuts down gracefully: it stops accepting
+// connections, fails GET /readyz, lets in-flight requests finish within
+// Options.ShutdownTimeout, and closes what is left after that. It returns
+// nil after a clean shutdown. Run closes ln and, when it returns, the Server
+// (see Close); it may be called once.
+//
+// Run refuses (with an error wrapping ErrInsecureListen) a listener whose
+// address is not loopback when the rules configure no clients, unless
+// Options.Insecure.
+func (s *Server) Run(ctx context.Context, ln net.Listener) error {
+	defer s.Close()
+	if !s.running.CompareAndSwap(false, true) {
+		ln.Close()
+		return errors.New("server: Run called twice: create a new Server")
+	}
+	addr := ln.Addr().String()
+	if err := checkExposure(addr, s.Rules(), s.opts.Insecure); err != nil {
+		ln.Close()
+		return err
+	}
+	s.listenAddr.Store(&addr)
+
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	hs := &http.Server{
+		Handler:           s.handler,
+		Protocols:         &protocols,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- hs.Serve(ln) }()
+
+	select {
+	case err := <-serveErr:
+		return fmt.Errorf("server: serve %s: %w", addr, err)
+	case <-ctx.Done():
+	}
+	s.draining.Store(true)
+	s.log.Info("shutting down: waiting for in-flight requests", "addr", addr, "timeout", s.opts.ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.ShutdownTimeout)
+	defer cancel()
+	err := hs.Shutdown(sctx)
+	<-serveErr // http.ErrServerClosed, as soon as Shutdown began
+	if err != nil {
+		hs.Close()
+		return fmt.Errorf("server: in-flight requests did not finish within %v (Options.ShutdownTimeout); closed their connections: %w", s.opts.ShutdownTimeout, err)
+	}
+	s.log.Info("shut down", "addr", addr)
+	return nil
+}
+
+// Close stops polling the rules file and waits for the poller to exit. It
+// does not close the store, nor connections served by Run (cancel Run's
+// context for that). Close is idempotent and always returns nil.
+func (s *Server) Close() error {
+	s.stopOnce.Do(func() { close(s.stop) })
+	<-s.done
+	return nil
+}
+
+// watch polls the rules file until Close.
+func (s *Server) watch() {
+	defer close(s.done)
+	t := time.NewTicker(s.opts.ReloadInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			_ = s.Reload()
+		}
+	}
+}
+
+// Reload reads the rules file now and, when its content changed, puts the
+// new rules in force: calls already running finish with the old rules, and
+// buckets keep their state. A file that fails to read or validate, or that
+// removes every client while the server listens on a non-loopback address
+// (without Options.Insecure), leaves the old rules in force; Reload logs why
+// at level error (once per distinct failure) and returns the error. Reload
+// returns nil when there is no rules file or it did not change.
+//
+// The server calls Reload every Options.ReloadInterval. Replace the file
+// atomically (write a temporary file, then rename it over the old one) so
+// that a reload never sees it half written.
+func (s *Server) Reload() error {
+	if s.opts.RulesPath == "" {
+		return nil
+	}
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+
+	data, err := os.ReadFile(s.opts.RulesPath)
+	if err != nil {
+		return s.reloadFailed([sha256.Size]byte{}, fmt.Errorf("read rules file: %w", err))
+	}
+	sum := sha256.Sum256(data)
+	cur := s.Rules()
+	if sum == cur.digest {
+		s.failedHash, s.failedMsg = [sha256.Size]byte{}, ""
+		return nil
+	}
+	r, err := ParseRules(data)
+	if addr := *s.listenAddr.Load(); err == nil && addr != "" {
+		err = checkExposure(addr, r, s.opts.Insecure)
+	}
+	if err != nil {
+		return s.reloadFailed(sum, fmt.Errorf("rules file %s: %w", s.opts.RulesPath, err))
+	}
+	s.setRules(r)
+	s.failedHash, s.failedMsg = [sha256.Size]byte{}, ""
+	s.metrics.reloads.WithLabelValues("ok").Inc()
+	s.log.Info("rules reloaded", "path", s.opts.RulesPath,
+		"rules", len(r.policy.Rules()), "clients", len(r.clients), "version", r.Version())
+	return nil
+}
+
+// reloadFailed logs and counts a failed reload, once per distinct failure,
+// and returns err. Must be called with reloadMu held.
+func (s *Server) reloadFailed(sum [sha256.Size]byte, err error) error {
+	msg := err.Error()
+	if sum == s.failedHash && msg == s.failedMsg {
+		return err
+	}
+	s.failedHash, s.failedMsg = sum, msg
+	s.metrics.reloads.WithLabelValues("error").Inc()
+	s.log.Error("rules reload failed: keeping the rules in force", "path", s.opts.RulesPath,
+		"err", err, "version", s.Rules().Version())
+	return err
+}
