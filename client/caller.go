@@ -1,0 +1,226 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-cleanhttp"
+	"github.com/hashicorp/go-retryablehttp"
+	"github.com/ratelease/ratelease/protocol"
+)
+
+// maxResponseBytes bounds a lease server's answer.
+const maxResponseBytes = 8 << 20
+
+// Errors of calls to the lease servers.
+var (
+	// ErrServerResponse: a server answered something that is not a valid
+	// answer to the request (garbage, wrong entries, impossible grants). The
+	// client treats it like a server that did not answer.
+	ErrServerResponse = errors.New("invalid response from lease server")
+	// ErrServerRefused: a server refused the call itself (401, 403, 4xx):
+	// a configuration problem (token, client ID) that retrying won't fix.
+	ErrServerRefused = errors.New("lease server refused the call")
+)
+
+// caller makes the calls to the lease servers: one server at a time, moving
+// to the next on failure, with go-retryablehttp's retries and a capped
+// backoff.
+type caller struct {
+	cfg      *Config
+	urls     []*url.URL
+	rc       *retryablehttp.Client
+	hc       *http.Client
+	cur      atomic.Int64
+	calls    atomic.Int64
+	failures atomic.Int64
+}
+
+func newCaller(cfg *Config) *caller {
+	h := &caller{cfg: cfg}
+	for _, s := range cfg.Servers {
+		u, _ := url.Parse(s + protocol.PathLeases) // validated by withDefaults
+		h.urls = append(h.urls, u)
+	}
+	if cfg.HTTPClient != nil {
+		hc := *cfg.HTTPClient
+		h.hc = &hc
+	} else {
+		h.hc = cleanhttp.DefaultPooledClient()
+	}
+	h.hc.Timeout = cfg.RequestTimeout
+	n := len(h.urls)
+	h.rc = &retryablehttp.Client{
+		HTTPClient:   h.hc,
+		Logger:       nil,
+		RetryWaitMin: 10 * time.Millisecond,
+		RetryWaitMax: cfg.MaxRetryWait,
+		// Every server once, then one more round after a backoff.
+		RetryMax: 2*n - 1,
+		RequestLogHook: func(retryablehttp.Logger, *http.Request, int) {
+			h.calls.Add(1)
+		},
+		CheckRetry: checkRetry,
+		Backoff: func(min, max time.Duration, attempt int, resp *http.Response) time.Duration {
+			// The next server is tried at once; a full round waits.
+			if (attempt+1)%n != 0 {
+				return 0
+			}
+			return capWait(retryablehttp.DefaultBackoff(min, max, (attempt+1)/n-1, resp), max)
+		},
+		PrepareRetry: func(req *http.Request) error {
+			u := h.urls[int(h.cur.Add(1)%int64(n))]
+			req.URL = u
+			req.Host = u.Host
+			return nil
+		},
+	}
+	return h
+}
+
+// capWait bounds a backoff by max, whatever Retry-After said.
+func capWait(d, max time.Duration) time.Duration {
+	if d > max || d < 0 {
+		return max
+	}
+	return d
+}
+
+// permanent wraps errors that retrying will not fix.
+type permanent struct{ err error }
+
+func (p permanent) Error() string { return p.err.Error() }
+func (p permanent) Unwrap() error { return p.err }
+
+func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, error) {
+	if ctx.Err() != nil {
+		return false, ctx.Err()
+	}
+	if err != nil {
+		var p permanent
+		if errors.As(err, &p) {
+			return false, p.err
+		}
+		return true, nil
+	}
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500 {
+		return true, nil
+	}
+	return false, nil
+}
+
+// lease sends one lease request and returns the validated results, one per
+// entry. It fails with ErrServerRefused, ErrServerResponse, a transport
+// error or ctx's error.
+func (h *caller) lease(ctx context.Context, req *protocol.LeaseRequest) ([]protocol.LeaseResult, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("client: encode lease request: %w", err)
+	}
+	u := h.urls[int(h.cur.Load()%int64(len(h.urls)))]
+	r, err := retryablehttp.NewRequestWithContext(ctx, http.MethodPost, u.String(), body)
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Accept", "application/json")
+	if h.cfg.Token != "" {
+		r.Header.Set("Authorization", "Bearer "+h.cfg.Token)
+	}
+	var results []protocol.LeaseResult
+	r.SetResponseHandler(func(resp *http.Response) error {
+		res, err := decodeLeaseResponse(resp, req)
+		if err != nil {
+			return fmt.Errorf("%s: %w", resp.Request.URL.Host, err)
+		}
+		results = res
+		return nil
+	})
+	resp, err := h.rc.Do(r)
+	if err != nil {
+		h.failures.Add(1)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("client: lease servers %v: %w", h.cfg.Servers, err)
+	}
+	resp.Body.Close()
+	return results, nil
+}
+
+// decodeLeaseResponse reads a lease server's answer. A 4xx problem that
+// carries per-entry results (every entry failed) is an answer too.
+func decodeLeaseResponse(resp *http.Response, req *protocol.LeaseRequest) ([]protocol.LeaseResult, error) {
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("read response: %w", err)
+	}
+	if len(data) > maxResponseBytes {
+		return nil, fmt.Errorf("%w: larger than %d bytes", ErrServerResponse, maxResponseBytes)
+	}
+	var out protocol.LeaseResponse
+	switch {
+	case resp.StatusCode == http.StatusOK:
+		if err := json.Unmarshal(data, &out); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrServerResponse, err)
+		}
+	case resp.StatusCode >= 400 && resp.StatusCode < 500:
+		var p protocol.Problem
+		if err := json.Unmarshal(data, &p); err != nil || p.Code == "" {
+			return nil, permanent{fmt.Errorf("%w: HTTP %d: %s", ErrServerRefused, resp.StatusCode, bytes.TrimSpace(data[:min(len(data), 200)]))}
+		}
+		if len(p.Leases) == 0 {
+			return nil, permanent{fmt.Errorf("%w: %w", ErrServerRefused, &p)}
+		}
+		out.Leases = p.Leases
+	default:
+		return nil, fmt.Errorf("%w: HTTP %d", ErrServerResponse, resp.StatusCode)
+	}
+	if err := validateResults(req, out.Leases); err != nil {
+		return nil, err
+	}
+	return out.Leases, nil
+}
+
+// validateResults checks that a server's results answer req and are
+// possible, so that a lying server cannot make the client overspend.
+func validateResults(req *protocol.LeaseRequest, res []protocol.LeaseResult) error {
+	if len(res) != len(req.Leases) {
+		return fmt.Errorf("%w: %d results for %d entries", ErrServerResponse, len(res), len(req.Leases))
+	}
+	for i := range res {
+		e, r := &req.Leases[i], &res[i]
+		bad := func(what string) error {
+			return fmt.Errorf("%w: result %d (key %q): %s", ErrServerResponse, i, e.Key, what)
+		}
+		switch {
+		case r.Key != e.Key || r.Slot != e.Slot:
+			return bad(fmt.Sprintf("answers key %q slot %d", r.Key, r.Slot))
+		case r.Error != nil:
+			continue
+		case r.Granted < 0 || r.Granted > e.Want:
+			return bad("granted " + strconv.FormatInt(r.Granted, 10) + " of " + strconv.FormatInt(e.Want, 10))
+		case r.Granted > 0 && !r.Unlimited && (r.LeaseID == "" || len(r.LeaseID) > protocol.MaxLeaseIDBytes):
+			return bad("grant without a valid lease_id")
+		case r.Granted > 0 && (r.TTLMillis <= 0 || r.TTLMillis > int64(time.Hour/time.Millisecond)):
+			return bad("ttl_ms out of range")
+		case r.RetryAfterMillis < 0 || r.RetryAfterMillis > int64(24*time.Hour/time.Millisecond):
+			return bad("retry_after_ms out of range")
+		case math.IsNaN(r.SafeRate) || math.IsInf(r.SafeRate, 0) || r.SafeRate < 0:
+			return bad("safe_rate out of range")
+		case r.Burst < 0 || r.Limit < 0:
+			return bad("negative limit or burst")
+		}
+	}
+	return nil
+}

@@ -1,0 +1,460 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ratelease/ratelease/protocol"
+	"golang.org/x/time/rate"
+)
+
+// Source says which path decided a request.
+type Source uint8
+
+const (
+	// SourceLease: a live lease decided (allowed, or its tokens ran out).
+	SourceLease Source = iota
+	// SourceRetryAfter: denied locally because a server granted nothing and
+	// said when to retry; no network call was made.
+	SourceRetryAfter
+	// SourceUnlimited: allowed because no rule matches the key and the
+	// servers' default is allow.
+	SourceUnlimited
+	// SourceFallback: decided by Config.Fallback, because no lease was live
+	// and no server answered (or the first lease did not come within
+	// ColdStartTimeout).
+	SourceFallback
+	// SourceDenied: denied because the server refused the key (no rule
+	// under default deny, or a key this client may not lease).
+	SourceDenied
+	// SourceClosed: the client is closed.
+	SourceClosed
+)
+
+// String returns the source's name.
+func (s Source) String() string {
+	switch s {
+	case SourceLease:
+		return "lease"
+	case SourceRetryAfter:
+		return "retry_after"
+	case SourceUnlimited:
+		return "unlimited"
+	case SourceFallback:
+		return "fallback"
+	case SourceDenied:
+		return "denied"
+	case SourceClosed:
+		return "closed"
+	}
+	return fmt.Sprintf("Source(%d)", uint8(s))
+}
+
+// Decision is the outcome of Allow.
+type Decision struct {
+	// Allowed is true when the request may go ahead; its tokens are spent.
+	Allowed bool
+	// RetryAfter, when the request was denied, is how long until it may be
+	// allowed; 0 when unknown.
+	RetryAfter time.Duration
+	// Remaining is the number of tokens left in the lease after this
+	// decision (the least over the keys), when a lease decided.
+	Remaining int64
+	// Source says which path decided.
+	Source Source
+}
+
+// Stats counts what a client did since New.
+type Stats struct {
+	// Allowed counts tokens spent: from leases, by unlimited keys and by
+	// the fallback.
+	Allowed int64
+	// Denied counts requests denied.
+	Denied int64
+	// ServerCalls counts HTTP calls to lease servers, retries included.
+	ServerCalls int64
+	// ServerErrors counts calls that failed on every server.
+	ServerErrors int64
+	// FallbackDecisions counts requests decided by the fallback.
+	FallbackDecisions int64
+	// KeysHeld is the number of keys the client holds now.
+	KeysHeld int
+	// Online is false while no server answers.
+	Online bool
+}
+
+// Errors of the client; match them with errors.Is.
+var (
+	// ErrClosed is returned by calls on a closed client.
+	ErrClosed = errors.New("client: closed")
+	// ErrRateLimited is matched by the errors of Wait, Transport and
+	// RetryableClient when the budget denies a request. Use errors.As with
+	// *RateLimitedError for the retry time.
+	ErrRateLimited = errors.New("rate limited")
+)
+
+// RateLimitedError says a request was denied and when to retry. It matches
+// ErrRateLimited with errors.Is.
+type RateLimitedError struct {
+	Keys       []string
+	RetryAfter time.Duration
+	Source     Source
+}
+
+func (e *RateLimitedError) Error() string {
+	return fmt.Sprintf("rate limited on %v (%s): retry after %v", e.Keys, e.Source, e.RetryAfter)
+}
+
+// Is makes errors.Is(err, ErrRateLimited) true.
+func (e *RateLimitedError) Is(target error) bool { return target == ErrRateLimited }
+
+// Client leases tokens from the lease servers and spends them locally. It
+// is safe for concurrent use. Create it with New and stop it with Close.
+type Client struct {
+	cfg   Config
+	start time.Time
+	http  *caller
+
+	keys    sync.Map // string -> *keyState
+	nkeys   atomic.Int64
+	kick    chan struct{}
+	stop    chan struct{}
+	stopped chan struct{}
+	closing atomic.Bool
+	closed  atomic.Bool
+	online  atomic.Bool
+
+	closeOnce sync.Once
+	closeCtx  chan context.Context
+	closeErr  error // set by the loop before it stops
+
+	denied       atomic.Int64
+	fallbacks    atomic.Int64
+	forgottenUse atomic.Int64 // Allowed of keys no longer held
+}
+
+// New returns a Client and starts its settle loop. It does not contact a
+// server: the first Allow of a key does.
+func New(cfg Config) (*Client, error) {
+	full, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{
+		cfg:      full,
+		start:    time.Now(),
+		kick:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+		stopped:  make(chan struct{}),
+		closeCtx: make(chan context.Context, 1),
+	}
+	c.http = newCaller(&c.cfg)
+	c.online.Store(true)
+	go c.loop()
+	return c, nil
+}
+
+// ClientID returns the ID the client sends to the servers.
+func (c *Client) ClientID() string { return c.cfg.ClientID }
+
+// nanos reads the client's monotonic clock.
+func (c *Client) nanos() int64 { return int64(time.Since(c.start)) }
+
+func (c *Client) wake() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// state returns the key's state, creating it when new.
+func (c *Client) state(key string) *keyState {
+	for {
+		if v, ok := c.keys.Load(key); ok {
+			ks := v.(*keyState)
+			if !ks.dead.Load() {
+				return ks
+			}
+			// Being forgotten: make sure it is gone, then start afresh.
+			c.keys.CompareAndDelete(key, ks)
+			continue
+		}
+		v, loaded := c.keys.LoadOrStore(key, newKeyState(key))
+		if !loaded {
+			c.nkeys.Add(1)
+		}
+		return v.(*keyState)
+	}
+}
+
+// Allow reports whether one request may happen now for every key, spending
+// one token of each (all or nothing). See AllowN.
+func (c *Client) Allow(ctx context.Context, keys ...string) Decision {
+	return c.AllowN(ctx, 1, keys...)
+}
+
+// AllowN reports whether n requests' worth may happen now for every key,
+// spending n tokens of each: all of them or none.
+//
+// A key with a live lease is decided locally, without a lock. A key never
+// seen, or whose lease ran out, waits for a lease at most
+// Config.ColdStartTimeout (or until ctx ends) and is then decided by
+// Config.Fallback. A key a server denied is denied locally until the
+// server's retry_after, without a network call. Invalid keys, or n < 1, are
+// denied with Source SourceDenied.
+func (c *Client) AllowN(ctx context.Context, n int64, keys ...string) Decision {
+	if n < 1 || n > protocol.MaxCount || len(keys) == 0 {
+		c.denied.Add(1)
+		return Decision{Source: SourceDenied}
+	}
+	var buf [4]*keyState
+	states := buf[:0]
+	for _, k := range keys {
+		if protocol.ValidateKey(k) != nil {
+			c.denied.Add(1)
+			return Decision{Source: SourceDenied}
+		}
+		states = append(states, c.state(k))
+	}
+	return c.decide(ctx, n, states, c.cfg.ColdStartTimeout)
+}
+
+// Wait blocks until one request may happen for every key, spending one
+// token of each, or until ctx ends. A key never seen waits for its first
+// lease as long as ctx allows. It returns ctx's error, an error matching
+// ErrRateLimited when ctx would end before the wait is over, or ErrClosed.
+func (c *Client) Wait(ctx context.Context, keys ...string) error {
+	return c.WaitN(ctx, 1, keys...)
+}
+
+// WaitN is Wait for n tokens of each key.
+func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) error {
+	if n < 1 || n > protocol.MaxCount || len(keys) == 0 {
+		return fmt.Errorf("client: WaitN(%d, %d keys): n must be 1 to %d and keys not empty", n, len(keys), protocol.MaxCount)
+	}
+	states := make([]*keyState, len(keys))
+	for i, k := range keys {
+		if err := protocol.ValidateKey(k); err != nil {
+			return fmt.Errorf("client: key %q: %w", k, err)
+		}
+		states[i] = c.state(k)
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		d := c.decide(ctx, n, states, -1)
+		if d.Allowed {
+			return nil
+		}
+		switch d.Source {
+		case SourceClosed:
+			return ErrClosed
+		case SourceDenied:
+			return &RateLimitedError{Keys: keys, Source: d.Source}
+		}
+		wait := d.RetryAfter
+		if wait <= 0 {
+			wait = c.cfg.SettleInterval
+		}
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
+			return &RateLimitedError{Keys: keys, RetryAfter: wait, Source: d.Source}
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-c.stopped:
+			t.Stop()
+			return ErrClosed
+		case <-t.C:
+		}
+	}
+}
+
+// spent records one key's share of a decision, to undo it.
+type spent struct {
+	l  *lease
+	r  *rate.Reservation
+	ks *keyState
+}
+
+// decide spends n tokens from each key, all or nothing. coldWait bounds the
+// wait for a lease; negative means until ctx ends.
+func (c *Client) decide(ctx context.Context, n int64, states []*keyState, coldWait time.Duration) Decision {
+	var buf [4]spent
+	done := buf[:0]
+	d := Decision{Allowed: true, Source: SourceLease, Remaining: -1}
+	for i, ks := range states {
+		if ks.dead.Load() {
+			ks = c.state(ks.key)
+			states[i] = ks
+		}
+		if ks.unlimited.Load() {
+			if d.Source == SourceLease && d.Remaining < 0 {
+				d.Source = SourceUnlimited
+			}
+			done = append(done, spent{ks: ks})
+			continue
+		}
+		if l := ks.active.Load(); l != nil && l.spend(n, c) {
+			done = append(done, spent{l: l, ks: ks})
+			d.Source = SourceLease
+			if r := l.left(); d.Remaining < 0 || r < d.Remaining {
+				d.Remaining = r
+			}
+			continue
+		}
+		kd, sp := c.slow(ctx, n, ks, coldWait)
+		if !kd.Allowed {
+			c.undo(n, done)
+			c.denied.Add(1)
+			return kd
+		}
+		done = append(done, sp)
+		if kd.Source != SourceLease || d.Source == SourceUnlimited {
+			d.Source = kd.Source
+		}
+		if kd.Source == SourceLease && (d.Remaining < 0 || kd.Remaining < d.Remaining) {
+			d.Remaining = kd.Remaining
+		}
+	}
+	for _, s := range done {
+		if s.l == nil && s.r == nil && s.ks.unlimited.Load() {
+			s.ks.unlimitedOK.Add(n)
+		}
+	}
+	if d.Remaining < 0 {
+		d.Remaining = 0
+	}
+	return d
+}
+
+func (c *Client) undo(n int64, done []spent) {
+	for _, s := range done {
+		switch {
+		case s.l != nil:
+			s.l.giveBack(n)
+		case s.r != nil:
+			s.r.Cancel()
+			s.ks.fallbackOK.Add(-n)
+		}
+	}
+}
+
+// slow decides one key that has no lease able to serve n tokens.
+func (c *Client) slow(ctx context.Context, n int64, ks *keyState, coldWait time.Duration) (Decision, spent) {
+	var timeout <-chan time.Time
+	for {
+		if c.closing.Load() {
+			return Decision{Source: SourceClosed}, spent{}
+		}
+		ch := ks.waitCh()
+		if ks.unlimited.Load() {
+			return Decision{Allowed: true, Source: SourceUnlimited}, spent{ks: ks}
+		}
+		if l := ks.active.Load(); l != nil && l.spend(n, c) {
+			return Decision{Allowed: true, Source: SourceLease, Remaining: l.left()}, spent{l: l, ks: ks}
+		}
+		now := c.nanos()
+		if du := ks.denyUntil.Load(); du > now {
+			ks.unserved.Add(n)
+			if ks.refused.Load() {
+				return Decision{Source: SourceDenied, RetryAfter: time.Duration(du - now)}, spent{}
+			}
+			return Decision{Source: SourceRetryAfter, RetryAfter: time.Duration(du - now)}, spent{}
+		}
+		ks.need.Store(true)
+		if !c.online.Load() {
+			// No server answers: the fallback decides now, and the loop
+			// keeps asking in the background.
+			ks.unserved.Add(n)
+			return c.fallback(n, ks)
+		}
+		c.wake()
+		if timeout == nil && coldWait >= 0 {
+			t := time.NewTimer(coldWait)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-ch:
+			continue
+		case <-timeout:
+		case <-ctx.Done():
+			ks.unserved.Add(n)
+			return Decision{Source: SourceLease, RetryAfter: c.cfg.SettleInterval}, spent{}
+		case <-c.stopped:
+			return Decision{Source: SourceClosed}, spent{}
+		}
+		ks.unserved.Add(n)
+		if l := ks.active.Load(); l != nil && c.nanos() < l.deadline {
+			// The lease ran out and its renewal is slow, but a server
+			// answers: the fallback must not add tokens of its own.
+			return Decision{Source: SourceLease, RetryAfter: c.cfg.SettleInterval}, spent{}
+		}
+		return c.fallback(n, ks)
+	}
+}
+
+// fallback decides one key by Config.Fallback.
+func (c *Client) fallback(n int64, ks *keyState) (Decision, spent) {
+	c.fallbacks.Add(1)
+	switch c.cfg.Fallback {
+	case FallbackOpen:
+		ks.fallbackOK.Add(n)
+		return Decision{Allowed: true, Source: SourceFallback}, spent{ks: ks}
+	case FallbackClosed:
+		return Decision{Source: SourceFallback, RetryAfter: c.cfg.SettleInterval}, spent{}
+	}
+	ks.mu.Lock()
+	lim := ks.fallback
+	sr := ks.getSafeRate()
+	if sr <= 0 {
+		sr = c.cfg.DefaultSafeRate
+	}
+	if lim == nil || lim.Limit() != rate.Limit(sr) {
+		// Burst: a tenth of a second's worth, at least one request.
+		burst := max(1, int(sr/10))
+		lim = rate.NewLimiter(rate.Limit(sr), burst)
+		ks.fallback = lim
+	}
+	ks.mu.Unlock()
+	if sr <= 0 {
+		return Decision{Source: SourceFallback, RetryAfter: c.cfg.SettleInterval}, spent{}
+	}
+	r := lim.ReserveN(time.Now(), int(min(n, 1<<30)))
+	if !r.OK() {
+		return Decision{Source: SourceFallback}, spent{}
+	}
+	if delay := r.Delay(); delay > 0 {
+		r.Cancel()
+		return Decision{Source: SourceFallback, RetryAfter: delay}, spent{}
+	}
+	ks.fallbackOK.Add(n)
+	return Decision{Allowed: true, Source: SourceFallback}, spent{r: r, ks: ks}
+}
+
+// Stats returns the client's counters.
+func (c *Client) Stats() Stats {
+	s := Stats{
+		Denied:            c.denied.Load(),
+		ServerCalls:       c.http.calls.Load(),
+		ServerErrors:      c.http.failures.Load(),
+		FallbackDecisions: c.fallbacks.Load(),
+		Online:            c.online.Load(),
+		Allowed:           c.forgottenUse.Load(),
+	}
+	c.keys.Range(func(_, v any) bool {
+		ks := v.(*keyState)
+		s.Allowed += ks.usedTotal() + ks.unlimitedOK.Load() + ks.fallbackOK.Load()
+		s.KeysHeld++
+		return true
+	})
+	return s
+}

@@ -1,0 +1,160 @@
+package client
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+)
+
+// Fallback says how a client decides a key once it holds no live lease for
+// it and no lease server answers.
+type Fallback int
+
+const (
+	// FallbackSafeRate limits each key locally with an x/time/rate limiter
+	// at the last safe_rate a server gave for that key: the rule's rate
+	// divided by the clients holding leases on it, so that the fleet as a
+	// whole stays near the limit. A key the client never leased has no safe
+	// rate and uses Config.DefaultSafeRate (0: denied). The default.
+	FallbackSafeRate Fallback = iota
+	// FallbackOpen allows every request: availability over the limit.
+	FallbackOpen
+	// FallbackClosed denies every request: the limit over availability.
+	FallbackClosed
+)
+
+// String returns "safe_rate", "open" or "closed".
+func (f Fallback) String() string {
+	switch f {
+	case FallbackSafeRate:
+		return "safe_rate"
+	case FallbackOpen:
+		return "open"
+	case FallbackClosed:
+		return "closed"
+	}
+	return fmt.Sprintf("Fallback(%d)", int(f))
+}
+
+// Config configures a Client. Only Servers is required; every zero value
+// means the documented default.
+type Config struct {
+	// Servers are the base URLs of the lease servers, for example
+	// "http://10.0.0.1:8080". The client talks to one at a time and moves
+	// to the next when one fails. Required.
+	Servers []string
+	// Token is sent as "Authorization: Bearer <Token>" when set.
+	Token string
+	// ClientID names this process to the servers; default
+	// "<hostname>-<pid>-<random>". Two processes must not share one.
+	ClientID string
+	// Fallback applies to a key once its lease has ended and no server
+	// answers. Default FallbackSafeRate.
+	Fallback Fallback
+	// DefaultSafeRate is the rate, in requests per second, FallbackSafeRate
+	// allows for a key the client never got a safe_rate for. Default 0:
+	// such keys are denied.
+	DefaultSafeRate float64
+
+	// ColdStartTimeout is how long Allow waits for the first lease of a key
+	// (or the next one of a key whose lease ran out) before it decides by
+	// the fallback. Wait is bounded by its context instead. Default 50ms.
+	ColdStartTimeout time.Duration
+	// SettleInterval is the tick of the background settle loop: at each
+	// tick, one call carries every key that needs settling. Default 10ms.
+	SettleInterval time.Duration
+	// Horizon is how far ahead a batch should last: the client asks for
+	// its recent demand (an EWMA) times Horizon, at most half the lease
+	// TTL's worth. Default 1s.
+	Horizon time.Duration
+	// InitialBatch is the batch asked for a key with no demand history.
+	// Default 10.
+	InitialBatch int64
+	// MaxBatch caps any batch asked for. Default 1,000,000.
+	MaxBatch int64
+	// IdleTimeout returns the lease of a key not used for this long and
+	// forgets the key. Default 30s.
+	IdleTimeout time.Duration
+	// MaxKeys is the most keys held at once; beyond it, the least recently
+	// used keys are settled, returned and forgotten. Default 10,000.
+	MaxKeys int
+
+	// RequestTimeout bounds one HTTP attempt. Default 1s.
+	RequestTimeout time.Duration
+	// MaxRetryWait caps any wait between two attempts, whatever a server's
+	// Retry-After says. Default 1s.
+	MaxRetryWait time.Duration
+	// HTTPClient makes the calls to the lease servers; nil means a pooled
+	// client of its own. Its Timeout is replaced by RequestTimeout.
+	HTTPClient *http.Client
+	// Logger receives the client's logs; nil discards them.
+	Logger *slog.Logger
+	// OnServerError, when set, is called from the settle loop after a call
+	// to the lease servers failed on every server.
+	OnServerError func(err error)
+}
+
+// ErrNoServers is returned by New when Config.Servers is empty.
+var ErrNoServers = errors.New("client: no lease servers configured: set Config.Servers")
+
+func (c *Config) withDefaults() (Config, error) {
+	cfg := *c
+	if len(cfg.Servers) == 0 {
+		return cfg, ErrNoServers
+	}
+	servers := make([]string, len(cfg.Servers))
+	for i, s := range cfg.Servers {
+		u, err := url.Parse(s)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return cfg, fmt.Errorf("client: server %q is not an http:// or https:// URL", s)
+		}
+		servers[i] = strings.TrimRight(s, "/")
+	}
+	cfg.Servers = servers
+	if cfg.ClientID == "" {
+		host, _ := os.Hostname()
+		if host == "" {
+			host = "client"
+		}
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		cfg.ClientID = fmt.Sprintf("%s-%d-%s", strings.ReplaceAll(host, " ", "_"), os.Getpid(), hex.EncodeToString(b[:]))
+	}
+	if cfg.Fallback < FallbackSafeRate || cfg.Fallback > FallbackClosed {
+		return cfg, fmt.Errorf("client: unknown fallback %d", cfg.Fallback)
+	}
+	if cfg.DefaultSafeRate < 0 {
+		return cfg, fmt.Errorf("client: DefaultSafeRate is %g; it must be 0 or more", cfg.DefaultSafeRate)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&cfg.ColdStartTimeout, 50*time.Millisecond)
+	def(&cfg.SettleInterval, 10*time.Millisecond)
+	def(&cfg.Horizon, time.Second)
+	def(&cfg.IdleTimeout, 30*time.Second)
+	def(&cfg.RequestTimeout, time.Second)
+	def(&cfg.MaxRetryWait, time.Second)
+	if cfg.InitialBatch <= 0 {
+		cfg.InitialBatch = 10
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 1_000_000
+	}
+	if cfg.MaxKeys <= 0 {
+		cfg.MaxKeys = 10_000
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return cfg, nil
+}

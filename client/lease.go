@@ -1,0 +1,138 @@
+package client
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/time/rate"
+)
+
+// frozen is stored in a lease's remaining count when the settle loop stops
+// it: far enough below zero that no spend or give-back brings it back.
+const frozen = math.MinInt64 / 4
+
+// lease is one lease granted by a server, spent by the hot path.
+//
+// remaining is the only field the hot path writes. A spend subtracts and
+// checks the result; a failed spend adds back. The settle loop freezes a
+// lease by swapping remaining for frozen: spends that landed before the
+// swap are counted as used, later ones fail. So the used count reported to
+// the server is exact, with no lock.
+type lease struct {
+	_         [64]byte // keep remaining off the cache line of other data
+	remaining atomic.Int64
+	// strict is set once the lease is past half its TTL: from then on each
+	// spend also reads the clock against deadline, so no token is spent
+	// after the deadline even if the settle loop is late.
+	strict atomic.Bool
+	_      [48]byte
+
+	id       string
+	slot     int
+	granted  int64
+	sent     int64 // client clock (ns) when the request that got it was sent
+	halfway  int64 // sent + TTL/2
+	deadline int64 // sent + TTL: the server expires the lease no sooner
+}
+
+// spend takes n tokens; it reports false and changes nothing when the lease
+// has fewer, is frozen, or is past its deadline.
+func (l *lease) spend(n int64, c *Client) bool {
+	if l.strict.Load() && c.nanos() >= l.deadline {
+		return false
+	}
+	if l.remaining.Add(-n) >= 0 {
+		return true
+	}
+	l.remaining.Add(n)
+	return false
+}
+
+// giveBack returns n tokens taken by spend (multi-key all or nothing).
+func (l *lease) giveBack(n int64) { l.remaining.Add(n) }
+
+// freeze stops the lease and returns the tokens it had left.
+func (l *lease) freeze() int64 {
+	v := l.remaining.Swap(frozen)
+	if v < 0 {
+		return 0
+	}
+	return v
+}
+
+// left returns the tokens left, 0 when frozen.
+func (l *lease) left() int64 {
+	v := l.remaining.Load()
+	if v < 0 {
+		return 0
+	}
+	return v
+}
+
+// keyState is everything the client holds for one key.
+type keyState struct {
+	key string
+
+	// Read by the hot path.
+	active    atomic.Pointer[lease]
+	unlimited atomic.Bool
+
+	// Read and written by the slow path and the loop.
+	denyUntil   atomic.Int64  // client clock (ns): denied locally until then
+	safeRate    atomic.Uint64 // float64 bits of the last safe_rate
+	limit       atomic.Int64  // rule limit, for Stats and fallback burst
+	unserved    atomic.Int64  // tokens asked for that no lease served (demand)
+	unlimitedOK atomic.Int64  // requests allowed as unlimited
+	fallbackOK  atomic.Int64  // requests allowed by the fallback
+	need        atomic.Bool   // a caller waits for a lease
+	refused     atomic.Bool   // the server refused the key (no rule, forbidden)
+	dead        atomic.Bool   // forgotten by the client; resolve again
+	closedUsed  atomic.Int64  // tokens used from leases no longer active
+
+	mu       sync.Mutex
+	ready    chan struct{} // closed and replaced when the key's state changes
+	fallback *rate.Limiter // FallbackSafeRate limiter, under mu
+
+	// Owned by the settle loop.
+	slots          [2]*lease // open leases by slot (active or frozen, not yet returned)
+	returnUsed     [2]int64  // used count of a frozen lease awaiting return
+	inflight       bool      // an entry for this key is in the call in flight
+	ewma           float64   // demand, tokens per second
+	lastUsed       int64     // used+denied total at the last tick
+	lastActive     int64     // client clock when demand was last seen
+	unlimitedUntil int64     // recheck an unlimited key after this
+	burst          int64
+	ttl            int64 // ns, last lease TTL
+	forget         bool  // return everything and drop the key
+}
+
+func newKeyState(key string) *keyState {
+	return &keyState{key: key, ready: make(chan struct{})}
+}
+
+// waitCh returns the channel closed at the key's next change.
+func (ks *keyState) waitCh() <-chan struct{} {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	return ks.ready
+}
+
+// notify wakes every caller waiting on the key.
+func (ks *keyState) notify() {
+	ks.mu.Lock()
+	close(ks.ready)
+	ks.ready = make(chan struct{})
+	ks.mu.Unlock()
+}
+
+func (ks *keyState) getSafeRate() float64 { return math.Float64frombits(ks.safeRate.Load()) }
+
+// usedTotal returns every token used from this key's leases so far.
+func (ks *keyState) usedTotal() int64 {
+	n := ks.closedUsed.Load()
+	if l := ks.active.Load(); l != nil {
+		n += l.granted - l.left()
+	}
+	return n
+}

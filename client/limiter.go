@@ -1,0 +1,93 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/ratelease/ratelease/protocol"
+)
+
+// Limiter is a handle for a fixed set of keys, for the hot path: Allow on a
+// key with a live lease takes no lock, allocates nothing and makes no
+// system call. Create it once with Client.Limiter and keep it.
+type Limiter struct {
+	c      *Client
+	keys   []string
+	states []atomic.Pointer[keyState]
+	err    error
+}
+
+// Limiter returns a handle for keys (all of them, all or nothing). If a key
+// is invalid, the Limiter denies every request and Err says why.
+func (c *Client) Limiter(keys ...string) *Limiter {
+	l := &Limiter{c: c, keys: append([]string(nil), keys...), states: make([]atomic.Pointer[keyState], len(keys))}
+	if len(keys) == 0 {
+		l.err = fmt.Errorf("client: Limiter needs at least one key")
+	}
+	for i, k := range keys {
+		if err := protocol.ValidateKey(k); err != nil {
+			l.err = fmt.Errorf("client: Limiter key %q: %w", k, err)
+			return l
+		}
+		l.states[i].Store(c.state(k))
+	}
+	return l
+}
+
+// Err returns why the Limiter denies everything, or nil.
+func (l *Limiter) Err() error { return l.err }
+
+// Keys returns the Limiter's keys.
+func (l *Limiter) Keys() []string { return append([]string(nil), l.keys...) }
+
+// Allow reports whether one request may happen now, spending one token of
+// each key. With a live lease it is decided by one atomic operation per key;
+// otherwise as Client.Allow decides (it may wait up to
+// Config.ColdStartTimeout for a key's first lease).
+func (l *Limiter) Allow() bool {
+	if len(l.states) == 1 {
+		if ls := l.states[0].Load().active.Load(); ls != nil && ls.spend(1, l.c) {
+			return true
+		}
+	}
+	return l.Decide(context.Background(), 1).Allowed
+}
+
+// AllowN is Allow for n tokens of each key.
+func (l *Limiter) AllowN(n int64) bool {
+	return l.Decide(context.Background(), n).Allowed
+}
+
+// Decide is AllowN with the full Decision, waiting for a first lease at
+// most until ctx ends or Config.ColdStartTimeout.
+func (l *Limiter) Decide(ctx context.Context, n int64) Decision {
+	if l.err != nil || n < 1 || n > protocol.MaxCount {
+		l.c.denied.Add(1)
+		return Decision{Source: SourceDenied}
+	}
+	var buf [4]*keyState
+	states := l.resolve(buf[:0])
+	return l.c.decide(ctx, n, states, l.c.cfg.ColdStartTimeout)
+}
+
+// Wait blocks until one request may happen for every key, as Client.Wait.
+func (l *Limiter) Wait(ctx context.Context) error {
+	if l.err != nil {
+		return l.err
+	}
+	return l.c.WaitN(ctx, 1, l.keys...)
+}
+
+// resolve returns the keys' states, replacing forgotten ones.
+func (l *Limiter) resolve(buf []*keyState) []*keyState {
+	for i := range l.states {
+		ks := l.states[i].Load()
+		if ks.dead.Load() {
+			ks = l.c.state(l.keys[i])
+			l.states[i].Store(ks)
+		}
+		buf = append(buf, ks)
+	}
+	return buf
+}

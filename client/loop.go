@@ -1,0 +1,431 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/ratelease/ratelease/protocol"
+)
+
+// pending is one entry of a call to the lease servers.
+type pending struct {
+	ks       *keyState
+	slot     int
+	want     int64
+	settling *lease // the lease this entry settles, if any
+	used     int64
+}
+
+type callResult struct {
+	sent  int64
+	items []pending
+	res   []protocol.LeaseResult
+	err   error
+}
+
+// ewmaTau is the time constant of the demand average.
+const ewmaTau = time.Second
+
+// loop is the settle loop: it keeps time for the leases (deadlines), sizes
+// and sends renewals, returns idle keys' tokens and applies the answers. It
+// is the only goroutine that writes a key's loop-owned fields.
+func (c *Client) loop() {
+	defer close(c.stopped)
+	ticker := time.NewTicker(c.cfg.SettleInterval)
+	defer ticker.Stop()
+	results := make(chan callResult, 1)
+	inflight := false
+	var retryAt, backoff int64
+	last := c.nanos()
+	for {
+		select {
+		case <-c.stop:
+			if inflight {
+				c.apply(<-results, &retryAt, &backoff)
+			}
+			c.shutdown()
+			return
+		case <-ticker.C:
+		case <-c.kick:
+		case r := <-results:
+			inflight = false
+			c.apply(r, &retryAt, &backoff)
+		}
+		now := c.nanos()
+		dt := now - last
+		last = now
+		items := c.scan(now, dt, !inflight && now >= retryAt)
+		if len(items) > 0 {
+			inflight = true
+			go func() { results <- c.send(context.Background(), items) }()
+		}
+	}
+}
+
+// send makes the calls for items, at most protocol.MaxEntries per call.
+func (c *Client) send(ctx context.Context, items []pending) callResult {
+	r := callResult{sent: c.nanos(), items: items}
+	// Bound the whole exchange: retries included, it must not outlive the
+	// shortest lease it could renew.
+	ctx, cancel := context.WithTimeout(ctx, 2*c.cfg.RequestTimeout+2*c.cfg.MaxRetryWait)
+	defer cancel()
+	for start := 0; start < len(items); start += protocol.MaxEntries {
+		chunk := items[start:min(len(items), start+protocol.MaxEntries)]
+		req := &protocol.LeaseRequest{ClientID: c.cfg.ClientID, Leases: make([]protocol.LeaseEntry, len(chunk))}
+		for i, p := range chunk {
+			e := protocol.LeaseEntry{Key: p.ks.key, Want: p.want, Slot: p.slot}
+			if p.settling != nil {
+				e.LeaseID, e.Used = p.settling.id, p.used
+			}
+			req.Leases[i] = e
+		}
+		res, err := c.http.lease(ctx, req)
+		if err != nil {
+			r.err = err
+			r.res = nil
+			return r
+		}
+		r.res = append(r.res, res...)
+	}
+	return r
+}
+
+// want sizes the next batch of a key: its demand over the horizon, at most
+// half a lease TTL's worth and the bucket size.
+func (c *Client) want(ks *keyState) int64 {
+	if ks.ewma <= 0 {
+		return c.cfg.InitialBatch
+	}
+	h := c.cfg.Horizon
+	if ks.ttl > 0 && time.Duration(ks.ttl/2) < h {
+		h = time.Duration(ks.ttl / 2)
+	}
+	w := int64(math.Ceil(ks.ewma * h.Seconds()))
+	w = max(1, min(w, c.cfg.MaxBatch))
+	if ks.burst > 0 {
+		w = min(w, ks.burst)
+	}
+	return w
+}
+
+// closeLease freezes l and records what it used. It returns the used count.
+func (ks *keyState) closeLease(l *lease) int64 {
+	used := l.granted - l.freeze()
+	ks.closedUsed.Add(used)
+	return used
+}
+
+// scan does the loop's timekeeping for every key and, when collect is set,
+// returns the entries of the next call.
+func (c *Client) scan(now, dt int64, collect bool) []pending {
+	var items []pending
+	alpha := 1 - math.Exp(-float64(dt)/float64(ewmaTau))
+	over := int(c.nkeys.Load()) - c.cfg.MaxKeys
+	var lru []*keyState
+	c.keys.Range(func(_, v any) bool {
+		ks := v.(*keyState)
+		// Deadlines: a lease past its deadline is dead; past half its TTL
+		// every spend reads the clock.
+		if l := ks.active.Load(); l != nil {
+			if now >= l.deadline {
+				if ks.active.CompareAndSwap(l, nil) {
+					ks.closeLease(l)
+					ks.notify()
+				}
+				ks.slots[l.slot] = nil
+			} else if now >= l.halfway {
+				l.strict.Store(true)
+			}
+		}
+		active := ks.active.Load()
+		for s, l := range ks.slots {
+			if l != nil && l != active && now >= l.deadline {
+				ks.slots[s] = nil // the server expired it: nothing to return
+			}
+		}
+		// Demand: tokens used from leases plus tokens asked for in vain.
+		total := ks.usedTotal() + ks.unserved.Load()
+		delta := total - ks.lastUsed
+		ks.lastUsed = total
+		if dt > 0 {
+			sample := float64(delta) / (float64(dt) / float64(time.Second))
+			ks.ewma += alpha * (sample - ks.ewma)
+		}
+		if delta > 0 || ks.need.Load() || ks.lastActive == 0 {
+			ks.lastActive = now
+		}
+		if over > 0 && !ks.forget {
+			lru = append(lru, ks)
+		}
+		if !collect || ks.inflight {
+			return true
+		}
+		if p, ok := c.plan(ks, now, active); ok {
+			ks.inflight = true
+			items = append(items, p...)
+		}
+		return true
+	})
+	if over > 0 {
+		// Forget the least recently used keys beyond MaxKeys.
+		slices.SortFunc(lru, func(a, b *keyState) int { return int(min(max(a.lastActive-b.lastActive, -1), 1)) })
+		for _, ks := range lru[:min(over, len(lru))] {
+			ks.forget = true
+		}
+	}
+	return items
+}
+
+// plan returns the entries one key needs now, if any.
+func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) {
+	idle := now-ks.lastActive >= int64(c.cfg.IdleTimeout)
+	if idle || ks.forget || c.closing.Load() {
+		// Return everything and forget the key.
+		ks.forget = true
+		if active != nil && ks.active.CompareAndSwap(active, nil) {
+			ks.returnUsed[active.slot] = ks.closeLease(active)
+		}
+		var out []pending
+		for s, l := range ks.slots {
+			if l != nil {
+				out = append(out, pending{ks: ks, slot: s, settling: l, used: ks.returnUsed[s]})
+			}
+		}
+		if len(out) == 0 {
+			c.forgetKey(ks)
+			return nil, false
+		}
+		return out, true
+	}
+	entry := func(slot int, want int64) pending {
+		p := pending{ks: ks, slot: slot, want: want}
+		if l := ks.slots[slot]; l != nil && l != active {
+			p.settling, p.used = l, ks.returnUsed[slot]
+		}
+		return p
+	}
+	denied := ks.denyUntil.Load() > now
+	switch {
+	case ks.unlimited.Load():
+		if now >= ks.unlimitedUntil && !denied {
+			// Ask again now and then: the rules may have changed.
+			ks.unlimitedUntil = now + int64(c.cfg.Horizon)
+			return []pending{entry(0, c.cfg.InitialBatch)}, true
+		}
+	case active != nil:
+		left := active.left()
+		if !denied && left == 0 {
+			// Spent out: nothing is lost by closing it now, so settle it
+			// and take the next lease in one step, in its own slot. (Kept
+			// open, its spent tokens would count as outstanding and hold
+			// the bucket until it expired.)
+			if ks.active.CompareAndSwap(active, nil) {
+				used := ks.closeLease(active)
+				ks.returnUsed[active.slot] = used
+				return []pending{{ks: ks, slot: active.slot, want: c.want(ks), settling: active, used: used}}, true
+			}
+			return nil, false
+		}
+		if !denied && (left <= active.granted/4 || now >= active.halfway) {
+			// Renew into the other slot; the current lease keeps serving
+			// until the new one is in, and is settled after.
+			return []pending{entry(1-active.slot, c.want(ks))}, true
+		}
+	case ks.need.Load() && !denied:
+		slot := 0
+		if ks.slots[0] == nil && ks.slots[1] != nil {
+			slot = 1
+		}
+		return []pending{entry(slot, c.want(ks))}, true
+	}
+	// Return frozen leases that no renewal carried.
+	var out []pending
+	for s, l := range ks.slots {
+		if l != nil && l != active {
+			out = append(out, entry(s, 0))
+		}
+	}
+	return out, len(out) > 0
+}
+
+// forgetKey drops a key that holds no lease.
+func (c *Client) forgetKey(ks *keyState) {
+	if ks.dead.Swap(true) {
+		return
+	}
+	c.keys.CompareAndDelete(ks.key, ks)
+	c.nkeys.Add(-1)
+	c.forgottenUse.Add(ks.usedTotal() + ks.unlimitedOK.Load() + ks.fallbackOK.Load())
+	ks.notify()
+}
+
+// apply installs the answers of a call.
+func (c *Client) apply(r callResult, retryAt, backoff *int64) {
+	now := c.nanos()
+	for _, p := range r.items {
+		p.ks.inflight = false
+	}
+	if r.err != nil {
+		c.online.Store(false)
+		// Back off: a tick, doubling up to MaxRetryWait.
+		*backoff = min(max(2**backoff, int64(c.cfg.SettleInterval)), int64(c.cfg.MaxRetryWait))
+		*retryAt = now + *backoff
+		c.cfg.Logger.Warn("ratelease: no lease server answered; open leases serve until their deadlines, then the fallback applies",
+			"error", r.err, "fallback", c.cfg.Fallback.String(), "retry_in", time.Duration(*backoff))
+		if c.cfg.OnServerError != nil {
+			c.cfg.OnServerError(r.err)
+		}
+		for _, p := range r.items {
+			if p.want > 0 {
+				p.ks.notify() // waiters decide by the fallback now
+			}
+		}
+		return
+	}
+	*backoff, *retryAt = 0, 0
+	if !c.online.Swap(true) {
+		c.cfg.Logger.Info("ratelease: lease servers answer again")
+	}
+	for i, p := range r.items {
+		c.applyOne(p, &r.res[i], r.sent, now)
+	}
+}
+
+func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64) {
+	ks := p.ks
+	defer ks.notify()
+	if p.settling != nil && ks.slots[p.slot] == p.settling {
+		// Settled, or unknown to the server (expired): gone either way.
+		ks.slots[p.slot] = nil
+		ks.returnUsed[p.slot] = 0
+	}
+	if res.Error != nil {
+		switch res.Error.Code {
+		case protocol.CodeUnknownLease:
+			if p.want > 0 {
+				ks.need.Store(true) // ask again without the lease ID
+			}
+		case protocol.CodeForbidden, protocol.CodeNoRule:
+			// Refused: deny locally for a while, then ask again (the
+			// rules or permissions may change).
+			ks.refused.Store(true)
+			ks.denyUntil.Store(now + int64(max(time.Second, c.cfg.Horizon)))
+			ks.need.Store(false)
+			c.cfg.Logger.Warn("ratelease: server refused key", "key", ks.key, "code", res.Error.Code, "detail", res.Error.Detail)
+		default:
+			c.cfg.Logger.Error("ratelease: lease entry failed", "key", ks.key, "code", res.Error.Code, "detail", res.Error.Detail)
+			ks.denyUntil.Store(now + int64(c.cfg.SettleInterval))
+		}
+		return
+	}
+	ks.refused.Store(false)
+	if ks.forget {
+		c.forgetKey(ks)
+		if res.Granted == 0 {
+			return
+		}
+	}
+	if res.SafeRate > 0 {
+		ks.safeRate.Store(math.Float64bits(res.SafeRate))
+	}
+	ks.limit.Store(res.Limit)
+	ks.burst = res.Burst
+	if res.TTLMillis > 0 {
+		ks.ttl = res.TTLMillis * int64(time.Millisecond)
+	}
+	if res.Unlimited {
+		ks.unlimited.Store(true)
+		ks.unlimitedUntil = now + int64(max(c.cfg.Horizon, time.Duration(ks.ttl)))
+		ks.need.Store(false)
+		if old := ks.active.Swap(nil); old != nil {
+			ks.returnUsed[old.slot] = ks.closeLease(old)
+		}
+		return
+	}
+	ks.unlimited.Store(false)
+	if p.want == 0 {
+		return
+	}
+	if res.Granted == 0 {
+		wait := time.Duration(res.RetryAfterMillis) * time.Millisecond
+		if wait <= 0 {
+			wait = c.cfg.SettleInterval
+		}
+		ks.denyUntil.Store(now + int64(wait))
+		ks.need.Store(false)
+		return
+	}
+	ttl := res.TTLMillis * int64(time.Millisecond)
+	l := &lease{id: res.LeaseID, slot: p.slot, granted: res.Granted, sent: sent, halfway: sent + ttl/2, deadline: sent + ttl}
+	l.remaining.Store(res.Granted)
+	ks.slots[p.slot] = l
+	if ks.forget {
+		// Granted after the key was forgotten: return it at once.
+		ks.returnUsed[p.slot] = 0
+		l.freeze()
+		return
+	}
+	ks.denyUntil.Store(0)
+	ks.need.Store(false)
+	if old := ks.active.Swap(l); old != nil {
+		used := ks.closeLease(old)
+		if ks.slots[old.slot] == old {
+			ks.returnUsed[old.slot] = used
+		}
+	}
+}
+
+// shutdown returns every lease; it runs on the loop goroutine at Close.
+func (c *Client) shutdown() {
+	ctx := <-c.closeCtx
+	var items []pending
+	c.keys.Range(func(_, v any) bool {
+		ks := v.(*keyState)
+		ks.forget = true
+		if p, ok := c.plan(ks, c.nanos(), ks.active.Load()); ok {
+			items = append(items, p...)
+		}
+		return true
+	})
+	if len(items) > 0 {
+		r := c.send(ctx, items)
+		if r.err != nil {
+			c.closeErr = r.err
+		} else {
+			for i, p := range r.items {
+				c.applyOne(p, &r.res[i], r.sent, c.nanos())
+			}
+		}
+	}
+	c.keys.Range(func(_, v any) bool {
+		c.forgetKey(v.(*keyState))
+		return true
+	})
+}
+
+// Close settles every key, returns every unused token to the servers and
+// stops the client's goroutines. Decisions after Close deny with
+// SourceClosed. It returns an error when the final settle failed (the
+// servers will expire the leases by their TTL) or ctx ended first.
+func (c *Client) Close(ctx context.Context) error {
+	first := false
+	c.closeOnce.Do(func() {
+		first = true
+		c.closing.Store(true)
+		c.closeCtx <- ctx
+		close(c.stop)
+	})
+	select {
+	case <-c.stopped:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	c.http.hc.CloseIdleConnections()
+	if first && c.closeErr != nil {
+		return errors.Join(errors.New("client: close: the final settle failed; the servers will expire the leases by their TTL"), c.closeErr)
+	}
+	return nil
+}
