@@ -102,3 +102,40 @@ func BenchmarkClientAllow(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSteadyDemandServerCalls paces requests at 5,000/s against a limit
+// of 10,000/s (b.N requests take b.N/5000 s) and reports the lease-server
+// calls per 1,000 admitted requests. Target: at most 10. Run it long enough
+// for the steady state:
+//
+//	go test -run '^$' -bench SteadyDemand -benchtime 10000x ./client/
+func BenchmarkSteadyDemandServerCalls(b *testing.B) {
+	srv := leasetest.Start(b, `
+rules:
+  - {name: steady, match: "steady:*", limit: 10000, period: 1s, lease_ttl: 2s}
+`, leasetest.Options{})
+	c, err := client.New(client.Config{Servers: []string{srv.URL()}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = c.Close(context.Background()) })
+	l := c.Limiter("steady:key")
+	const perSecond = 5000
+	admitted := 0
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < b.N; {
+		due := int(time.Since(start).Seconds() * perSecond)
+		for ; i < due && i < b.N; i++ {
+			if l.Allow() {
+				admitted++
+			}
+		}
+		time.Sleep(500 * time.Microsecond)
+	}
+	b.StopTimer()
+	st := c.Stats()
+	b.ReportMetric(float64(st.ServerCalls)*1000/float64(max(1, admitted)), "calls/1000")
+	b.ReportMetric(float64(admitted)/float64(b.N)*100, "%admitted")
+}

@@ -371,9 +371,15 @@ func (c *Client) slow(ctx context.Context, n int64, ks *keyState, coldWait time.
 		}
 		ks.need.Store(true)
 		if !c.online.Load() {
-			// No server answers: the fallback decides now, and the loop
-			// keeps asking in the background.
 			ks.unserved.Add(n)
+			if dl := ks.deadline.Load(); now < dl {
+				// No server answers, but the spent-out lease is ours
+				// until its deadline: the fallback starts after it, so
+				// that it never adds to a lease's tokens.
+				return Decision{Source: SourceLease, RetryAfter: time.Duration(dl - now)}, spent{}
+			}
+			// The fallback decides now; the loop keeps asking in the
+			// background.
 			return c.fallback(n, ks)
 		}
 		c.wake()
@@ -393,7 +399,7 @@ func (c *Client) slow(ctx context.Context, n int64, ks *keyState, coldWait time.
 			return Decision{Source: SourceClosed}, spent{}
 		}
 		ks.unserved.Add(n)
-		if l := ks.active.Load(); l != nil && c.nanos() < l.deadline {
+		if c.nanos() < ks.deadline.Load() {
 			// The lease ran out and its renewal is slow, but a server
 			// answers: the fallback must not add tokens of its own.
 			return Decision{Source: SourceLease, RetryAfter: c.cfg.SettleInterval}, spent{}
@@ -438,6 +444,39 @@ func (c *Client) fallback(n int64, ks *keyState) (Decision, spent) {
 	}
 	ks.fallbackOK.Add(n)
 	return Decision{Allowed: true, Source: SourceFallback}, spent{r: r, ks: ks}
+}
+
+// DenyFor denies keys locally for d, live leases included, without a
+// network call: for example when an upstream answered 429 with a
+// Retry-After. A later call extends the denial, never shortens it. Tokens
+// of the keys' leases are kept (and returned at settle as usual).
+func (c *Client) DenyFor(d time.Duration, keys ...string) {
+	if d <= 0 {
+		return
+	}
+	until := c.nanos() + int64(d)
+	for _, k := range keys {
+		if protocol.ValidateKey(k) != nil {
+			continue
+		}
+		ks := c.state(k)
+		for {
+			cur := ks.denyUntil.Load()
+			if cur >= until || ks.denyUntil.CompareAndSwap(cur, until) {
+				break
+			}
+		}
+		ks.paused.Store(true)
+		if l := ks.active.Load(); l != nil {
+			for {
+				cur := l.pausedUntil.Load()
+				if cur >= until || l.pausedUntil.CompareAndSwap(cur, until) {
+					break
+				}
+			}
+			l.strict.Store(true)
+		}
+	}
 }
 
 // Stats returns the client's counters.

@@ -22,11 +22,13 @@ const frozen = math.MinInt64 / 4
 type lease struct {
 	_         [64]byte // keep remaining off the cache line of other data
 	remaining atomic.Int64
-	// strict is set once the lease is past half its TTL: from then on each
-	// spend also reads the clock against deadline, so no token is spent
-	// after the deadline even if the settle loop is late.
-	strict atomic.Bool
-	_      [48]byte
+	// strict is set once the lease is past half its TTL, or paused: from
+	// then on each spend also reads the clock against deadline and
+	// pausedUntil, so no token is spent after the deadline even if the
+	// settle loop is late.
+	strict      atomic.Bool
+	pausedUntil atomic.Int64 // client clock: spends are denied before this (DenyFor)
+	_           [40]byte
 
 	id       string
 	slot     int
@@ -39,8 +41,10 @@ type lease struct {
 // spend takes n tokens; it reports false and changes nothing when the lease
 // has fewer, is frozen, or is past its deadline.
 func (l *lease) spend(n int64, c *Client) bool {
-	if l.strict.Load() && c.nanos() >= l.deadline {
-		return false
+	if l.strict.Load() {
+		if now := c.nanos(); now >= l.deadline || now < l.pausedUntil.Load() {
+			return false
+		}
 	}
 	if l.remaining.Add(-n) >= 0 {
 		return true
@@ -87,8 +91,10 @@ type keyState struct {
 	fallbackOK  atomic.Int64  // requests allowed by the fallback
 	need        atomic.Bool   // a caller waits for a lease
 	refused     atomic.Bool   // the server refused the key (no rule, forbidden)
+	paused      atomic.Bool   // denyUntil comes from DenyFor
 	dead        atomic.Bool   // forgotten by the client; resolve again
 	closedUsed  atomic.Int64  // tokens used from leases no longer active
+	deadline    atomic.Int64  // client clock: deadline of the latest lease
 
 	mu       sync.Mutex
 	ready    chan struct{} // closed and replaced when the key's state changes

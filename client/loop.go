@@ -362,13 +362,21 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 	l := &lease{id: res.LeaseID, slot: p.slot, granted: res.Granted, sent: sent, halfway: sent + ttl/2, deadline: sent + ttl}
 	l.remaining.Store(res.Granted)
 	ks.slots[p.slot] = l
+	ks.deadline.Store(l.deadline)
 	if ks.forget {
 		// Granted after the key was forgotten: return it at once.
 		ks.returnUsed[p.slot] = 0
 		l.freeze()
 		return
 	}
-	ks.denyUntil.Store(0)
+	if du := ks.denyUntil.Load(); du > now && ks.paused.Load() {
+		// DenyFor is in force: the new lease waits too.
+		l.pausedUntil.Store(du)
+		l.strict.Store(true)
+	} else {
+		ks.denyUntil.Store(0)
+		ks.paused.Store(false)
+	}
 	ks.need.Store(false)
 	if old := ks.active.Swap(l); old != nil {
 		used := ks.closeLease(old)
