@@ -8,6 +8,7 @@ import (
 
 	"github.com/ratelease/ratelease/client"
 	"github.com/ratelease/ratelease/e2e/leasetest"
+	"github.com/ratelease/ratelease/e2e/redistest"
 	"github.com/ratelease/ratelease/leases"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -116,7 +117,17 @@ func TestDeniedLocallyUntilRetryAfter(t *testing.T) {
 }
 
 func TestCloseReturnsTokens(t *testing.T) {
-	store := leases.NewMemoryStore(leases.MemoryOptions{})
+	t.Run("memory", func(t *testing.T) {
+		testCloseReturnsTokens(t, leases.NewMemoryStore(leases.MemoryOptions{}))
+	})
+	t.Run("redis", func(t *testing.T) {
+		r := redistest.Start(t)
+		testCloseReturnsTokens(t, leases.NewRedisStore(r.Client(t), leases.RedisOptions{}))
+	})
+}
+
+func testCloseReturnsTokens(t *testing.T, store leases.Store) {
+	noLeaks(t)
 	srv := leasetest.Start(t, rules, leasetest.Options{Store: store})
 	c, err := client.New(client.Config{Servers: []string{srv.URL()}, InitialBatch: 40})
 	require.NoError(t, err)

@@ -1,0 +1,202 @@
+package client_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ratelease/ratelease/client"
+	"github.com/ratelease/ratelease/e2e/leasetest"
+	"github.com/ratelease/ratelease/leases"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestNewConfigErrors(t *testing.T) {
+	for _, cfg := range []client.Config{
+		{},
+		{Servers: []string{"10.0.0.1:8080"}},
+		{Servers: []string{"ftp://x"}},
+		{Servers: []string{"http://x"}, Fallback: client.Fallback(9)},
+		{Servers: []string{"http://x"}, DefaultSafeRate: -1},
+	} {
+		_, err := client.New(cfg)
+		assert.Error(t, err, "%+v", cfg)
+	}
+	_, err := client.New(client.Config{})
+	assert.ErrorIs(t, err, client.ErrNoServers)
+}
+
+func TestInvalidInputDenied(t *testing.T) {
+	noLeaks(t)
+	srv := leasetest.Start(t, rules, leasetest.Options{})
+	c := newClient(t, client.Config{Servers: []string{srv.URL()}})
+	ctx := context.Background()
+	for _, d := range []client.Decision{
+		c.AllowN(ctx, 0, "user:1"),
+		c.AllowN(ctx, -5, "user:1"),
+		c.AllowN(ctx, 2_000_000_000, "user:1"),
+		c.Allow(ctx),
+		c.Allow(ctx, ""),
+		c.Allow(ctx, strings.Repeat("k", 300)),
+		c.Allow(ctx, "bad\nkey"),
+	} {
+		assert.False(t, d.Allowed)
+		assert.Equal(t, client.SourceDenied, d.Source)
+	}
+	l := c.Limiter("ok", "bad\x00")
+	require.Error(t, l.Err())
+	assert.False(t, l.Allow())
+	assert.Error(t, l.Wait(ctx))
+	assert.Error(t, c.WaitN(ctx, 0, "user:1"))
+	assert.Zero(t, c.Stats().ServerCalls, "invalid input never reaches a server")
+}
+
+func TestMultiKeyAllOrNothing(t *testing.T) {
+	srv := leasetest.Start(t, rules, leasetest.Options{})
+	c := newClient(t, client.Config{Servers: []string{srv.URL()}, InitialBatch: 100})
+	ctx := context.Background()
+	allowed := 0
+	for range 40 {
+		if c.Allow(ctx, "user:multi", "tiny:multi").Allowed {
+			allowed++
+		}
+	}
+	assert.Equal(t, 5, allowed, "tiny's burst of 5 limits the pair")
+	// user:multi gave back every token the pair could not use.
+	st := c.Stats()
+	l := c.Limiter("user:multi")
+	for range 90 {
+		require.True(t, l.Allow())
+	}
+	assert.Equal(t, st.ServerCalls, c.Stats().ServerCalls, "user:multi's first lease still had the given-back tokens")
+}
+
+func TestWait(t *testing.T) {
+	noLeaks(t)
+	srv := leasetest.Start(t, rules, leasetest.Options{})
+	c := newClient(t, client.Config{Servers: []string{srv.URL()}, InitialBatch: 100})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	for range 7 {
+		require.NoError(t, c.Wait(ctx, "tiny:wait"))
+	}
+	// Burst 5, then 10/s: the 6th and 7th wait about 100 ms each.
+	assert.GreaterOrEqual(t, time.Since(start), 150*time.Millisecond)
+	assert.Less(t, time.Since(start), 2*time.Second)
+
+	short, cancel2 := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel2()
+	for range 3 {
+		_ = c.Wait(short, "tiny:wait")
+	}
+	err := c.Wait(short, "tiny:wait")
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, client.ErrRateLimited) || errors.Is(err, context.DeadlineExceeded), "%v", err)
+	var rl *client.RateLimitedError
+	if errors.As(err, &rl) {
+		assert.Positive(t, rl.RetryAfter)
+	}
+}
+
+func TestDenyForPausesLiveLease(t *testing.T) {
+	srv := leasetest.Start(t, rules, leasetest.Options{})
+	c := newClient(t, client.Config{Servers: []string{srv.URL()}, InitialBatch: 50})
+	ctx := context.Background()
+	l := c.Limiter("user:pause")
+	require.True(t, l.Allow())
+	c.DenyFor(100*time.Millisecond, "user:pause")
+	d := l.Decide(ctx, 1)
+	assert.False(t, d.Allowed)
+	assert.Equal(t, client.SourceRetryAfter, d.Source)
+	assert.Positive(t, d.RetryAfter)
+	assert.LessOrEqual(t, d.RetryAfter, 100*time.Millisecond)
+	require.Eventually(t, l.Allow, time.Second, 5*time.Millisecond)
+}
+
+func TestRefusedKeys(t *testing.T) {
+	token := "secret-token"
+	sum := sha256.Sum256([]byte(token))
+	srv := leasetest.Start(t, fmt.Sprintf(`
+default: deny
+rules:
+  - {name: u, match: "user:*", limit: 100, period: 1s}
+  - {name: a, match: "admin:*", limit: 100, period: 1s}
+clients:
+  - {name: svc, token_sha256: %q, keys: ["user:*", "nomatch:*"]}
+`, hex.EncodeToString(sum[:])), leasetest.Options{})
+	ctx := context.Background()
+
+	c := newClient(t, client.Config{Servers: []string{srv.URL()}, Token: token})
+	assert.True(t, c.Allow(ctx, "user:1").Allowed)
+	d := c.Allow(ctx, "admin:1")
+	assert.False(t, d.Allowed, "forbidden for this client")
+	assert.Equal(t, client.SourceDenied, d.Source)
+	d = c.Allow(ctx, "nomatch:1")
+	assert.False(t, d.Allowed, "no rule, default deny")
+	assert.Equal(t, client.SourceDenied, d.Source)
+	calls := c.Stats().ServerCalls
+	for range 100 {
+		c.Allow(ctx, "admin:1")
+	}
+	assert.Equal(t, calls, c.Stats().ServerCalls, "a refused key is denied locally")
+
+	// A wrong token: the server refuses every call; the fallback decides.
+	var errs []error
+	bad := newClient(t, client.Config{Servers: []string{srv.URL()}, Token: "wrong", Fallback: client.FallbackClosed, OnServerError: func(err error) { errs = append(errs, err) }})
+	d = bad.Allow(ctx, "user:1")
+	assert.False(t, d.Allowed)
+	assert.Equal(t, client.SourceFallback, d.Source)
+	require.Eventually(t, func() bool { return !bad.Stats().Online }, time.Second, 5*time.Millisecond)
+}
+
+func TestMaxKeysAndIdle(t *testing.T) {
+	store := leases.NewMemoryStore(leases.MemoryOptions{})
+	srv := leasetest.Start(t, rules, leasetest.Options{Store: store})
+	c := newClient(t, client.Config{Servers: []string{srv.URL()}, MaxKeys: 10, IdleTimeout: 300 * time.Millisecond})
+	ctx := context.Background()
+	for i := range 30 {
+		require.True(t, c.Allow(ctx, fmt.Sprint("user:lru", i)).Allowed)
+	}
+	require.Eventually(t, func() bool { return c.Stats().KeysHeld <= 10 }, 2*time.Second, 10*time.Millisecond, "least recently used keys are forgotten")
+	// Forgotten keys returned their tokens.
+	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 100, Period: time.Second, Burst: 100, LeaseTTL: 2 * time.Second}
+	st, err := store.State(ctx, "user:lru0", b)
+	require.NoError(t, err)
+	assert.Zero(t, st.Outstanding)
+	// Idle keys are returned and forgotten too.
+	require.Eventually(t, func() bool { return c.Stats().KeysHeld == 0 }, 3*time.Second, 10*time.Millisecond)
+	st, err = store.State(ctx, "user:lru29", b)
+	require.NoError(t, err)
+	assert.Zero(t, st.Outstanding)
+	assert.EqualValues(t, 30, c.Stats().Allowed, "forgotten keys still count")
+	// A forgotten key is leased again on demand.
+	assert.True(t, c.Allow(ctx, "user:lru0").Allowed)
+}
+
+func TestCloseIdempotentAndBounded(t *testing.T) {
+	noLeaks(t)
+	srv := leasetest.Start(t, rules, leasetest.Options{})
+	c, err := client.New(client.Config{Servers: []string{srv.URL()}})
+	require.NoError(t, err)
+	require.True(t, c.Allow(context.Background(), "user:c").Allowed)
+	require.NoError(t, c.Close(context.Background()))
+	require.NoError(t, c.Close(context.Background()))
+
+	// A dead server: Close still returns (with the settle error) and
+	// leaves no goroutine behind.
+	srv2 := leasetest.Start(t, rules, leasetest.Options{})
+	c2, err := client.New(client.Config{Servers: []string{srv2.URL()}, RequestTimeout: 100 * time.Millisecond, MaxRetryWait: 10 * time.Millisecond})
+	require.NoError(t, err)
+	require.True(t, c2.Allow(context.Background(), "user:c").Allowed)
+	srv2.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	assert.Error(t, c2.Close(ctx))
+}
