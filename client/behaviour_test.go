@@ -163,8 +163,14 @@ func TestMaxKeysAndIdle(t *testing.T) {
 	ctx := context.Background()
 	for i := range 30 {
 		require.True(t, c.Allow(ctx, fmt.Sprint("user:lru", i)).Allowed)
+		require.LessOrEqual(t, c.Stats().KeysHeld, 10, "never more than MaxKeys keys hold a lease")
 	}
-	require.Eventually(t, func() bool { return c.Stats().KeysHeld <= 10 }, 2*time.Second, 10*time.Millisecond, "least recently used keys are forgotten")
+	assert.Equal(t, 10, c.Stats().KeysHeld)
+	// The evicted keys return their tokens at the next tick.
+	require.Eventually(t, func() bool {
+		st, err := store.State(ctx, "user:lru0", leases.Bucket{Algorithm: leases.TokenBucket, Limit: 100, Period: time.Second, Burst: 100, LeaseTTL: 2 * time.Second})
+		return err == nil && st.Outstanding == 0
+	}, 2*time.Second, 10*time.Millisecond)
 	// Forgotten keys returned their tokens.
 	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 100, Period: time.Second, Burst: 100, LeaseTTL: 2 * time.Second}
 	st, err := store.State(ctx, "user:lru0", b)

@@ -81,7 +81,8 @@ type Stats struct {
 	ServerErrors int64
 	// FallbackDecisions counts requests decided by the fallback.
 	FallbackDecisions int64
-	// KeysHeld is the number of keys the client holds now.
+	// KeysHeld is the number of keys holding a lease now; at most
+	// Config.MaxKeys.
 	KeysHeld int
 	// Online is false while no server answers.
 	Online bool
@@ -119,14 +120,15 @@ type Client struct {
 	start time.Time
 	http  *caller
 
-	keys    sync.Map // string -> *keyState
-	nkeys   atomic.Int64
-	kick    chan struct{}
-	stop    chan struct{}
-	stopped chan struct{}
-	closing atomic.Bool
-	closed  atomic.Bool
-	online  atomic.Bool
+	keys       sync.Map // string -> *keyState
+	nkeys      atomic.Int64
+	activeKeys atomic.Int64 // keys with an active lease
+	kick       chan struct{}
+	stop       chan struct{}
+	stopped    chan struct{}
+	closing    atomic.Bool
+	closed     atomic.Bool
+	online     atomic.Bool
 
 	closeOnce sync.Once
 	closeCtx  chan context.Context
@@ -354,6 +356,9 @@ func (c *Client) slow(ctx context.Context, n int64, ks *keyState, coldWait time.
 		if c.closing.Load() {
 			return Decision{Source: SourceClosed}, spent{}
 		}
+		if ks.dead.Load() {
+			ks = c.state(ks.key) // forgotten meanwhile: start afresh
+		}
 		ch := ks.waitCh()
 		if ks.unlimited.Load() {
 			return Decision{Allowed: true, Source: SourceUnlimited}, spent{ks: ks}
@@ -488,11 +493,11 @@ func (c *Client) Stats() Stats {
 		FallbackDecisions: c.fallbacks.Load(),
 		Online:            c.online.Load(),
 		Allowed:           c.forgottenUse.Load(),
+		KeysHeld:          int(c.activeKeys.Load()),
 	}
 	c.keys.Range(func(_, v any) bool {
 		ks := v.(*keyState)
 		s.Allowed += ks.usedTotal() + ks.unlimitedOK.Load() + ks.fallbackOK.Load()
-		s.KeysHeld++
 		return true
 	})
 	return s

@@ -82,8 +82,9 @@ type Config struct {
 	// IdleTimeout returns the lease of a key not used for this long and
 	// forgets the key. Default 30s.
 	IdleTimeout time.Duration
-	// MaxKeys is the most keys held at once; beyond it, the least recently
-	// used keys are settled, returned and forgotten. Default 10,000.
+	// MaxKeys is the most keys holding a lease at once: before a new key's
+	// lease is installed, the least recently used keys are settled,
+	// returned and forgotten to make room. Default 10,000.
 	MaxKeys int
 
 	// RequestTimeout bounds one HTTP attempt. Default 1s.

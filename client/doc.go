@@ -19,10 +19,14 @@
 // server, valid until a deadline that the client counts from the moment it
 // sent the request plus the lease's TTL, so the lease ends locally no later
 // than the server expires it. Spending is an atomic subtraction from the
-// lease's remaining count: no lock, no allocation, no system call while the
-// lease is in its first half. In its second half each spend also reads the
-// monotonic clock, so that no token is spent past the deadline even if the
-// background loop is late. A key never seen (or whose lease ran out) waits
+// lease's remaining count: no lock, no allocation, no system call. In the
+// lease's first half one spend in eight also reads the monotonic clock (in
+// user space, through the vDSO); in its second half every spend does, so
+// that no token is spent past the deadline even if the background loop is
+// late. A process paused across a deadline (SIGSTOP, a frozen VM) stops
+// spending the expired lease at its first clock check after resuming, and
+// the settle loop, which checks every lease first thing after a pause,
+// usually before that. A key never seen (or whose lease ran out) waits
 // for a lease at most Config.ColdStartTimeout; concurrent callers share one
 // request. A grant of zero comes with retry_after, and the key is then
 // denied locally until that time: excess requests cost no network call.

@@ -38,19 +38,37 @@ type lease struct {
 	deadline int64 // sent + TTL: the server expires the lease no sooner
 }
 
+// clockShift sets how often a spend in a lease's first half reads the
+// clock: once per 1<<clockShift tokens.
+const clockShift = 3
+
 // spend takes n tokens; it reports false and changes nothing when the lease
 // has fewer, is frozen, or is past its deadline.
+//
+// In the lease's second half (strict) every spend reads the clock. In its
+// first half, one spend in eight does: the settle loop normally makes the
+// lease strict long before its deadline, but a process paused across the
+// deadline (SIGSTOP, a frozen VM) resumes with every goroutine at once, and
+// the sampled check stops the hot path within a few tokens even if the loop
+// runs last. Reading the clock on every spend would cost more than the rest
+// of the hot path together.
 func (l *lease) spend(n int64, c *Client) bool {
 	if l.strict.Load() {
 		if now := c.nanos(); now >= l.deadline || now < l.pausedUntil.Load() {
 			return false
 		}
 	}
-	if l.remaining.Add(-n) >= 0 {
-		return true
+	v := l.remaining.Add(-n)
+	if v < 0 {
+		l.remaining.Add(n)
+		return false
 	}
-	l.remaining.Add(n)
-	return false
+	if (v+n)>>clockShift != v>>clockShift && c.nanos() >= l.deadline {
+		l.strict.Store(true)
+		l.remaining.Add(n)
+		return false
+	}
+	return true
 }
 
 // giveBack returns n tokens taken by spend (multi-key all or nothing).

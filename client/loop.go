@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"math"
@@ -111,6 +112,27 @@ func (c *Client) want(ks *keyState) int64 {
 	return w
 }
 
+// clearActive makes l no longer the key's active lease, if it still is.
+func (c *Client) clearActive(ks *keyState, l *lease) bool {
+	if !ks.active.CompareAndSwap(l, nil) {
+		return false
+	}
+	c.activeKeys.Add(-1)
+	return true
+}
+
+// setActive makes l the key's active lease and returns the one it replaced.
+func (c *Client) setActive(ks *keyState, l *lease) *lease {
+	old := ks.active.Swap(l)
+	switch {
+	case old == nil && l != nil:
+		c.activeKeys.Add(1)
+	case old != nil && l == nil:
+		c.activeKeys.Add(-1)
+	}
+	return old
+}
+
 // closeLease freezes l and records what it used. It returns the used count.
 func (ks *keyState) closeLease(l *lease) int64 {
 	used := l.granted - l.freeze()
@@ -123,15 +145,13 @@ func (ks *keyState) closeLease(l *lease) int64 {
 func (c *Client) scan(now, dt int64, collect bool) []pending {
 	var items []pending
 	alpha := 1 - math.Exp(-float64(dt)/float64(ewmaTau))
-	over := int(c.nkeys.Load()) - c.cfg.MaxKeys
-	var lru []*keyState
 	c.keys.Range(func(_, v any) bool {
 		ks := v.(*keyState)
 		// Deadlines: a lease past its deadline is dead; past half its TTL
 		// every spend reads the clock.
 		if l := ks.active.Load(); l != nil {
 			if now >= l.deadline {
-				if ks.active.CompareAndSwap(l, nil) {
+				if c.clearActive(ks, l) {
 					ks.closeLease(l)
 					ks.notify()
 				}
@@ -157,9 +177,6 @@ func (c *Client) scan(now, dt int64, collect bool) []pending {
 		if delta > 0 || ks.need.Load() || ks.lastActive == 0 {
 			ks.lastActive = now
 		}
-		if over > 0 && !ks.forget {
-			lru = append(lru, ks)
-		}
 		if !collect || ks.inflight {
 			return true
 		}
@@ -169,13 +186,6 @@ func (c *Client) scan(now, dt int64, collect bool) []pending {
 		}
 		return true
 	})
-	if over > 0 {
-		// Forget the least recently used keys beyond MaxKeys.
-		slices.SortFunc(lru, func(a, b *keyState) int { return int(min(max(a.lastActive-b.lastActive, -1), 1)) })
-		for _, ks := range lru[:min(over, len(lru))] {
-			ks.forget = true
-		}
-	}
 	return items
 }
 
@@ -185,7 +195,7 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 	if idle || ks.forget || c.closing.Load() {
 		// Return everything and forget the key.
 		ks.forget = true
-		if active != nil && ks.active.CompareAndSwap(active, nil) {
+		if active != nil && c.clearActive(ks, active) {
 			ks.returnUsed[active.slot] = ks.closeLease(active)
 		}
 		var out []pending
@@ -222,7 +232,7 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 			// and take the next lease in one step, in its own slot. (Kept
 			// open, its spent tokens would count as outstanding and hold
 			// the bucket until it expired.)
-			if ks.active.CompareAndSwap(active, nil) {
+			if c.clearActive(ks, active) {
 				used := ks.closeLease(active)
 				ks.returnUsed[active.slot] = used
 				return []pending{{ks: ks, slot: active.slot, want: c.want(ks), settling: active, used: used}}, true
@@ -289,8 +299,41 @@ func (c *Client) apply(r callResult, retryAt, backoff *int64) {
 	if !c.online.Swap(true) {
 		c.cfg.Logger.Info("ratelease: lease servers answer again")
 	}
+	// Keep the keys holding a lease within MaxKeys: make room for the new
+	// ones first, by returning the least recently used.
+	newActive := 0
+	batch := make(map[*keyState]bool, len(r.items))
+	for i, p := range r.items {
+		batch[p.ks] = true
+		if res := &r.res[i]; res.Error == nil && !res.Unlimited && res.Granted > 0 && p.want > 0 && !p.ks.forget && p.ks.active.Load() == nil {
+			newActive++
+		}
+	}
+	if over := int(c.activeKeys.Load()) + newActive - c.cfg.MaxKeys; over > 0 {
+		c.evict(over, batch)
+	}
 	for i, p := range r.items {
 		c.applyOne(p, &r.res[i], r.sent, now)
+	}
+}
+
+// evict returns the leases of the n least recently used keys that hold one
+// (keys in skip excepted) and forgets those keys.
+func (c *Client) evict(n int, skip map[*keyState]bool) {
+	var held []*keyState
+	c.keys.Range(func(_, v any) bool {
+		if ks := v.(*keyState); !skip[ks] && ks.active.Load() != nil {
+			held = append(held, ks)
+		}
+		return true
+	})
+	slices.SortFunc(held, func(a, b *keyState) int { return cmp.Compare(a.lastActive, b.lastActive) })
+	for _, ks := range held[:min(n, len(held))] {
+		if l := ks.active.Load(); l != nil && c.clearActive(ks, l) {
+			ks.returnUsed[l.slot] = ks.closeLease(l)
+			ks.forget = true
+			ks.notify()
+		}
 	}
 }
 
@@ -340,7 +383,7 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		ks.unlimited.Store(true)
 		ks.unlimitedUntil = now + int64(max(c.cfg.Horizon, time.Duration(ks.ttl)))
 		ks.need.Store(false)
-		if old := ks.active.Swap(nil); old != nil {
+		if old := c.setActive(ks, nil); old != nil {
 			ks.returnUsed[old.slot] = ks.closeLease(old)
 		}
 		return
@@ -378,7 +421,7 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		ks.paused.Store(false)
 	}
 	ks.need.Store(false)
-	if old := ks.active.Swap(l); old != nil {
+	if old := c.setActive(ks, l); old != nil {
 		used := ks.closeLease(old)
 		if ks.slots[old.slot] == old {
 			ks.returnUsed[old.slot] = used
