@@ -257,7 +257,7 @@ func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) error {
 		case SourceClosed:
 			return ErrClosed
 		case SourceDenied:
-			return &RateLimitedError{Keys: keys, Source: d.Source}
+			return &RateLimitedError{Keys: keys, Source: d.Source, RetryAfter: d.RetryAfter}
 		}
 		wait := d.RetryAfter
 		if wait <= 0 {
@@ -297,7 +297,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, coldWa
 			ks = c.state(ks.key)
 			states[i] = ks
 		}
-		if ks.unlimited.Load() {
+		if ks.unlimited.Load() && !ks.paused.Load() {
 			if d.Source == SourceLease && d.Remaining < 0 {
 				d.Source = SourceUnlimited
 			}
@@ -360,14 +360,18 @@ func (c *Client) slow(ctx context.Context, n int64, ks *keyState, coldWait time.
 			ks = c.state(ks.key) // forgotten meanwhile: start afresh
 		}
 		ch := ks.waitCh()
-		if ks.unlimited.Load() {
+		now := c.nanos()
+		du := ks.denyUntil.Load()
+		if ks.paused.Load() && du <= now {
+			ks.paused.Store(false) // a DenyFor that has run out
+		}
+		if ks.unlimited.Load() && du <= now {
 			return Decision{Allowed: true, Source: SourceUnlimited}, spent{ks: ks}
 		}
 		if l := ks.active.Load(); l != nil && l.spend(n, c) {
 			return Decision{Allowed: true, Source: SourceLease, Remaining: l.left()}, spent{l: l, ks: ks}
 		}
-		now := c.nanos()
-		if du := ks.denyUntil.Load(); du > now {
+		if du > now {
 			ks.unserved.Add(n)
 			if ks.refused.Load() {
 				return Decision{Source: SourceDenied, RetryAfter: time.Duration(du - now)}, spent{}

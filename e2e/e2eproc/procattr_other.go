@@ -1,0 +1,7 @@
+//go:build !linux
+
+package e2eproc
+
+import "syscall"
+
+func procAttr() *syscall.SysProcAttr { return nil }

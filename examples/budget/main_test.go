@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"os"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/ratelease/ratelease/e2e/leasetest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+// The payments rule of ../rules.yaml.
+const (
+	payRate  = 50.0
+	payBurst = 50
+)
+
+func TestRun(t *testing.T) {
+	opts := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, opts) })
+	rules, err := os.ReadFile("../rules.yaml")
+	require.NoError(t, err)
+
+	tests := []struct {
+		name string
+		args []string
+	}{
+		{"Wait, two clients", []string{"-workers", "6", "-clients", "2"}},
+		{"Allow, one client", []string{"-workers", "4", "-wait=false"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// A server of its own: a fresh store, a full bucket.
+			srv := leasetest.Start(t, string(rules), leasetest.Options{})
+			getenv := func(k string) string {
+				if k == "RATELEASE_SERVER" {
+					return srv.URL()
+				}
+				return ""
+			}
+			var out bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			start := time.Now()
+			require.NoError(t, run(ctx, append(tt.args, "-duration", "800ms"), getenv, &out))
+			elapsed := time.Since(start)
+			t.Logf("\n%s", out.String())
+
+			m := regexp.MustCompile(`(?m)^total\s+(\d+) admitted`).FindStringSubmatch(out.String())
+			require.NotNil(t, m, out.String())
+			total, err := strconv.Atoi(m[1])
+			require.NoError(t, err)
+			assert.LessOrEqual(t, float64(total), payBurst+payRate*elapsed.Seconds()+2, "burst + rate·T holds across the workers")
+			assert.GreaterOrEqual(t, total, payBurst, "the workers used the budget")
+			assert.Contains(t, out.String(), ": held")
+		})
+	}
+}
+
+func TestRunFlags(t *testing.T) {
+	env := func(string) string { return "" }
+	tests := []struct {
+		name string
+		args []string
+		want error // nil: any error
+	}{
+		{"help", []string{"-h"}, flag.ErrHelp},
+		{"unknown flag", []string{"-nope"}, nil},
+		{"no workers", []string{"-workers", "0"}, nil},
+		{"more clients than workers", []string{"-workers", "2", "-clients", "3"}, nil},
+		{"zero duration", []string{"-duration", "0s"}, nil},
+		{"extra argument", []string{"extra"}, nil},
+		{"bad server", []string{"-server", "localhost"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out bytes.Buffer
+			err := run(context.Background(), tt.args, env, &out)
+			require.Error(t, err)
+			if tt.want != nil {
+				assert.ErrorIs(t, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestBusiest(t *testing.T) {
+	t0 := time.Now()
+	p := &payments{per: make([]int, 1)}
+	for _, ms := range []int{0, 100, 900, 999, 1000, 1500, 2600} {
+		p.calls = append(p.calls, t0.Add(time.Duration(ms)*time.Millisecond))
+	}
+	assert.Equal(t, 4, p.busiest(time.Second), "0, 100, 900 and 999 ms; 1000 ms starts the next window")
+	assert.Equal(t, 1, p.busiest(time.Millisecond))
+	assert.Equal(t, 0, (&payments{}).busiest(time.Second))
+}
