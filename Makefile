@@ -35,8 +35,16 @@ redis:
 vet:
 	$(GO) vet ./...
 
-bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./leases/...
+# Micro-benchmarks of the engine and the SDK, then the comparison of issue 4
+# (e2e/compare: ratelease leases vs per-request Redis GCRA vs per-request
+# POST /v1/check vs local x/time/rate, against a real redis-server and
+# rateleased on loopback), which rewrites BENCHMARKS.md and
+# docs/benchmarks.svg from its results. About 2 minutes on 2 cores.
+BENCHTIME ?= 3s
+
+bench: redis
+	$(GO) test -run '^$$' -bench . -benchmem ./leases/... ./client/
+	RATELEASE_BENCH_REPORT=$(CURDIR) $(GO) test -run '^$$' -bench Compare -benchtime $(BENCHTIME) -timeout 15m ./e2e/compare/
 
 # Run every Fuzz target of every package for $(FUZZTIME) each. `go test -list`
 # prints each package's matching names followed by its "ok <package>" line;

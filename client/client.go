@@ -203,9 +203,11 @@ func (c *Client) Allow(ctx context.Context, keys ...string) Decision {
 // spending n tokens of each: all of them or none.
 //
 // A key with a live lease is decided locally, without a lock. A key never
-// seen, or whose lease ran out, waits for a lease at most
-// Config.ColdStartTimeout (or until ctx ends) and is then decided by
-// Config.Fallback. A key a server denied is denied locally until the
+// seen waits for its first lease at most Config.ColdStartTimeout (or until
+// ctx ends) and is then decided by Config.Fallback. A key whose lease ran
+// out is denied at once (Source SourceLease) while the settle loop fetches
+// the next batch: Allow waits on the network for a key it never saw, never
+// otherwise. A key a server denied is denied locally until the
 // server's retry_after, without a network call. Invalid keys, or n < 1, are
 // denied with Source SourceDenied.
 func (c *Client) AllowN(ctx context.Context, n int64, keys ...string) Decision {
@@ -392,6 +394,13 @@ func (c *Client) slow(ctx context.Context, n int64, ks *keyState, coldWait time.
 			return c.fallback(n, ks)
 		}
 		c.wake()
+		if coldWait >= 0 && ks.deadline.Load() != 0 {
+			// Not a cold key: its lease ran out and the loop is asking for
+			// the next. Allow does not wait for the network then; the
+			// request is denied, and counts as demand for the next batch.
+			ks.unserved.Add(n)
+			return Decision{Source: SourceLease, RetryAfter: c.cfg.SettleInterval}, spent{}
+		}
 		if timeout == nil && coldWait >= 0 {
 			t := time.NewTimer(coldWait)
 			defer t.Stop()

@@ -64,8 +64,8 @@ type Config struct {
 	DefaultSafeRate float64
 
 	// ColdStartTimeout is how long Allow waits for the first lease of a key
-	// (or the next one of a key whose lease ran out) before it decides by
-	// the fallback. Wait is bounded by its context instead. Default 50ms.
+	// before it decides by the fallback. Wait is bounded by its context
+	// instead. Default 50ms.
 	ColdStartTimeout time.Duration
 	// SettleInterval is the tick of the background settle loop: at each
 	// tick, one call carries every key that needs settling. Default 10ms.

@@ -43,8 +43,8 @@ func (l *Limiter) Keys() []string { return append([]string(nil), l.keys...) }
 
 // Allow reports whether one request may happen now, spending one token of
 // each key. With a live lease it is decided by one atomic operation per key;
-// otherwise as Client.Allow decides (it may wait up to
-// Config.ColdStartTimeout for a key's first lease).
+// otherwise as Client.Allow decides (it waits, up to
+// Config.ColdStartTimeout, only for a key's first lease).
 func (l *Limiter) Allow() bool {
 	if len(l.states) == 1 {
 		if ls := l.states[0].Load().active.Load(); ls != nil && ls.spend(1, l.c) {

@@ -27,8 +27,12 @@ type callResult struct {
 	err   error
 }
 
-// ewmaTau is the time constant of the demand average.
-const ewmaTau = time.Second
+// The time constants of the demand average: it follows a rise of demand
+// within about ewmaTauUp and a fall within about ewmaTau.
+const (
+	ewmaTau   = time.Second
+	ewmaTauUp = 100 * time.Millisecond
+)
 
 // loop is the settle loop: it keeps time for the leases (deadlines), sizes
 // and sends renewals, returns idle keys' tokens and applies the answers. It
@@ -104,6 +108,12 @@ func (c *Client) want(ks *keyState) int64 {
 	if ks.ttl > 0 && time.Duration(ks.ttl/2) < h {
 		h = time.Duration(ks.ttl / 2)
 	}
+	// Tokens held in a lease count as taken from the bucket until they are
+	// spent, so on a shared key a batch must be small beside the bucket: at
+	// most a quarter of the time the bucket takes to fill.
+	if ks.fill > 0 && time.Duration(ks.fill/4) < h {
+		h = time.Duration(ks.fill / 4)
+	}
 	w := int64(math.Ceil(ks.ewma * h.Seconds()))
 	w = max(1, min(w, c.cfg.MaxBatch))
 	if ks.burst > 0 {
@@ -145,6 +155,7 @@ func (ks *keyState) closeLease(l *lease) int64 {
 func (c *Client) scan(now, dt int64, collect bool) []pending {
 	var items []pending
 	alpha := 1 - math.Exp(-float64(dt)/float64(ewmaTau))
+	alphaUp := 1 - math.Exp(-float64(dt)/float64(ewmaTauUp))
 	c.keys.Range(func(_, v any) bool {
 		ks := v.(*keyState)
 		// Deadlines: a lease past its deadline is dead; past half its TTL
@@ -173,8 +184,14 @@ func (c *Client) scan(now, dt int64, collect bool) []pending {
 		delta := total - ks.lastUsed
 		ks.lastUsed = total
 		if dt > 0 {
+			// Rise fast, fall slowly: a batch must cover a burst of
+			// demand, and a lull should not shrink it at once.
 			sample := float64(delta) / (float64(dt) / float64(time.Second))
-			ks.ewma += alpha * (sample - ks.ewma)
+			a := alpha
+			if sample > ks.ewma {
+				a = alphaUp
+			}
+			ks.ewma += a * (sample - ks.ewma)
 		}
 		if delta > 0 || ks.need.Load() || ks.lastActive == 0 {
 			ks.lastActive = now
@@ -182,8 +199,14 @@ func (c *Client) scan(now, dt int64, collect bool) []pending {
 		if !collect || ks.inflight {
 			return true
 		}
+		if ks.lastAsk != 0 && now-ks.lastAsk < int64(c.cfg.SettleInterval) && !ks.forget {
+			// At most one call per key per tick: a key that keeps running
+			// out asks for more once a tick, not once a request.
+			return true
+		}
 		if p, ok := c.plan(ks, now, active); ok {
 			ks.inflight = true
+			ks.lastAsk = now
 			items = append(items, p...)
 		}
 		return true
@@ -241,7 +264,10 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 			}
 			return nil, false
 		}
-		if !denied && (left <= active.granted/4 || now >= active.halfway) {
+		// Renew with about a quarter left, or with less left than two
+		// ticks of demand, or at half the TTL.
+		low := max(active.granted/4, int64(math.Ceil(ks.ewma*2*c.cfg.SettleInterval.Seconds())))
+		if !denied && (left <= low || now >= active.halfway) {
 			// Renew into the other slot; the current lease keeps serving
 			// until the new one is in, and is settled after.
 			return []pending{entry(1-active.slot, c.want(ks))}, true
@@ -341,6 +367,9 @@ func (c *Client) evict(n int, skip map[*keyState]bool) {
 
 func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64) {
 	ks := p.ks
+	if debugApply != nil {
+		debugApply(c.cfg.ClientID, p, res)
+	}
 	defer ks.notify()
 	if p.settling != nil && ks.slots[p.slot] == p.settling {
 		// Settled, or unknown to the server (expired): gone either way.
@@ -378,6 +407,9 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 	}
 	ks.limit.Store(res.Limit)
 	ks.burst = res.Burst
+	if res.Limit > 0 && res.PeriodMillis > 0 {
+		ks.fill = int64(float64(res.Burst) / float64(res.Limit) * float64(res.PeriodMillis) * float64(time.Millisecond))
+	}
 	if res.TTLMillis > 0 {
 		ks.ttl = res.TTLMillis * int64(time.Millisecond)
 	}
@@ -430,6 +462,8 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		}
 	}
 }
+
+var debugApply func(string, pending, *protocol.LeaseResult)
 
 // shutdown returns every lease; it runs on the loop goroutine at Close.
 func (c *Client) shutdown() {

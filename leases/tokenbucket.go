@@ -16,6 +16,10 @@ import (
 //
 //	refill:  L = max(0, min(burst − O, L + rate·(now − t)))
 //	grant:   g ≤ min(want, L, fair share); L −= g; O += g
+//	fair share (when other owners hold leases): max(1, burst/holders), and
+//	         ⌊rate·(now − vt)/holders + max(0, ⌊L − burst/2⌋)⌋, where vt, the
+//	         owner's share clock, advances by holders/rate per token granted
+//	         and never lags more than burst/rate behind now
 //	settle:  O −= G; L += G − u
 //	expiry:  O −= G (nothing credited)
 //
@@ -33,11 +37,21 @@ type openLease struct {
 	expiry  int64 // µs
 }
 
+// ownerShare is an owner's fair-share clock on a shared key: like a GCRA
+// theoretical arrival time, it advances by holders/rate per token granted,
+// and never lags more than burst/rate behind now. It is kept after the
+// owner's lease closes, until it no longer limits anything.
+type ownerShare struct {
+	owner string
+	vt    float64 // µs
+}
+
 type tbState struct {
 	level  float64
 	last   int64 // µs
 	out    int64
 	leases []openLease
+	shares []ownerShare
 	bucket Bucket // parameters of the last operation, for the idle sweep
 }
 
@@ -87,6 +101,37 @@ func (s *tbState) find(owner string, slot int) int {
 		}
 	}
 	return -1
+}
+
+// shareBase returns owner's share clock, at least now − burst/rate, and
+// forgets the clocks that have fallen that far behind (they limit nothing).
+func (s *tbState) shareBase(b *Bucket, owner string, now int64) float64 {
+	floor := float64(now) - float64(b.Burst)/b.ratePerMicro()
+	base := floor
+	kept := s.shares[:0]
+	for _, sh := range s.shares {
+		if sh.vt <= floor {
+			continue
+		}
+		if sh.owner == owner {
+			base = sh.vt
+		}
+		kept = append(kept, sh)
+	}
+	clear(s.shares[len(kept):])
+	s.shares = kept
+	return base
+}
+
+// setShare records owner's share clock.
+func (s *tbState) setShare(owner string, vt float64) {
+	for i := range s.shares {
+		if s.shares[i].owner == owner {
+			s.shares[i].vt = vt
+			return
+		}
+	}
+	s.shares = append(s.shares, ownerShare{owner: owner, vt: vt})
 }
 
 // holders counts the owners holding open leases, plus owner if it holds
@@ -166,6 +211,7 @@ func (s *tbState) lease(b *Bucket, owner string, op *LeaseOp, now int64) LeaseOu
 	o.Expired = s.reap(now)
 	s.refill(b, now)
 	i := s.find(owner, op.Slot)
+	base := s.shareBase(b, owner, now)
 	if op.LeaseID != "" {
 		if i < 0 || s.leases[i].id != op.LeaseID {
 			return LeaseOutcome{Err: ErrUnknownLease, Expired: o.Expired}
@@ -186,10 +232,30 @@ func (s *tbState) lease(b *Bucket, owner string, op *LeaseOp, now int64) LeaseOu
 		o.Expired++
 	}
 	holders := s.holders(owner)
+	var shareWait int64 // µs until this owner's fair share reaches a token
+	var share float64   // tokens of fair share available to owner
+	shared := false     // the fair share applied
 	if op.Want > 0 {
 		g := op.Want
 		if holders > 1 {
+			// Fair share: at most burst/holders per lease, and at most
+			// the owner's share of the refill since its share clock, plus
+			// whatever the bucket holds above half full. An owner that
+			// asks often gets small grants, one that asks rarely finds
+			// half the bucket kept for it, and no share is wasted.
 			g = min(g, max(1, b.Burst/int64(holders)))
+			share = float64(b.ratePerMicro()*(float64(now)-base)) / float64(holders)
+			spare := 0.0
+			if half := float64(b.Burst) / 2; s.level > half {
+				spare = math.Floor(s.level - half)
+			}
+			capf := share + spare
+			g = min(g, int64(math.Floor(capf)))
+			if g < 1 {
+				// Too soon: the owner's share has not reached a token.
+				shareWait = int64(math.Ceil(float64((1-capf)*float64(holders)) / b.ratePerMicro()))
+			}
+			shared = true
 		}
 		avail := int64(0)
 		if s.level > 0 {
@@ -200,11 +266,17 @@ func (s *tbState) lease(b *Bucket, owner string, op *LeaseOp, now int64) LeaseOu
 			s.level -= float64(g)
 			s.out += g
 			s.leases = append(s.leases, openLease{owner: owner, slot: op.Slot, id: op.NewLeaseID, granted: g, expiry: now + b.LeaseTTL.Microseconds()})
+			if shared {
+				// The clock advances by the tokens taken from the share;
+				// tokens taken from the spare above half full are free.
+				adv := min(float64(g), share)
+				s.setShare(owner, base+float64(float64(adv*float64(holders))/b.ratePerMicro()))
+			}
 			o.Granted = g
 			o.LeaseID = op.NewLeaseID
 			o.TTL = b.LeaseTTL
 		} else {
-			o.RetryAfter = s.retryAfter(b, 1, now)
+			o.RetryAfter = max(s.retryAfter(b, 1, now), microsToRetry(shareWait))
 		}
 	}
 	o.Remaining = s.remaining()

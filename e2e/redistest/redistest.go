@@ -80,6 +80,24 @@ func Start(t testing.TB) *Server {
 	return start(t, nil)
 }
 
+// Options configure StartWith.
+type Options struct {
+	// Persist makes redis-server save its data set on a graceful Stop
+	// (SIGTERM) and load it on Restart, like a production Redis with RDB
+	// snapshots. Kill loses what was not saved.
+	Persist bool
+}
+
+// StartWith is Start with options.
+func StartWith(t testing.TB, opts Options) *Server {
+	t.Helper()
+	var extra []string
+	if opts.Persist {
+		extra = append(extra, "--save", "3600 1", "--dbfilename", "dump.rdb")
+	}
+	return start(t, extra)
+}
+
 func start(t testing.TB, extra []string) *Server {
 	t.Helper()
 	bin, err := lookPath()

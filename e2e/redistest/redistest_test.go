@@ -308,3 +308,15 @@ func splitAddr(addr string) (string, int, bool) {
 	}
 	return "", 0, false
 }
+
+func TestPersistAcrossRestart(t *testing.T) {
+	s := StartWith(t, Options{Persist: true})
+	c := s.Client(t)
+	ctx := context.Background()
+	require.NoError(t, c.Set(ctx, "k", "v", 0).Err())
+	s.Stop(t)
+	s.Restart(t)
+	v, err := c.Get(ctx, "k").Result()
+	require.NoError(t, err)
+	require.Equal(t, "v", v)
+}

@@ -3,7 +3,8 @@
 -- suite in leases/storetest checks that both stores answer alike.
 --
 -- KEYS[1]  bucket hash: l (level, %.17g), t (last refill, µs), o (outstanding)
--- KEYS[2]  leases hash: "<slot>|<owner>" -> "<lease id> <granted> <expiry µs>"
+-- KEYS[2]  leases hash: "<slot>|<owner>" -> "<lease id> <granted> <expiry µs>",
+--          and "t|<owner>" -> the owner's fair-share clock (µs, %.17g)
 -- ARGV     1 mode (lease|take|refund|state), 2 now µs ("" = Redis TIME),
 --          3 limit, 4 period µs, 5 burst, 6 lease ttl µs, 7 owner,
 --          8 want or cost, 9 lease id to settle, 10 used, 11 new lease id,
@@ -45,7 +46,19 @@ local leases = {}
 local expired = 0
 local raw = redis.call('HGETALL', KEYS[2])
 local dels = {}
+local shares = {} -- owner -> fair-share clock (µs)
+local share_floor = now - burst / rate
 for i = 1, #raw, 2 do
+  if string.sub(raw[i], 1, 2) == 't|' then
+    -- "t|<owner>" -> the owner's fair-share clock, kept until it falls
+    -- burst/rate behind now (then it limits nothing).
+    local vt = tonumber(raw[i + 1])
+    if vt == nil or vt <= share_floor then
+      dels[#dels + 1] = raw[i]
+    else
+      shares[string.sub(raw[i], 3)] = vt
+    end
+  else
   local id, g, exp = string.match(raw[i + 1], '^(%S+) (%d+) (%d+)$')
   g = tonumber(g)
   exp = tonumber(exp)
@@ -56,6 +69,7 @@ for i = 1, #raw, 2 do
   else
     local slot, who = string.match(raw[i], '^(%d)|(.*)$')
     leases[#leases + 1] = { field = raw[i], owner = who, slot = slot, id = id, g = g, exp = exp }
+  end
   end
 end
 
@@ -152,6 +166,7 @@ local slot = ARGV[12]
 local field = slot .. '|' .. owner
 
 local mine = nil
+local base = shares[owner] or share_floor -- this owner's fair-share clock
 for i = 1, #leases do
   if leases[i].field == field then mine = i end
 end
@@ -191,12 +206,29 @@ for i = 1, #leases do
   end
 end
 local granted, retry = 0, 0
+local share_wait = 0
+local shared = false
+local share = 0
 if want > 0 then
   local g = want
   if holders > 1 then
+    -- Fair share: at most burst/holders per lease, and at most the
+    -- owner's share of the refill since its share clock, plus whatever the
+    -- bucket holds above half full (0 when it asks again too soon).
     local fair = math.floor(burst / holders)
     if fair < 1 then fair = 1 end
     if fair < g then g = fair end
+    share = rate * (now - base) / holders
+    local spare = 0
+    if level > burst / 2 then spare = math.floor(level - burst / 2) end
+    local capf = share + spare
+    local cap = math.floor(capf)
+    if cap < g then g = cap end
+    if g < 1 then
+      -- Too soon: the owner's share has not reached a token.
+      share_wait = math.ceil((1 - capf) * holders / rate)
+    end
+    shared = true
   end
   local avail = 0
   if level > 0 then avail = math.floor(level + eps) end
@@ -205,9 +237,20 @@ if want > 0 then
     level = level - g
     out = out + g
     redis.call('HSET', KEYS[2], field, new_id .. ' ' .. string.format('%d', g) .. ' ' .. string.format('%d', now + ttl))
+    if shared then
+      -- The clock advances by the tokens taken from the share; tokens
+      -- taken from the spare above half full are free.
+      local adv = g
+      if share < adv then adv = share end
+      redis.call('HSET', KEYS[2], 't|' .. owner, string.format('%.17g', base + adv * holders / rate))
+    end
     granted = g
   else
     retry = retry_after(1)
+    if share_wait > 0 then
+      local ms = math.floor((share_wait + 999) / 1000)
+      if ms > retry then retry = ms end
+    end
   end
 end
 save()

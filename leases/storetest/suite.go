@@ -84,6 +84,7 @@ func Run(t *testing.T, newStore Factory, opts Options) {
 	t.Run("ExpiryWithoutCredit", func(t *testing.T) { testExpiry(t, newFixture(t, newStore)) })
 	t.Run("NewLeaseReplacesOpenOne", func(t *testing.T) { testReplace(t, newFixture(t, newStore)) })
 	t.Run("FairShare", func(t *testing.T) { testFairShare(t, newFixture(t, newStore)) })
+	t.Run("FairShareClock", func(t *testing.T) { testShareClock(t, newFixture(t, newStore)) })
 	t.Run("TwoSlots", func(t *testing.T) { testSlots(t, newFixture(t, newStore)) })
 	t.Run("RetryAfterExact", func(t *testing.T) { testRetryAfter(t, newFixture(t, newStore)) })
 	t.Run("RetryAfterWaitsForLeases", func(t *testing.T) { testRetryAfterLeases(t, newFixture(t, newStore)) })
@@ -272,10 +273,13 @@ func testFairShare(t *testing.T, f *fixture) {
 	c := f.lease("c/1", "hot", b, 100, "", 0)
 	assert.EqualValues(t, 33, c.Granted, "three holders: burst/3")
 	assert.Equal(t, 3, c.Holders)
-	// a renews: still three holders, and only 7 tokens are left.
+	// a renews: three holders, 7 tokens left. a has no share clock yet (it
+	// was alone when granted), so its share is the burst cap, and the
+	// bucket limits it.
 	a2 := f.lease("a/1", "hot", b, 100, a.LeaseID, 10)
 	assert.EqualValues(t, 7, a2.Granted)
 	assert.Equal(t, 3, a2.Holders)
+
 	// The cap never goes below one token.
 	tiny := bucket(1000, time.Second, 2, 2*time.Second)
 	assert.EqualValues(t, 1, f.lease("o/0", "tiny", tiny, 1, "", 0).Granted)
@@ -283,6 +287,37 @@ func testFairShare(t *testing.T, f *fixture) {
 	o := f.lease("o/2", "tiny", tiny, 5, "", 0)
 	assert.Zero(t, o.Granted, "burst/3 = 0 is raised to 1, but the bucket is empty")
 	assert.Equal(t, 2*time.Second, o.RetryAfter, "both tokens are leased until the leases end")
+}
+
+func testShareClock(t *testing.T, f *fixture) {
+	// 100 tokens/s, burst 100, two owners.
+	b := bucket(100, time.Second, 100, 10*time.Second)
+	require.EqualValues(t, 10, f.lease("a/1", "k", b, 10, "", 0).Granted, "alone: no share")
+	// b's share clock starts burst/rate (1 s) behind: its share is
+	// 100/s · 1 s / 2 holders = 50, and it advances 20 ms per token.
+	b1 := f.lease("b/1", "k", b, 100, "", 0)
+	require.EqualValues(t, 50, b1.Granted)
+	// At once again: no share left and the bucket (40) is under half full:
+	// nothing, until b's share is one token (2 holders / 100 per s = 20 ms).
+	b2 := f.lease("b/1", "k", b, 100, b1.LeaseID, 50)
+	assert.Zero(t, b2.Granted)
+	assert.Equal(t, 20*time.Millisecond, b2.RetryAfter)
+	f.clock.Advance(20 * time.Millisecond)
+	b3 := f.lease("b/1", "k", b, 100, "", 0)
+	assert.EqualValues(t, 1, b3.Granted, "one token of share")
+	// 100 ms later: 5 tokens of share, and the bucket (42 − 1 + 10 = 51)
+	// holds 1 above half full, which anyone may take.
+	f.clock.Advance(100 * time.Millisecond)
+	b4 := f.lease("b/1", "k", b, 100, b3.LeaseID, 1)
+	assert.EqualValues(t, 6, b4.Granted)
+	// Fractions are kept: 30 ms is 1.5 tokens of share, 1 granted now...
+	f.clock.Advance(30 * time.Millisecond)
+	b5 := f.lease("b/1", "k", b, 100, b4.LeaseID, 6)
+	assert.EqualValues(t, 1, b5.Granted)
+	// ...and the half left over makes 10 ms later worth one more.
+	f.clock.Advance(10 * time.Millisecond)
+	b6 := f.lease("b/1", "k", b, 100, b5.LeaseID, 1)
+	assert.EqualValues(t, 1, b6.Granted)
 }
 
 func testSlots(t *testing.T, f *fixture) {

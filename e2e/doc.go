@@ -1,0 +1,14 @@
+// Package e2e proves the global limit with real processes: one
+// redis-server, three rateleased daemons sharing it, and several load
+// generator processes (e2e/cmd/loadgen, built on the client SDK) that
+// hammer shared keys and report how many requests they admitted in each
+// 10 ms slot. The tests merge the slots and check the bound
+// burst + rate·W for every window, fairness, many keys, and the bound under
+// faults: a daemon killed, every daemon stopped, Redis stopped, a client
+// paused.
+//
+// The default scenarios run in `make test` (about two minutes on two
+// cores); `make e2e-long` runs them three times longer. Subpackages hold the
+// helpers: redistest (real redis-server processes), leasetest (in-process
+// lease servers), e2eproc (the real binaries as child processes).
+package e2e

@@ -1,0 +1,313 @@
+package e2e
+
+import (
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const (
+	rate  = 1000.0 // acc:*, fair:*, fault:* tokens per second
+	burst = 100
+)
+
+// TestAccuracy: 6 clients spread over the 3 servers ask for one key at 3x
+// its rate. For every window from 100 ms to 10 s the admitted requests stay
+// within burst + rate·W, and at least 97% of rate·T is used.
+func TestAccuracy(t *testing.T) {
+	c := startCluster(t)
+	d := scaled(10 * time.Second)
+	var loads []*load
+	for i := range 6 {
+		loads = append(loads, &load{name: fmt.Sprint("acc", i), args: []string{"-servers", c.servers(i % 3), "-key", "acc:hot", "-rate", "500", "-duration", d.String(), "-fallback", "closed"}})
+	}
+	startLoads(t, loads)
+	waitLoads(t, loads, d+30*time.Second)
+
+	ss := merge(loads, "acc:hot", allSlots)
+	logWindows(t, "acc:hot", ss, rate, burst, 10)
+	checkBound(t, "acc:hot", ss, rate, burst, 10, nil)
+	admitted := total(ss)
+	want := 0.97 * rate * d.Seconds()
+	t.Logf("admitted %d of rate·T %.0f (%.1f%%)", admitted, rate*d.Seconds(), 100*float64(admitted)/(rate*d.Seconds()))
+	assert.GreaterOrEqual(t, float64(admitted), want, "utilization")
+	for _, l := range loads {
+		assert.Zero(t, l.res.Stats.FallbackDecisions, "%s: servers answered; no fallback", l.name)
+	}
+}
+
+// TestFairness: 4 clients whose demands are 10%, 20%, 50% and 300% of the
+// rate. Those below their fair share (rate/4) get at least 95% of their
+// demand, the hungry one gets the rest, and the total is at least 97% of
+// the rate.
+func TestFairness(t *testing.T) {
+	c := startCluster(t)
+	d := scaled(10 * time.Second)
+	demands := []float64{0.1, 0.2, 0.5, 3}
+	var loads []*load
+	for i, f := range demands {
+		loads = append(loads, &load{name: fmt.Sprintf("fair%.0f%%", f*100), args: []string{"-servers", c.servers(i % 3), "-key", "fair:hot", "-rate", fmt.Sprint(f * rate), "-duration", d.String(), "-fallback", "closed"}})
+	}
+	startLoads(t, loads)
+	waitLoads(t, loads, d+30*time.Second)
+
+	var sum int64
+	for i, l := range loads {
+		share := float64(l.res.Admitted) / float64(max(1, l.res.Requested))
+		t.Logf("%s: %d of %d asked (%.1f%%)", l.name, l.res.Admitted, l.res.Requested, 100*share)
+		if demands[i]*rate < rate/float64(len(demands)) {
+			assert.GreaterOrEqual(t, share, 0.95, "%s is below its fair share and must get 95%% of its demand", l.name)
+		}
+		sum += l.res.Admitted
+	}
+	hungry := loads[len(loads)-1].res.Admitted
+	t.Logf("total %d of rate·T %.0f (%.1f%%); hungry client %d", sum, rate*d.Seconds(), 100*float64(sum)/(rate*d.Seconds()), hungry)
+	assert.GreaterOrEqual(t, float64(sum), 0.97*rate*d.Seconds(), "total utilization")
+	checkBound(t, "fair:hot", merge(loads, "fair:hot", allSlots), rate, burst, 10, nil)
+}
+
+// TestManyKeys: 10,000 user:* keys with Zipf-distributed demand from 4
+// clients that may each hold at most 1,000 keys. Every key's bound holds,
+// and no client ever holds more than MaxKeys keys.
+func TestManyKeys(t *testing.T) {
+	c := startCluster(t)
+	d := scaled(10 * time.Second)
+	const maxKeys = 1000
+	var loads []*load
+	for i := range 4 {
+		loads = append(loads, &load{name: fmt.Sprint("zipf", i), args: []string{"-servers", c.servers(i % 3), "-keys", "10000", "-prefix", "user:", "-zipf-s", "1.1", "-rate", "1500", "-duration", d.String(), "-max-keys", fmt.Sprint(maxKeys), "-seed", fmt.Sprint(i + 1), "-fallback", "closed", "-workers", "8"}})
+	}
+	startLoads(t, loads)
+	waitLoads(t, loads, d+60*time.Second)
+
+	keys := map[string]bool{}
+	for _, l := range loads {
+		for k := range l.res.Slots {
+			keys[k] = true
+		}
+		assert.LessOrEqual(t, l.res.MaxKeysHeld, maxKeys, "%s held more than MaxKeys keys", l.name)
+		assert.Positive(t, l.res.MaxKeysHeld)
+	}
+	t.Logf("%d distinct keys admitted", len(keys))
+	require.Greater(t, len(keys), 1000, "the demand reached many keys")
+	const userRate, userBurst = 20.0, 20
+	hot := ""
+	var hotN int64
+	for k := range keys {
+		ss := merge(loads, k, allSlots)
+		checkBound(t, k, ss, userRate, userBurst, 10, nil)
+		if n := total(ss); n > hotN {
+			hot, hotN = k, n
+		}
+	}
+	logWindows(t, "hottest key "+hot, merge(loads, hot, allSlots), userRate, userBurst, 10)
+	// The hottest key is limited, not starved.
+	assert.GreaterOrEqual(t, float64(hotN), 0.9*userRate*d.Seconds())
+}
+
+// TestKillServer: kill -9 one of the three servers mid-run. No caller sees
+// an error (no fallback decision: the clients fail over) and the bound
+// holds throughout.
+func TestKillServer(t *testing.T) {
+	c := startCluster(t)
+	d := scaled(10 * time.Second)
+	var loads []*load
+	for i := range 6 {
+		loads = append(loads, &load{name: fmt.Sprint("kill", i), args: []string{"-servers", c.servers(i % 3), "-key", "fault:kill", "-rate", "500", "-duration", d.String(), "-fallback", "closed"}})
+	}
+	startLoads(t, loads)
+	time.Sleep(d * 4 / 10)
+	c.daemons[0].Kill()
+	t.Logf("killed rateleased %s", c.daemons[0].Addr())
+	waitLoads(t, loads, d+30*time.Second)
+
+	ss := merge(loads, "fault:kill", allSlots)
+	logWindows(t, "fault:kill", ss, rate, burst, 10)
+	checkBound(t, "fault:kill", ss, rate, burst, 10, nil)
+	for _, l := range loads {
+		assert.Zero(t, l.res.Stats.FallbackDecisions, "%s: a caller saw the outage", l.name)
+	}
+	assert.GreaterOrEqual(t, float64(total(ss)), 0.9*rate*d.Seconds(), "utilization")
+}
+
+// fallbackAllowance is the documented excess the safe-rate fallback may
+// admit while no server answers: the rule's rate over the time without
+// leases (each client gets rate/holders), plus each client's fallback
+// burst of a tenth of a second of its safe rate, plus one bucket: the
+// server's bucket, which did not see the fallback's requests, is full again
+// when the servers return.
+func fallbackAllowance(outage time.Duration, clients int) float64 {
+	perClientRate := rate / float64(clients)
+	return rate*outage.Seconds() + float64(clients)*max(1, perClientRate/10) + burst
+}
+
+// TestAllServersDown: every server is stopped for 5 s. The clients fall
+// back to their safe rates; the fallback admits no more than the documented
+// allowance, the leased part keeps the bound, and leases resume when the
+// servers return.
+func TestAllServersDown(t *testing.T) {
+	c := startCluster(t)
+	outage := scaled(5 * time.Second)
+	d := outage + scaled(8*time.Second)
+	var loads []*load
+	for i := range 4 {
+		loads = append(loads, &load{name: fmt.Sprint("down", i), args: []string{"-servers", c.servers(i % 3), "-key", "fault:down", "-rate", "500", "-duration", d.String(), "-fallback", "safe_rate"}})
+	}
+	origin := startLoads(t, loads)
+	time.Sleep(scaled(3 * time.Second))
+	for _, dm := range c.daemons {
+		dm.Term()
+	}
+	down := time.Now()
+	time.Sleep(outage)
+	for _, dm := range c.daemons {
+		dm.Restart()
+	}
+	up := time.Now()
+	t.Logf("servers down from %v to %v after the start", down.Sub(origin), up.Sub(origin))
+	waitLoads(t, loads, d+30*time.Second)
+
+	all := merge(loads, "fault:down", allSlots)
+	fb := merge(loads, "fault:down", fallbackSlots)
+	fallback := total(fb)
+	allowance := fallbackAllowance(up.Sub(down), len(loads))
+	t.Logf("fallback admitted %d; documented allowance %.0f", fallback, allowance)
+	require.Positive(t, fallback, "the clients fell back while the servers were down")
+	assert.LessOrEqual(t, float64(fallback), allowance, "the fallback admitted more than the documented allowance")
+	// The leased part keeps the plain bound; the total keeps it plus the
+	// allowance.
+	leased := subtract(all, fb)
+	checkBound(t, "fault:down leased", leased, rate, burst, 10, nil)
+	checkBound(t, "fault:down total", all, rate, burst, 10, func(int64, int64) float64 { return allowance })
+	// Leases resumed: the last fallback decision came soon after the
+	// servers returned.
+	last := lastSlot(fb)
+	upSlot := int64(up.Sub(origin) / (10 * time.Millisecond))
+	assert.LessOrEqual(t, last, upSlot+200, "clients were back on leases within 2 s of the servers' return")
+}
+
+// TestRedisDown: Redis is stopped for 5 s, then restarted. The servers
+// answer 503 meanwhile and recover by themselves; the clients are back on
+// leases within 2x the lease TTL of Redis's return.
+func TestRedisDown(t *testing.T) {
+	c := startCluster(t)
+	outage := scaled(5 * time.Second)
+	d := outage + scaled(8*time.Second)
+	var loads []*load
+	for i := range 4 {
+		loads = append(loads, &load{name: fmt.Sprint("redis", i), args: []string{"-servers", c.servers(i % 3), "-key", "fault:redis", "-rate", "500", "-duration", d.String(), "-fallback", "safe_rate"}})
+	}
+	origin := startLoads(t, loads)
+	time.Sleep(scaled(3 * time.Second))
+	c.redis.Stop(t)
+	down := time.Now()
+	time.Sleep(outage / 2)
+	for _, dm := range c.daemons {
+		assert.Equal(t, 503, get(dm.URL()+"/readyz"), "readyz while Redis is down")
+		assert.Equal(t, 503, postLease(dm.URL(), "fault:probe"), "a lease while Redis is down")
+		assert.Equal(t, 200, get(dm.URL()+"/healthz"), "alive while Redis is down")
+	}
+	time.Sleep(outage - time.Since(down))
+	c.redis.Restart(t)
+	up := time.Now()
+	for _, dm := range c.daemons {
+		require.Eventually(t, func() bool { return get(dm.URL()+"/readyz") == 200 }, 5*time.Second, 20*time.Millisecond, "server recovers by itself")
+	}
+	t.Logf("Redis down from %v to %v after the start; servers ready %v after", down.Sub(origin), up.Sub(origin), time.Since(up))
+	waitLoads(t, loads, d+30*time.Second)
+
+	all := merge(loads, "fault:redis", allSlots)
+	fb := merge(loads, "fault:redis", fallbackSlots)
+	allowance := fallbackAllowance(up.Sub(down), len(loads))
+	t.Logf("fallback admitted %d; documented allowance %.0f", total(fb), allowance)
+	assert.LessOrEqual(t, float64(total(fb)), allowance)
+	checkBound(t, "fault:redis leased", subtract(all, fb), rate, burst, 10, nil)
+	checkBound(t, "fault:redis total", all, rate, burst, 10, func(int64, int64) float64 { return allowance })
+	const ttl = time.Second
+	upSlot := int64(up.Sub(origin) / (10 * time.Millisecond))
+	assert.LessOrEqual(t, lastSlot(fb), upSlot+int64(2*ttl/(10*time.Millisecond)), "clients back on leases within 2x the lease TTL")
+}
+
+// TestPausedClient: one client is SIGSTOPped for 10 s, then continued. It
+// spends nothing from its expired lease (the bound holds throughout, with
+// the others using the whole rate meanwhile), and the others get its share
+// while it is stopped.
+func TestPausedClient(t *testing.T) {
+	c := startCluster(t)
+	pause := scaled(10 * time.Second)
+	d := pause + scaled(6*time.Second)
+	var loads []*load
+	for i := range 4 {
+		loads = append(loads, &load{name: fmt.Sprint("stop", i), args: []string{"-servers", c.servers(i % 3), "-key", "fault:stop", "-rate", "500", "-duration", d.String(), "-fallback", "closed"}})
+	}
+	origin := startLoads(t, loads)
+	time.Sleep(scaled(3 * time.Second))
+	require.NoError(t, loads[0].proc.Signal(syscall.SIGSTOP))
+	stopped := time.Now()
+	time.Sleep(pause)
+	require.NoError(t, loads[0].proc.Signal(syscall.SIGCONT))
+	cont := time.Now()
+	t.Logf("client stopped from %v to %v after the start", stopped.Sub(origin), cont.Sub(origin))
+	waitLoads(t, loads, d+pause+30*time.Second)
+
+	all := merge(loads, "fault:stop", allSlots)
+	logWindows(t, "fault:stop", all, rate, burst, 10)
+	checkBound(t, "fault:stop", all, rate, burst, 10, nil)
+
+	// While it was stopped (after its lease ended), the others used the
+	// whole rate.
+	from := int64(stopped.Add(2*time.Second).Sub(origin) / (10 * time.Millisecond))
+	to := int64(cont.Sub(origin) / (10 * time.Millisecond))
+	var others int64
+	for _, l := range loads[1:] {
+		for _, s := range merge([]*load{l}, "fault:stop", allSlots) {
+			if s.first >= from && s.last < to {
+				others += s.n
+			}
+		}
+	}
+	want := rate * float64(to-from) / 100
+	t.Logf("others admitted %d while it was stopped; rate·T %.0f", others, want)
+	assert.GreaterOrEqual(t, float64(others), 0.95*want, "the others got its share")
+	// It admitted nothing it could not have: in the first 10 ms after it
+	// continued, at most what a fresh lease could hold.
+	var early int64
+	contSlot := int64(cont.Sub(origin) / (10 * time.Millisecond))
+	for _, s := range merge(loads[:1], "fault:stop", allSlots) {
+		if s.first >= contSlot-1 && s.first <= contSlot {
+			early += s.n
+		}
+	}
+	t.Logf("the paused client admitted %d in the slot it continued in", early)
+}
+
+// subtract removes the spans of b from a (b ⊆ a, span by span).
+func subtract(a, b []span) []span {
+	type k struct{ f, l int64 }
+	m := map[k]int64{}
+	for _, s := range a {
+		m[k{s.first, s.last}] += s.n
+	}
+	for _, s := range b {
+		m[k{s.first, s.last}] -= s.n
+	}
+	var out []span
+	for key, n := range m {
+		if n > 0 {
+			out = append(out, span{key.f, key.l, n})
+		}
+	}
+	return out
+}
+
+func lastSlot(ss []span) int64 {
+	var last int64
+	for _, s := range ss {
+		last = max(last, s.last)
+	}
+	return last
+}
