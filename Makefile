@@ -39,7 +39,7 @@ vet:
 # (e2e/compare: ratelease leases vs per-request Redis GCRA vs per-request
 # POST /v1/check vs local x/time/rate, against a real redis-server and
 # rateleased on loopback), which rewrites BENCHMARKS.md and
-# docs/benchmarks.svg from its results. About 2 minutes on 2 cores.
+# docs/benchmarks.svg from its results. About a minute on 2 cores.
 BENCHTIME ?= 3s
 
 bench: redis

@@ -11,6 +11,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/ratelease/ratelease/protocol"
 )
 
 // Fallback says how a client decides a key once it holds no live lease for
@@ -77,7 +79,8 @@ type Config struct {
 	// InitialBatch is the batch asked for a key with no demand history.
 	// Default 10.
 	InitialBatch int64
-	// MaxBatch caps any batch asked for. Default 1,000,000.
+	// MaxBatch caps any batch asked for. Default protocol.MaxCount (the
+	// server caps a grant by the bucket size anyway).
 	MaxBatch int64
 	// IdleTimeout returns the lease of a key not used for this long and
 	// forgets the key. Default 30s.
@@ -148,8 +151,8 @@ func (c *Config) withDefaults() (Config, error) {
 	if cfg.InitialBatch <= 0 {
 		cfg.InitialBatch = 10
 	}
-	if cfg.MaxBatch <= 0 {
-		cfg.MaxBatch = 1_000_000
+	if cfg.MaxBatch <= 0 || cfg.MaxBatch > protocol.MaxCount {
+		cfg.MaxBatch = protocol.MaxCount
 	}
 	if cfg.MaxKeys <= 0 {
 		cfg.MaxKeys = 10_000

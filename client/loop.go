@@ -367,9 +367,6 @@ func (c *Client) evict(n int, skip map[*keyState]bool) {
 
 func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64) {
 	ks := p.ks
-	if debugApply != nil {
-		debugApply(c.cfg.ClientID, p, res)
-	}
 	defer ks.notify()
 	if p.settling != nil && ks.slots[p.slot] == p.settling {
 		// Settled, or unknown to the server (expired): gone either way.
@@ -462,8 +459,6 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		}
 	}
 }
-
-var debugApply func(string, pending, *protocol.LeaseResult)
 
 // shutdown returns every lease; it runs on the loop goroutine at Close.
 func (c *Client) shutdown() {

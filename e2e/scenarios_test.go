@@ -206,11 +206,13 @@ func TestRedisDown(t *testing.T) {
 	c.redis.Stop(t)
 	down := time.Now()
 	time.Sleep(outage / 2)
+	probed := time.Now()
 	for _, dm := range c.daemons {
 		assert.Equal(t, 503, get(dm.URL()+"/readyz"), "readyz while Redis is down")
 		assert.Equal(t, 503, postLease(dm.URL(), "fault:probe"), "a lease while Redis is down")
 		assert.Equal(t, 200, get(dm.URL()+"/healthz"), "alive while Redis is down")
 	}
+	t.Logf("probing the servers took %v", time.Since(probed))
 	time.Sleep(outage - time.Since(down))
 	c.redis.Restart(t)
 	up := time.Now()

@@ -16,7 +16,8 @@
 //	d-x-time-rate  golang.org/x/time/rate, one Limiter per key: local only, no global limit
 //
 // and two workloads: hot (every decision on one key) and zipf (1,000 keys,
-// Zipf-distributed, s=1.1, v=1). The limit, 1e9 per second per key, is far
+// Zipf-distributed, s=1.1, v=1). The limit, 1e9 tokens per 10 s per key
+// with a burst of 1e9 (see limitTokens for why not 1e9 per second), is far
 // above demand, so that every decision is "allowed" and what is measured is
 // the limiter's own cost. A denied decision (or, for a-lease-sdk, one not
 // decided by a live lease) fails the benchmark.
@@ -46,7 +47,15 @@
 //     benchmark's own loop, the SDK's settle loop and the GC.
 //     srv-cpu-ns/decision: the CPU time of the server processes the system
 //     uses (redis-server from INFO cpu; rateleased from /proc/<pid>/stat, at
-//     10 ms resolution) per decision. All processes share the same cores.
+//     10 ms resolution) per decision. All processes share the same cores;
+//     the report also gives the CPU that other processes used, and the host
+//     stole, during each run (/proc/stat), so that a run on a busy machine
+//     shows as such.
+//
+// After its warm-up, each sub-benchmark also times decisions made one at a
+// time by a single goroutine: the latency without queueing, which for b and
+// c is the bare round trip (the report puts it beside the latency under
+// load).
 //
 // Parallelism: a and d run GOMAXPROCS goroutines (the default): they are
 // CPU-bound, and more goroutines would only queue. b and c are bound by a

@@ -244,7 +244,7 @@ func TestSVG(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"30.0 M", "60.0 k", "11.0 k", "9.00 M", "hot: one key", "zipf: 1,000 keys",
-		"(a) leases", "10 k", "100 M", "Test CPU, 2 cores & <more>"} {
+		"(a) leases", "10 k", "100 M", "(a) makes 500× the decisions/s of (b)", "Test CPU, 2 cores & <more>"} {
 		if !texts[want] {
 			t.Errorf("SVG has no text %q", want)
 		}

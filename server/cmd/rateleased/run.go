@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -19,6 +20,36 @@ import (
 	"github.com/ratelease/ratelease/leases"
 	"github.com/ratelease/ratelease/server"
 )
+
+// urlQuery returns the query parameters of a Redis URL (none when it does
+// not parse; redis.ParseURL reports that).
+func urlQuery(raw string) url.Values {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return url.Values{}
+	}
+	return u.Query()
+}
+
+// failFast sets the Redis timeouts and retries the URL leaves out to values
+// that fail within about a second: a lease server that cannot reach Redis
+// should answer 503 quickly, so that clients move to another server or to
+// their fallback instead of waiting. The URL's own dial_timeout,
+// read_timeout, write_timeout and max_retries win.
+func failFast(q url.Values, dial, read, write *time.Duration, retries *int) {
+	if !q.Has("dial_timeout") {
+		*dial = 500 * time.Millisecond
+	}
+	if !q.Has("read_timeout") {
+		*read = 500 * time.Millisecond
+	}
+	if !q.Has("write_timeout") {
+		*write = 500 * time.Millisecond
+	}
+	if !q.Has("max_retries") {
+		*retries = 1
+	}
+}
 
 // errUsage is wrapped by the errors of bad flags or environment variables.
 var errUsage = errors.New("usage")
@@ -115,12 +146,18 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger) (leases.Store,
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("-redis (with -redis-cluster): %w: want redis://host:port?addr=host2:port", err)
 		}
+		q := urlQuery(cfg.redisURL)
+		failFast(q, &opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries)
+		opts.DialerRetries = 1
 		rdb, addr = redis.NewClusterClient(opts), strings.Join(opts.Addrs, ",")
 	} else {
 		opts, err := redis.ParseURL(cfg.redisURL)
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("-redis: %w: want redis://[user:password@]host:port/db or rediss://…", err)
 		}
+		q := urlQuery(cfg.redisURL)
+		failFast(q, &opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries)
+		opts.DialerRetries = 1
 		rdb, addr = redis.NewClient(opts), opts.Addr
 	}
 	// The server starts even when Redis is down: /readyz fails and calls
