@@ -7,7 +7,7 @@ FUZZTIME ?= 30s
 
 .DEFAULT_GOAL := all
 
-.PHONY: all test redis vet bench fuzz build clean
+.PHONY: all test redis vet bench e2e-long fuzz build clean
 
 all: test
 
@@ -34,6 +34,11 @@ redis:
 
 vet:
 	$(GO) vet ./...
+
+# The end-to-end scenarios of e2e/ three times longer than in `make test`
+# (about seven minutes on two cores).
+e2e-long: redis
+	RATELEASE_E2E_SCALE=3 $(GO) test -count=1 -v -timeout 60m ./e2e/
 
 # Micro-benchmarks of the engine and the SDK, then the comparison of issue 4
 # (e2e/compare: ratelease leases vs per-request Redis GCRA vs per-request

@@ -15,16 +15,23 @@ const (
 	burst = 100
 )
 
+// hotLoads returns n loadgens that each ask for key at perClient requests
+// per second for d, spread over the cluster's servers.
+func hotLoads(c *cluster, name, key string, n int, perClient float64, d time.Duration, fallback string) []*load {
+	var loads []*load
+	for i := range n {
+		loads = append(loads, &load{name: fmt.Sprint(name, i), args: []string{"-servers", c.servers(i % 3), "-key", key, "-rate", fmt.Sprint(perClient), "-duration", d.String(), "-fallback", fallback}})
+	}
+	return loads
+}
+
 // TestAccuracy: 6 clients spread over the 3 servers ask for one key at 3x
 // its rate. For every window from 100 ms to 10 s the admitted requests stay
 // within burst + rate·W, and at least 97% of rate·T is used.
 func TestAccuracy(t *testing.T) {
 	c := startCluster(t)
 	d := scaled(10 * time.Second)
-	var loads []*load
-	for i := range 6 {
-		loads = append(loads, &load{name: fmt.Sprint("acc", i), args: []string{"-servers", c.servers(i % 3), "-key", "acc:hot", "-rate", "500", "-duration", d.String(), "-fallback", "closed"}})
-	}
+	loads := hotLoads(c, "acc", "acc:hot", 6, 500, d, "closed")
 	startLoads(t, loads)
 	waitLoads(t, loads, d+30*time.Second)
 
@@ -115,10 +122,7 @@ func TestManyKeys(t *testing.T) {
 func TestKillServer(t *testing.T) {
 	c := startCluster(t)
 	d := scaled(10 * time.Second)
-	var loads []*load
-	for i := range 6 {
-		loads = append(loads, &load{name: fmt.Sprint("kill", i), args: []string{"-servers", c.servers(i % 3), "-key", "fault:kill", "-rate", "500", "-duration", d.String(), "-fallback", "closed"}})
-	}
+	loads := hotLoads(c, "kill", "fault:kill", 6, 500, d, "closed")
 	startLoads(t, loads)
 	time.Sleep(d * 4 / 10)
 	c.daemons[0].Kill()
@@ -153,10 +157,7 @@ func TestAllServersDown(t *testing.T) {
 	c := startCluster(t)
 	outage := scaled(5 * time.Second)
 	d := outage + scaled(8*time.Second)
-	var loads []*load
-	for i := range 4 {
-		loads = append(loads, &load{name: fmt.Sprint("down", i), args: []string{"-servers", c.servers(i % 3), "-key", "fault:down", "-rate", "500", "-duration", d.String(), "-fallback", "safe_rate"}})
-	}
+	loads := hotLoads(c, "down", "fault:down", 4, 500, d, "safe_rate")
 	origin := startLoads(t, loads)
 	time.Sleep(scaled(3 * time.Second))
 	for _, dm := range c.daemons {
@@ -197,10 +198,7 @@ func TestRedisDown(t *testing.T) {
 	c := startCluster(t)
 	outage := scaled(5 * time.Second)
 	d := outage + scaled(8*time.Second)
-	var loads []*load
-	for i := range 4 {
-		loads = append(loads, &load{name: fmt.Sprint("redis", i), args: []string{"-servers", c.servers(i % 3), "-key", "fault:redis", "-rate", "500", "-duration", d.String(), "-fallback", "safe_rate"}})
-	}
+	loads := hotLoads(c, "redis", "fault:redis", 4, 500, d, "safe_rate")
 	origin := startLoads(t, loads)
 	time.Sleep(scaled(3 * time.Second))
 	c.redis.Stop(t)
@@ -242,10 +240,7 @@ func TestPausedClient(t *testing.T) {
 	c := startCluster(t)
 	pause := scaled(10 * time.Second)
 	d := pause + scaled(6*time.Second)
-	var loads []*load
-	for i := range 4 {
-		loads = append(loads, &load{name: fmt.Sprint("stop", i), args: []string{"-servers", c.servers(i % 3), "-key", "fault:stop", "-rate", "500", "-duration", d.String(), "-fallback", "closed"}})
-	}
+	loads := hotLoads(c, "stop", "fault:stop", 4, 500, d, "closed")
 	origin := startLoads(t, loads)
 	time.Sleep(scaled(3 * time.Second))
 	require.NoError(t, loads[0].proc.Signal(syscall.SIGSTOP))

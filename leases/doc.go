@@ -36,15 +36,27 @@
 //     have happened while leases held the whole burst is not banked. This is
 //     what the design's refill formula says; it makes a contended key err
 //     towards fewer tokens.
-//   - The fair-share cap max(1, burst / holders) applies whenever other
-//     owners hold open leases on the key. The server sees only the current
-//     want, not the demand behind it, so "demand exceeds supply" cannot be
-//     told apart from a large batch request; capping as soon as a key is
-//     shared is what keeps one hungry client from starving the rest, and a
-//     client below its share still gets all it asks for.
-//   - At most one lease per owner and key is open: asking again without the
-//     lease ID closes the open lease as if fully spent (counted in
-//     LeaseOutcome.Expired), which is always safe.
+//   - Fair share goes further than the design's per-lease cap
+//     max(1, burst / holders), which alone did not protect small clients: a
+//     client that asks every few milliseconds takes whatever has refilled,
+//     and a client that asks rarely finds the bucket empty. So each owner of
+//     a shared key also has a share clock, like a GCRA theoretical arrival
+//     time: a grant may not exceed the owner's share of the refill since its
+//     clock (rate / holders per unit of time), plus whatever the bucket
+//     holds above half full, and the clock advances by holders / rate per
+//     token taken from the share. An owner that asks often gets small
+//     grants; an owner below its share finds half the bucket kept for it;
+//     unused shares are not wasted. An owner asking too soon gets 0 and a
+//     retry_after for when its share reaches a token. The end-to-end
+//     fairness test holds clients below their share to at least 95% of
+//     their demand. Both caps only ever lower a grant, so the bound holds.
+//   - Two slots per owner and key (protocol.LeaseEntry.Slot): an owner may
+//     hold two open leases on a key, so the SDK can take its next lease
+//     before it settles the current one. Fair share and safe rate count
+//     owners, not slots.
+//   - At most one lease per owner, key and slot is open: asking again
+//     without the lease ID closes the open lease as if fully spent (counted
+//     in LeaseOutcome.Expired), which is always safe.
 //   - retry_after is the time until the bucket can serve one token (a check:
 //     its cost) if nothing else happens: until refill brings the level there
 //     and, when open leases hold the bucket, until enough of them expire. A

@@ -171,8 +171,8 @@ func (s *RedisStore) Lease(ctx context.Context, owner string, ops []LeaseOp) ([]
 	return out, nil
 }
 
-// Take implements Store.
-func (s *RedisStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, error) {
+// runTake runs the script in mode take or refund for each op.
+func (s *RedisStore) runTake(ctx context.Context, mode string, ops []TakeOp) ([]*redis.Cmd, error) {
 	now := s.nowArg()
 	keys := make([][]string, len(ops))
 	args := make([][]any, len(ops))
@@ -180,9 +180,14 @@ func (s *RedisStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, err
 		op := &ops[i]
 		b, l := redisKeys(op.Key)
 		keys[i] = []string{b, l}
-		args[i] = append(bucketArgs("take", now, &op.Bucket), "", op.Cost, "", 0, "", 0)
+		args[i] = append(bucketArgs(mode, now, &op.Bucket), "", op.Cost, "", 0, "", 0)
 	}
-	cmds, err := s.run(ctx, keys, args)
+	return s.run(ctx, keys, args)
+}
+
+// Take implements Store.
+func (s *RedisStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, error) {
+	cmds, err := s.runTake(ctx, "take", ops)
 	if err != nil {
 		return nil, err
 	}
@@ -204,16 +209,7 @@ func (s *RedisStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, err
 
 // Refund implements Store.
 func (s *RedisStore) Refund(ctx context.Context, ops []TakeOp) error {
-	now := s.nowArg()
-	keys := make([][]string, len(ops))
-	args := make([][]any, len(ops))
-	for i := range ops {
-		op := &ops[i]
-		b, l := redisKeys(op.Key)
-		keys[i] = []string{b, l}
-		args[i] = append(bucketArgs("refund", now, &op.Bucket), "", op.Cost, "", 0, "", 0)
-	}
-	cmds, err := s.run(ctx, keys, args)
+	cmds, err := s.runTake(ctx, "refund", ops)
 	if err != nil {
 		return err
 	}
