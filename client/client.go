@@ -395,6 +395,9 @@ func (c *Client) slow(ctx context.Context, n int64, ks *keyState, coldWait time.
 		}
 		c.wake()
 		if coldWait >= 0 && ks.deadline.Load() != 0 {
+			if l := ks.active.Load(); l != nil && l.left() > 0 {
+				continue // a lease arrived meanwhile
+			}
 			// Not a cold key: its lease ran out and the loop is asking for
 			// the next. Allow does not wait for the network then; the
 			// request is denied, and counts as demand for the next batch.

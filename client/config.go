@@ -21,9 +21,10 @@ type Fallback int
 
 const (
 	// FallbackSafeRate limits each key locally with an x/time/rate limiter
-	// at the last safe_rate a server gave for that key: the rule's rate
+	// at the safe_rate the servers gave for that key: the rule's rate
 	// divided by the clients holding leases on it, so that the fleet as a
-	// whole stays near the limit. A key the client never leased has no safe
+	// whole stays near the limit. The client keeps about the lowest safe
+	// rate given lately (a drop is followed at once, a rise slowly). A key the client never leased has no safe
 	// rate and uses Config.DefaultSafeRate (0: denied). The default.
 	FallbackSafeRate Fallback = iota
 	// FallbackOpen allows every request: availability over the limit.

@@ -27,6 +27,9 @@ type callResult struct {
 	err   error
 }
 
+// safeRateRise is the fraction of a higher safe rate taken per answer.
+const safeRateRise = 0.05
+
 // The time constants of the demand average: it follows a rise of demand
 // within about ewmaTauUp and a fall within about ewmaTau.
 const (
@@ -400,7 +403,17 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		}
 	}
 	if res.SafeRate > 0 {
-		ks.safeRate.Store(math.Float64bits(res.SafeRate))
+		// The fallback uses about the lowest safe rate given lately: it
+		// follows a drop at once and a rise slowly, so that a moment when
+		// fewer clients held leases (and each was given more) does not let
+		// the fleet's fallbacks add up to more than the rule's rate.
+		cur := ks.getSafeRate()
+		if cur <= 0 || res.SafeRate < cur {
+			cur = res.SafeRate
+		} else {
+			cur += (res.SafeRate - cur) * safeRateRise
+		}
+		ks.safeRate.Store(math.Float64bits(cur))
 	}
 	ks.limit.Store(res.Limit)
 	ks.burst = res.Burst
@@ -436,7 +449,6 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 	l := &lease{id: res.LeaseID, slot: p.slot, granted: res.Granted, sent: sent, halfway: sent + ttl/2, deadline: sent + ttl}
 	l.remaining.Store(res.Granted)
 	ks.slots[p.slot] = l
-	ks.deadline.Store(l.deadline)
 	if ks.forget {
 		// Granted after the key was forgotten: return it at once.
 		ks.returnUsed[p.slot] = 0
@@ -458,6 +470,8 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 			ks.returnUsed[old.slot] = used
 		}
 	}
+	// After the lease is active: a key with a deadline is never cold.
+	ks.deadline.Store(l.deadline)
 }
 
 // shutdown returns every lease; it runs on the loop goroutine at Close.

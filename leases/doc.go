@@ -43,9 +43,10 @@
 //     a shared key also has a share clock, like a GCRA theoretical arrival
 //     time: a grant may not exceed the owner's share of the refill since its
 //     clock (rate / holders per unit of time), plus whatever the bucket
-//     holds above half full, and the clock advances by holders / rate per
+//     holds above a quarter full, and the clock advances by holders / rate per
 //     token taken from the share. An owner that asks often gets small
-//     grants; an owner below its share finds half the bucket kept for it;
+//     grants; an owner below its share finds a quarter of the bucket kept
+//     for it (a half left the others' refill unused too often);
 //     unused shares are not wasted. An owner asking too soon gets 0 and a
 //     retry_after for when its share reaches a token. The end-to-end
 //     fairness test holds clients below their share to at least 95% of

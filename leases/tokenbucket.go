@@ -17,7 +17,7 @@ import (
 //	refill:  L = max(0, min(burst − O, L + rate·(now − t)))
 //	grant:   g ≤ min(want, L, fair share); L −= g; O += g
 //	fair share (when other owners hold leases): max(1, burst/holders), and
-//	         ⌊rate·(now − vt)/holders + max(0, ⌊L − burst/2⌋)⌋, where vt, the
+//	         ⌊rate·(now − vt)/holders + max(0, ⌊L − burst/4⌋)⌋, where vt, the
 //	         owner's share clock, advances by holders/rate per token granted
 //	         and never lags more than burst/rate behind now
 //	settle:  O −= G; L += G − u
@@ -240,14 +240,15 @@ func (s *tbState) lease(b *Bucket, owner string, op *LeaseOp, now int64) LeaseOu
 		if holders > 1 {
 			// Fair share: at most burst/holders per lease, and at most
 			// the owner's share of the refill since its share clock, plus
-			// whatever the bucket holds above half full. An owner that
-			// asks often gets small grants, one that asks rarely finds
-			// half the bucket kept for it, and no share is wasted.
+			// whatever the bucket holds above a quarter full. An owner
+			// that asks often gets small grants, one that asks rarely
+			// finds a quarter of the bucket kept for it, and no share is
+			// wasted.
 			g = min(g, max(1, b.Burst/int64(holders)))
 			share = float64(b.ratePerMicro()*(float64(now)-base)) / float64(holders)
 			spare := 0.0
-			if half := float64(b.Burst) / 2; s.level > half {
-				spare = math.Floor(s.level - half)
+			if reserve := float64(b.Burst) / 4; s.level > reserve {
+				spare = math.Floor(s.level - reserve)
 			}
 			capf := share + spare
 			g = min(g, int64(math.Floor(capf)))
@@ -268,7 +269,8 @@ func (s *tbState) lease(b *Bucket, owner string, op *LeaseOp, now int64) LeaseOu
 			s.leases = append(s.leases, openLease{owner: owner, slot: op.Slot, id: op.NewLeaseID, granted: g, expiry: now + b.LeaseTTL.Microseconds()})
 			if shared {
 				// The clock advances by the tokens taken from the share;
-				// tokens taken from the spare above half full are free.
+				// tokens taken from the spare above a quarter full are
+				// free.
 				adv := min(float64(g), share)
 				s.setShare(owner, base+float64(float64(adv*float64(holders))/b.ratePerMicro()))
 			}

@@ -214,13 +214,13 @@ if want > 0 then
   if holders > 1 then
     -- Fair share: at most burst/holders per lease, and at most the
     -- owner's share of the refill since its share clock, plus whatever the
-    -- bucket holds above half full (0 when it asks again too soon).
+    -- bucket holds above a quarter full (0 when it asks again too soon).
     local fair = math.floor(burst / holders)
     if fair < 1 then fair = 1 end
     if fair < g then g = fair end
     share = rate * (now - base) / holders
     local spare = 0
-    if level > burst / 2 then spare = math.floor(level - burst / 2) end
+    if level > burst / 4 then spare = math.floor(level - burst / 4) end
     local capf = share + spare
     local cap = math.floor(capf)
     if cap < g then g = cap end
@@ -239,7 +239,7 @@ if want > 0 then
     redis.call('HSET', KEYS[2], field, new_id .. ' ' .. string.format('%d', g) .. ' ' .. string.format('%d', now + ttl))
     if shared then
       -- The clock advances by the tokens taken from the share; tokens
-      -- taken from the spare above half full are free.
+      -- taken from the spare above a quarter full are free.
       local adv = g
       if share < adv then adv = share end
       redis.call('HSET', KEYS[2], 't|' .. owner, string.format('%.17g', base + adv * holders / rate))

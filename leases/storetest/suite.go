@@ -292,27 +292,31 @@ func testFairShare(t *testing.T, f *fixture) {
 func testShareClock(t *testing.T, f *fixture) {
 	// 100 tokens/s, burst 100, two owners.
 	b := bucket(100, time.Second, 100, 10*time.Second)
-	require.EqualValues(t, 10, f.lease("a/1", "k", b, 10, "", 0).Granted, "alone: no share")
-	// b's share clock starts burst/rate (1 s) behind: its share is
-	// 100/s · 1 s / 2 holders = 50, and it advances 20 ms per token.
+	a := f.lease("a/1", "k", b, 1, "", 0)
+	require.EqualValues(t, 1, a.Granted, "alone: no share")
+	// b's share clock starts burst/rate (1 s) behind, so its share is
+	// 100/s · 1 s / 2 holders = 50; the bucket holds 99, and the per-lease
+	// cap is burst/2 = 50.
 	b1 := f.lease("b/1", "k", b, 100, "", 0)
 	require.EqualValues(t, 50, b1.Granted)
-	// At once again: no share left and the bucket (40) is under half full:
-	// nothing, until b's share is one token (2 holders / 100 per s = 20 ms).
+	// At once again: no share left, but the bucket (49) holds 24 above a
+	// quarter full, which anyone may take, and which costs no share.
 	b2 := f.lease("b/1", "k", b, 100, b1.LeaseID, 50)
-	assert.Zero(t, b2.Granted)
-	assert.Equal(t, 20*time.Millisecond, b2.RetryAfter)
+	assert.EqualValues(t, 24, b2.Granted)
+	// And again: nothing above a quarter, no share: nothing, until b's
+	// share is one token (2 holders / 100 per s = 20 ms).
+	b3 := f.lease("b/1", "k", b, 100, b2.LeaseID, 24)
+	assert.Zero(t, b3.Granted)
+	assert.Equal(t, 20*time.Millisecond, b3.RetryAfter)
+	// a, whose share is fresh, takes 20 of the 25 left.
+	require.EqualValues(t, 20, f.lease("a/1", "k", b, 20, a.LeaseID, 1).Granted)
+	// 20 ms later b has one token of share.
 	f.clock.Advance(20 * time.Millisecond)
-	b3 := f.lease("b/1", "k", b, 100, "", 0)
-	assert.EqualValues(t, 1, b3.Granted, "one token of share")
-	// 100 ms later: 5 tokens of share, and the bucket (42 − 1 + 10 = 51)
-	// holds 1 above half full, which anyone may take.
-	f.clock.Advance(100 * time.Millisecond)
-	b4 := f.lease("b/1", "k", b, 100, b3.LeaseID, 1)
-	assert.EqualValues(t, 6, b4.Granted)
-	// Fractions are kept: 30 ms is 1.5 tokens of share, 1 granted now...
+	b4 := f.lease("b/1", "k", b, 100, "", 0)
+	assert.EqualValues(t, 1, b4.Granted)
+	// Fractions are kept: 30 ms later is 1.5 tokens of share, 1 granted...
 	f.clock.Advance(30 * time.Millisecond)
-	b5 := f.lease("b/1", "k", b, 100, b4.LeaseID, 6)
+	b5 := f.lease("b/1", "k", b, 100, b4.LeaseID, 1)
 	assert.EqualValues(t, 1, b5.Granted)
 	// ...and the half left over makes 10 ms later worth one more.
 	f.clock.Advance(10 * time.Millisecond)
