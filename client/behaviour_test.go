@@ -206,3 +206,31 @@ func TestCloseIdempotentAndBounded(t *testing.T) {
 	defer cancel()
 	assert.Error(t, c2.Close(ctx))
 }
+
+// TestKeyForbiddenOnRenewal: a reload takes a key away from the client
+// while it holds a lease; the renewal (in the other slot) is refused, and
+// the client denies the key without taking the server for a liar.
+func TestKeyForbiddenOnRenewal(t *testing.T) {
+	token := "renewal-token"
+	sum := sha256.Sum256([]byte(token))
+	rulesFor := func(keys string) string {
+		return fmt.Sprintf(`
+rules:
+  - {name: u, match: "user:*", limit: 1000, period: 1s, lease_ttl: 400ms}
+clients:
+  - {name: svc, token_sha256: %q, keys: [%s]}
+`, hex.EncodeToString(sum[:]), keys)
+	}
+	srv := leasetest.Start(t, rulesFor(`"user:*"`), leasetest.Options{})
+	c := newClient(t, client.Config{Servers: []string{srv.URL()}, Token: token, InitialBatch: 1000})
+	ctx := context.Background()
+	require.True(t, c.Allow(ctx, "user:1").Allowed)
+	srv.SetRules(rulesFor(`"other:*"`))
+	require.Eventually(t, func() bool {
+		d := c.Allow(ctx, "user:1")
+		return !d.Allowed && d.Source == client.SourceDenied
+	}, 3*time.Second, 5*time.Millisecond)
+	st := c.Stats()
+	assert.True(t, st.Online, "a refused key is not a server failure")
+	assert.Zero(t, st.ServerErrors)
+}

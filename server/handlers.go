@@ -335,7 +335,7 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 		idx = make([]int, 0, len(entries))
 		for i, e := range entries {
 			if !who.may(e.Key) {
-				results[i] = protocol.LeaseResult{Key: e.Key, Error: forbidden(who, e.Key, fmt.Sprintf("leases[%d]", i))}
+				results[i] = protocol.LeaseResult{Key: e.Key, Slot: e.Slot, Error: forbidden(who, e.Key, fmt.Sprintf("leases[%d]", i))}
 				continue
 			}
 			permitted = append(permitted, e)
