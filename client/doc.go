@@ -38,10 +38,14 @@
 // work: a lease with about a quarter left or past half its TTL is renewed; a
 // spent-out lease is settled and replaced in one step; idle keys
 // (Config.IdleTimeout) and the least recently used keys beyond
-// Config.MaxKeys are returned and forgotten. The batch asked for is an
-// exponentially weighted average of the key's demand (tokens used plus
-// tokens asked for in vain) over Config.Horizon, at most half a TTL's worth
-// and the bucket size.
+// Config.MaxKeys are returned and forgotten. The batch asked for is the
+// key's demand (tokens used plus tokens asked for in vain, averaged so that
+// it follows a rise within about 100 ms and a fall within about a second)
+// over Config.Horizon, but at most half a lease TTL's worth, and at most a
+// quarter of the time the bucket takes to fill: tokens held in a lease count
+// as taken from the bucket until spent, so on a shared key big batches would
+// leave the bucket idle. A key asks at most once per tick, and a key whose
+// lease ran out is denied (not delayed) until its next batch arrives.
 //
 // Renewal is double-buffered. The protocol lets a client hold one lease per
 // key in each of two slots (protocol.LeaseEntry.Slot, an addition to the
