@@ -26,8 +26,8 @@
 // late. A process paused across a deadline (SIGSTOP, a frozen VM) stops
 // spending the expired lease at its first clock check after resuming, and
 // the settle loop, which checks every lease first thing after a pause,
-// usually before that. A key never seen (or whose lease ran out) waits
-// for a lease at most Config.ColdStartTimeout; concurrent callers share one
+// usually before that. A key never seen waits for its first
+// lease at most Config.ColdStartTimeout; concurrent callers share one
 // request. A grant of zero comes with retry_after, and the key is then
 // denied locally until that time: excess requests cost no network call.
 //
