@@ -127,7 +127,6 @@ type Client struct {
 	stop       chan struct{}
 	stopped    chan struct{}
 	closing    atomic.Bool
-	closed     atomic.Bool
 	online     atomic.Bool
 
 	closeOnce sync.Once

@@ -103,7 +103,6 @@ type keyState struct {
 	// Read and written by the slow path and the loop.
 	denyUntil   atomic.Int64  // client clock (ns): denied locally until then
 	safeRate    atomic.Uint64 // float64 bits of the last safe_rate
-	limit       atomic.Int64  // rule limit, for Stats and fallback burst
 	unserved    atomic.Int64  // tokens asked for that no lease served (demand)
 	unlimitedOK atomic.Int64  // requests allowed as unlimited
 	fallbackOK  atomic.Int64  // requests allowed by the fallback

@@ -415,7 +415,6 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		}
 		ks.safeRate.Store(math.Float64bits(cur))
 	}
-	ks.limit.Store(res.Limit)
 	ks.burst = res.Burst
 	if res.Limit > 0 && res.PeriodMillis > 0 {
 		ks.fill = int64(float64(res.Burst) / float64(res.Limit) * float64(res.PeriodMillis) * float64(time.Millisecond))
