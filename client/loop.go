@@ -20,6 +20,11 @@ type pending struct {
 	used     int64
 }
 
+// maxCalls is the most calls to the lease servers in flight at once: a
+// slow call does not hold up a key's first lease. A key is in at most one
+// call at a time.
+const maxCalls = 2
+
 type callResult struct {
 	sent  int64
 	items []pending
@@ -44,14 +49,14 @@ func (c *Client) loop() {
 	defer close(c.stopped)
 	ticker := time.NewTicker(c.cfg.SettleInterval)
 	defer ticker.Stop()
-	results := make(chan callResult, 1)
-	inflight := false
+	results := make(chan callResult, maxCalls)
+	inflight := 0
 	var retryAt, backoff int64
 	last := c.nanos()
 	for {
 		select {
 		case <-c.stop:
-			if inflight {
+			for ; inflight > 0; inflight-- {
 				c.apply(<-results, &retryAt, &backoff)
 			}
 			c.shutdown()
@@ -59,15 +64,15 @@ func (c *Client) loop() {
 		case <-ticker.C:
 		case <-c.kick:
 		case r := <-results:
-			inflight = false
+			inflight--
 			c.apply(r, &retryAt, &backoff)
 		}
 		now := c.nanos()
 		dt := now - last
 		last = now
-		items := c.scan(now, dt, !inflight && now >= retryAt)
+		items := c.scan(now, dt, inflight < maxCalls && now >= retryAt)
 		if len(items) > 0 {
-			inflight = true
+			inflight++
 			go func() { results <- c.send(context.Background(), items) }()
 		}
 	}
