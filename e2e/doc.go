@@ -7,8 +7,8 @@
 // faults: a daemon killed, every daemon stopped, Redis stopped, a client
 // paused.
 //
-// The default scenarios run in `make test` (about two minutes on two
-// cores); `make e2e-long` runs them three times longer. Subpackages hold the
+// The default scenarios run in `make test` (about a minute and a half on
+// two cores); `make e2e-long` runs them three times longer. Subpackages hold the
 // helpers: redistest (real redis-server processes), leasetest (in-process
 // lease servers), e2eproc (the real binaries as child processes).
 package e2e
