@@ -120,8 +120,7 @@ type Client struct {
 	start time.Time
 	http  *caller
 
-	keys       sync.Map // string -> *keyState
-	nkeys      atomic.Int64
+	keys       sync.Map     // string -> *keyState
 	activeKeys atomic.Int64 // keys with an active lease
 	kick       chan struct{}
 	stop       chan struct{}
@@ -184,10 +183,7 @@ func (c *Client) state(key string) *keyState {
 			c.keys.CompareAndDelete(key, ks)
 			continue
 		}
-		v, loaded := c.keys.LoadOrStore(key, newKeyState(key))
-		if !loaded {
-			c.nkeys.Add(1)
-		}
+		v, _ := c.keys.LoadOrStore(key, newKeyState(key))
 		return v.(*keyState)
 	}
 }

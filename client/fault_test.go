@@ -1,16 +1,24 @@
 package client_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ratelease/ratelease/client"
 	"github.com/ratelease/ratelease/e2e/leasetest"
+	"github.com/ratelease/ratelease/protocol"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -158,4 +166,66 @@ func TestBadServers(t *testing.T) {
 			require.NoError(t, c.Close(ctx))
 		})
 	}
+}
+
+// TestPartialCallFailure: a tick with more than protocol.MaxEntries entries
+// is sent in chunks; when a later chunk fails, the answers of the earlier
+// ones are still installed (their leases are live on the server).
+func TestPartialCallFailure(t *testing.T) {
+	srv := leasetest.Start(t, rules, leasetest.Options{})
+	target, err := url.Parse(srv.URL())
+	require.NoError(t, err)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	// The proxy passes the first full chunk and every smaller call, and
+	// fails whatever follows a full chunk: the second chunk of its call.
+	var mu sync.Mutex
+	fullSeen, passedEntries, failedCalls := false, 0, 0
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var req protocol.LeaseRequest
+		_ = json.Unmarshal(body, &req)
+		mu.Lock()
+		pass := !fullSeen
+		if len(req.Leases) == protocol.MaxEntries {
+			fullSeen = true
+		}
+		if pass {
+			passedEntries += len(req.Leases)
+		} else {
+			failedCalls++
+		}
+		mu.Unlock()
+		if !pass {
+			http.Error(w, "down", http.StatusInternalServerError)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	const n = 1500
+	c := newClient(t, client.Config{Servers: []string{front.URL}, Fallback: client.FallbackClosed, ColdStartTimeout: 3 * time.Second})
+	var wg sync.WaitGroup
+	var leased atomic.Int64
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			if d := c.Allow(context.Background(), fmt.Sprint("user:chunk", i)); d.Allowed && d.Source == client.SourceLease {
+				leased.Add(1)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("%d of %d keys leased; %d entries passed; %d calls failed; full chunk: %v", leased.Load(), n, passedEntries, failedCalls, fullSeen)
+	if !fullSeen {
+		t.Skip("no tick gathered more than one chunk of keys this time")
+	}
+	require.Positive(t, failedCalls)
+	assert.EqualValues(t, passedEntries, leased.Load(), "every entry the server answered was installed")
 }

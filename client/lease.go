@@ -33,9 +33,8 @@ type lease struct {
 	id       string
 	slot     int
 	granted  int64
-	sent     int64 // client clock (ns) when the request that got it was sent
-	halfway  int64 // sent + TTL/2
-	deadline int64 // sent + TTL: the server expires the lease no sooner
+	halfway  int64 // client clock (ns): when its request was sent + TTL/2
+	deadline int64 // when its request was sent + TTL: the server expires it no sooner
 }
 
 // clockShift sets how often a spend in a lease's first half reads the

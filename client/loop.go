@@ -97,8 +97,7 @@ func (c *Client) send(ctx context.Context, items []pending) callResult {
 		}
 		res, err := c.http.lease(ctx, req)
 		if err != nil {
-			r.err = err
-			r.res = nil
+			r.err = err // the chunks before this one were answered
 			return r
 		}
 		r.res = append(r.res, res...)
@@ -303,53 +302,61 @@ func (c *Client) forgetKey(ks *keyState) {
 		return
 	}
 	c.keys.CompareAndDelete(ks.key, ks)
-	c.nkeys.Add(-1)
 	c.forgottenUse.Add(ks.usedTotal() + ks.unlimitedOK.Load() + ks.fallbackOK.Load())
 	ks.notify()
 }
 
-// apply installs the answers of a call.
+// apply installs the answers of a call. When a call of several chunks
+// failed part way, the chunks that were answered are applied and only the
+// rest count as failed.
 func (c *Client) apply(r callResult, retryAt, backoff *int64) {
 	now := c.nanos()
 	for _, p := range r.items {
 		p.ks.inflight = false
 	}
-	if r.err != nil {
-		c.online.Store(false)
-		// Back off: a tick, doubling up to MaxRetryWait.
-		*backoff = min(max(2**backoff, int64(c.cfg.SettleInterval)), int64(c.cfg.MaxRetryWait))
-		*retryAt = now + *backoff
-		c.cfg.Logger.Warn("ratelease: no lease server answered; open leases serve until their deadlines, then the fallback applies",
-			"error", r.err, "fallback", c.cfg.Fallback.String(), "retry_in", time.Duration(*backoff))
-		if c.cfg.OnServerError != nil {
-			c.cfg.OnServerError(r.err)
+	done, failed := r.items[:len(r.res)], r.items[len(r.res):]
+	if len(done) > 0 {
+		if !c.online.Swap(true) {
+			c.cfg.Logger.Info("ratelease: lease servers answer again")
 		}
-		for _, p := range r.items {
-			if p.want > 0 {
-				p.ks.notify() // waiters decide by the fallback now
-			}
+		c.makeRoom(done, r.res)
+		for i, p := range done {
+			c.applyOne(p, &r.res[i], r.sent, now)
 		}
+	}
+	if r.err == nil {
+		*backoff, *retryAt = 0, 0
 		return
 	}
-	*backoff, *retryAt = 0, 0
-	if !c.online.Swap(true) {
-		c.cfg.Logger.Info("ratelease: lease servers answer again")
+	c.online.Store(false)
+	// Back off: a tick, doubling up to MaxRetryWait.
+	*backoff = min(max(2**backoff, int64(c.cfg.SettleInterval)), int64(c.cfg.MaxRetryWait))
+	*retryAt = now + *backoff
+	c.cfg.Logger.Warn("ratelease: no lease server answered; open leases serve until their deadlines, then the fallback applies",
+		"error", r.err, "fallback", c.cfg.Fallback.String(), "retry_in", time.Duration(*backoff))
+	if c.cfg.OnServerError != nil {
+		c.cfg.OnServerError(r.err)
 	}
-	// Keep the keys holding a lease within MaxKeys: make room for the new
-	// ones first, by returning the least recently used.
+	for _, p := range failed {
+		if p.want > 0 {
+			p.ks.notify() // waiters decide by the fallback now
+		}
+	}
+}
+
+// makeRoom keeps the keys holding a lease within MaxKeys: before the new
+// leases of a call are installed, it returns the least recently used keys.
+func (c *Client) makeRoom(items []pending, res []protocol.LeaseResult) {
 	newActive := 0
-	batch := make(map[*keyState]bool, len(r.items))
-	for i, p := range r.items {
+	batch := make(map[*keyState]bool, len(items))
+	for i, p := range items {
 		batch[p.ks] = true
-		if res := &r.res[i]; res.Error == nil && !res.Unlimited && res.Granted > 0 && p.want > 0 && !p.ks.forget && p.ks.active.Load() == nil {
+		if r := &res[i]; r.Error == nil && !r.Unlimited && r.Granted > 0 && p.want > 0 && !p.ks.forget && p.ks.active.Load() == nil {
 			newActive++
 		}
 	}
 	if over := int(c.activeKeys.Load()) + newActive - c.cfg.MaxKeys; over > 0 {
 		c.evict(over, batch)
-	}
-	for i, p := range r.items {
-		c.applyOne(p, &r.res[i], r.sent, now)
 	}
 }
 
@@ -450,7 +457,7 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		return
 	}
 	ttl := res.TTLMillis * int64(time.Millisecond)
-	l := &lease{id: res.LeaseID, slot: p.slot, granted: res.Granted, sent: sent, halfway: sent + ttl/2, deadline: sent + ttl}
+	l := &lease{id: res.LeaseID, slot: p.slot, granted: res.Granted, halfway: sent + ttl/2, deadline: sent + ttl}
 	l.remaining.Store(res.Granted)
 	ks.slots[p.slot] = l
 	if ks.forget {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/ratelease/ratelease/protocol"
@@ -24,11 +23,14 @@ type EngineOptions struct {
 }
 
 // Engine applies the rules to lease and check requests: it matches each key
-// to its rule, handles keys that match none, and runs the store. It is safe
-// for concurrent use; SetPolicy swaps the rules atomically (hot reload).
+// to its rule, handles keys that match none, and runs the store. It is
+// immutable and safe for concurrent use. To change the rules, build a new
+// Engine over the same Store (package server does so on every reload):
+// buckets live in the store, so they keep their state, and a changed rule
+// applies to a key from its next operation on.
 type Engine struct {
 	store  Store
-	policy atomic.Pointer[Policy]
+	policy *Policy
 	onCall func(string, time.Duration, error)
 }
 
@@ -38,25 +40,15 @@ func NewEngine(opts EngineOptions) *Engine {
 	if opts.Store == nil {
 		panic("leases: NewEngine with nil Store")
 	}
-	e := &Engine{store: opts.Store, onCall: opts.OnStoreCall}
-	p := opts.Policy
-	if p == nil {
-		p, _ = NewPolicy(RuleSet{})
+	e := &Engine{store: opts.Store, policy: opts.Policy, onCall: opts.OnStoreCall}
+	if e.policy == nil {
+		e.policy, _ = NewPolicy(RuleSet{})
 	}
-	e.policy.Store(p)
 	return e
 }
 
-// Policy returns the rules in force.
-func (e *Engine) Policy() *Policy { return e.policy.Load() }
-
-// SetPolicy replaces the rules. Calls already running finish with the old
-// rules; buckets keep their state, and a changed rule applies to a key from
-// its next operation on.
-func (e *Engine) SetPolicy(p *Policy) { e.policy.Store(p) }
-
-// Store returns the engine's store.
-func (e *Engine) Store() Store { return e.store }
+// Policy returns the engine's rules.
+func (e *Engine) Policy() *Policy { return e.policy }
 
 // Report counts what one call did, for metrics.
 type Report struct {
@@ -87,7 +79,7 @@ func (e *Engine) observe(op string, start time.Time, err error) {
 // an error wrapping ErrStoreUnavailable; per-entry failures are in the
 // results' Error.
 func (e *Engine) Lease(ctx context.Context, owner string, entries []protocol.LeaseEntry) ([]protocol.LeaseResult, Report, error) {
-	p := e.policy.Load()
+	p := e.policy
 	results := make([]protocol.LeaseResult, len(entries))
 	ops := make([]LeaseOp, 0, len(entries))
 	idx := make([]int, 0, len(entries))
@@ -176,7 +168,7 @@ func (e *Engine) Lease(ctx context.Context, owner string, entries []protocol.Lea
 // denied by tokens that are about to be given back; it can never be allowed
 // by tokens it should not have had. Check errs on the side of the limit.
 func (e *Engine) Check(ctx context.Context, keys []string, cost int64) (protocol.CheckResponse, Report, error) {
-	p := e.policy.Load()
+	p := e.policy
 	resp := protocol.CheckResponse{Allowed: true, Keys: make([]protocol.CheckResult, len(keys))}
 	ops := make([]TakeOp, 0, len(keys))
 	idx := make([]int, 0, len(keys))

@@ -153,17 +153,6 @@ func TestEngineStoreFailure(t *testing.T) {
 	assert.Equal(t, []string{"lease true"}, calls)
 }
 
-func TestEngineSetPolicy(t *testing.T) {
-	e, _, _ := newEngine(t, engineRules)
-	p, err := leases.NewPolicy(leases.RuleSet{Default: leases.DefaultDeny})
-	require.NoError(t, err)
-	e.SetPolicy(p)
-	res, _, err := e.Lease(context.Background(), "a/1", []protocol.LeaseEntry{{Key: "user:1", Want: 1}})
-	require.NoError(t, err)
-	require.NotNil(t, res[0].Error)
-	assert.Equal(t, protocol.CodeNoRule, res[0].Error.Code)
-}
-
 func TestNewLeaseID(t *testing.T) {
 	seen := map[string]bool{}
 	for range 1000 {
