@@ -166,6 +166,7 @@ func TestMaxKeysAndIdle(t *testing.T) {
 		require.LessOrEqual(t, c.Stats().KeysHeld, 10, "never more than MaxKeys keys hold a lease")
 	}
 	assert.Equal(t, 10, c.Stats().KeysHeld)
+	assert.Equal(t, 10, c.Stats().MaxKeysHeld, "the high-water mark never passed MaxKeys")
 	// The evicted keys return their tokens at the next tick.
 	require.Eventually(t, func() bool {
 		st, err := store.State(ctx, "user:lru0", leases.Bucket{Algorithm: leases.TokenBucket, Limit: 100, Period: time.Second, Burst: 100, LeaseTTL: 2 * time.Second})

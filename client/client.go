@@ -84,6 +84,8 @@ type Stats struct {
 	// KeysHeld is the number of keys holding a lease now; at most
 	// Config.MaxKeys.
 	KeysHeld int
+	// MaxKeysHeld is the most keys that held a lease at once since New.
+	MaxKeysHeld int
 	// Online is false while no server answers.
 	Online bool
 }
@@ -122,6 +124,7 @@ type Client struct {
 
 	keys       sync.Map     // string -> *keyState
 	activeKeys atomic.Int64 // keys with an active lease
+	maxActive  atomic.Int64 // high-water mark of activeKeys
 	kick       chan struct{}
 	stop       chan struct{}
 	stopped    chan struct{}
@@ -505,6 +508,7 @@ func (c *Client) Stats() Stats {
 		Online:            c.online.Load(),
 		Allowed:           c.forgottenUse.Load(),
 		KeysHeld:          int(c.activeKeys.Load()),
+		MaxKeysHeld:       int(c.maxActive.Load()),
 	}
 	c.keys.Range(func(_, v any) bool {
 		ks := v.(*keyState)

@@ -24,9 +24,12 @@
 // user space, through the vDSO); in its second half every spend does, so
 // that no token is spent past the deadline even if the background loop is
 // late. A process paused across a deadline (SIGSTOP, a frozen VM) stops
-// spending the expired lease at its first clock check after resuming, and
-// the settle loop, which checks every lease first thing after a pause,
-// usually before that. A key never seen waits for its first
+// spending the expired lease at its first clock check after resuming, so
+// it spends at most seven tokens of it per key, and usually none: the
+// settle loop checks every lease first thing after a pause. This is the
+// one place the client relaxes the design's "tokens left at the deadline
+// are not spent": a clock read on every spend would cost more than the
+// rest of the hot path. A key never seen waits for its first
 // lease at most Config.ColdStartTimeout; concurrent callers share one
 // request. A grant of zero comes with retry_after, and the key is then
 // denied locally until that time: excess requests cost no network call.

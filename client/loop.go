@@ -143,7 +143,10 @@ func (c *Client) setActive(ks *keyState, l *lease) *lease {
 	old := ks.active.Swap(l)
 	switch {
 	case old == nil && l != nil:
-		c.activeKeys.Add(1)
+		// Only the settle loop installs leases, so this max needs no CAS.
+		if n := c.activeKeys.Add(1); n > c.maxActive.Load() {
+			c.maxActive.Store(n)
+		}
 	case old != nil && l == nil:
 		c.activeKeys.Add(-1)
 	}

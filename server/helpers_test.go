@@ -238,7 +238,7 @@ func (f *fixture) metric(name string) string {
 }
 
 // writeTemp writes content to a new file in t.TempDir and returns its path.
-func writeTemp(t *testing.T, content string) string {
+func writeTemp(t testing.TB, content string) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "rules.yaml")
 	require.NoError(t, os.WriteFile(path, []byte(content), 0o600))

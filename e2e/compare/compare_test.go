@@ -135,10 +135,9 @@ func (w *workload) distinct() []string {
 
 // env is the redis-server and rateleased shared by every system.
 type env struct {
-	redis     *redistest.Server
-	rdb       *redis.Client // INFO only
-	daemon    *e2eproc.Daemon
-	daemonPID int
+	redis  *redistest.Server
+	rdb    *redis.Client // INFO only
+	daemon *e2eproc.Daemon
 }
 
 func startEnv(b *testing.B) *env {
@@ -157,40 +156,13 @@ func startEnv(b *testing.B) *env {
 	if host, _, _ := net.SplitHostPort(d.Addr()); host != "127.0.0.1" {
 		b.Fatalf("rateleased listens on %s, not loopback", d.Addr())
 	}
-	pid, err := pidOf(bin)
-	if err != nil {
+	e := &env{redis: rs, rdb: rs.Client(b), daemon: d}
+	info := e.rdb.InfoMap(context.Background(), "server")
+	if err := info.Err(); err != nil {
 		b.Fatal(err)
 	}
-	e := &env{redis: rs, rdb: rs.Client(b), daemon: d, daemonPID: pid}
-	info, err := e.rdb.Info(context.Background(), "server").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	setRedisVersion(infoField(info, "redis_version"))
+	setRedisVersion(info.Item("Server", "redis_version"))
 	return e
-}
-
-// pidOf finds the process whose argv[0] is bin: the path is in this
-// benchmark's own temporary directory, so exactly one process has it.
-func pidOf(bin string) (int, error) {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0, err
-	}
-	for _, ent := range ents {
-		pid, err := strconv.Atoi(ent.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		if argv0, _, _ := strings.Cut(string(cmdline), "\x00"); argv0 == bin {
-			return pid, nil
-		}
-	}
-	return 0, fmt.Errorf("no process runs %s", bin)
 }
 
 // procCPU returns the user+sys CPU time of process pid (all threads), at
@@ -217,15 +189,6 @@ func procCPU(pid int) (time.Duration, error) {
 	return time.Duration(utime+stime) * time.Second / userHZ, nil
 }
 
-func infoField(info, name string) string {
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
-			return v
-		}
-	}
-	return ""
-}
-
 // snap is what a run is measured against.
 type snap struct {
 	cpu       time.Duration // this process, user + sys
@@ -249,15 +212,20 @@ func (e *env) snapshot(b *testing.B, inst *instance) snap {
 	runtime.ReadMemStats(&ms)
 	s.mallocs = ms.Mallocs
 	s.calls = inst.calls()
-	info, err := e.rdb.Info(context.Background(), "stats", "cpu").Result()
-	if err != nil {
+	info := e.rdb.InfoMap(context.Background(), "stats", "cpu")
+	if err := info.Err(); err != nil {
 		b.Fatal(err)
 	}
-	s.redisCmds, _ = strconv.ParseInt(infoField(info, "total_commands_processed"), 10, 64)
-	user, _ := strconv.ParseFloat(infoField(info, "used_cpu_user"), 64)
-	sys, _ := strconv.ParseFloat(infoField(info, "used_cpu_sys"), 64)
+	cmds, err1 := strconv.ParseInt(info.Item("Stats", "total_commands_processed"), 10, 64)
+	user, err2 := strconv.ParseFloat(info.Item("CPU", "used_cpu_user"), 64)
+	sys, err3 := strconv.ParseFloat(info.Item("CPU", "used_cpu_sys"), 64)
+	if err := errors.Join(err1, err2, err3); err != nil {
+		b.Fatalf("INFO stats cpu: %v", err)
+	}
+	s.redisCmds = cmds
 	s.redisCPU = time.Duration((user + sys) * float64(time.Second))
-	if s.daemonCPU, err = procCPU(e.daemonPID); err != nil {
+	var err error
+	if s.daemonCPU, err = procCPU(e.daemon.PID()); err != nil {
 		b.Fatal(err)
 	}
 	if s.machine, s.steal, err = machineCPU(); err != nil {
@@ -642,8 +610,6 @@ func measure(b *testing.B, e *env, sys *system, inst *instance, wl *workload, se
 		Samples:     total.n,
 		ClientCPU:   float64(after.cpu-before.cpu) / n,
 		Allocs:      float64(after.mallocs-before.mallocs) / n,
-		ServerCPU:   0,
-		RedisCmds:   0,
 		RedisCPU:    float64(after.redisCPU-before.redisCPU) / n,
 		DaemonCPU:   float64(after.daemonCPU-before.daemonCPU) / n,
 		UsesRedis:   sys.useRedis,

@@ -5,12 +5,10 @@
 package e2eproc
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"net"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ratelease/ratelease/e2e/internal/proc"
 )
 
 // Build compiles the main package pkg (an import path such as
@@ -45,15 +45,35 @@ type Daemon struct {
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *proc.Tail
 	done chan struct{}
 }
 
+const (
+	maxOutput     = 4 << 20 // output kept per process
+	startTimeout  = 10 * time.Second
+	startAttempts = 50                     // on the same address, while it is in use
+	startBackoff  = 100 * time.Millisecond // between them
+	pollInterval  = 10 * time.Millisecond
+)
+
 var listenRE = regexp.MustCompile(`msg="?rateleased listening"?.*addr=([0-9.]+:[0-9]+)`)
 
+// errAddrInUse reports that rateleased exited because its address was in
+// use: the one start failure that a later try may not have.
+var errAddrInUse = errors.New("address in use")
+
+// readyClient polls /readyz; each poll has its own connection, so none is
+// left open to the daemon.
+var readyClient = &http.Client{
+	Timeout:   2 * time.Second,
+	Transport: &http.Transport{DisableKeepAlives: true},
+}
+
 // StartDaemon starts bin (rateleased) with args plus "-listen
-// 127.0.0.1:0", waits until it logs its address and answers /readyz, and
-// stops it (SIGKILL) at the end of the test.
+// 127.0.0.1:0", waits until it logs its address and answers /readyz (which
+// needs its store to answer), and stops it (SIGKILL) at the end of the
+// test.
 func StartDaemon(t testing.TB, bin string, args ...string) *Daemon {
 	t.Helper()
 	d := &Daemon{t: t, bin: bin, args: args, addr: "127.0.0.1:0"}
@@ -64,41 +84,57 @@ func StartDaemon(t testing.TB, bin string, args ...string) *Daemon {
 	return d
 }
 
+// start launches the daemon on d.addr. It tries again, a while, only if
+// the address was in use (after a restart, another socket may hold the
+// port for a moment); any other failure is returned at once.
 func (d *Daemon) start() error {
-	var lastErr error
-	for attempt := 0; attempt < 50; attempt++ {
-		out := &syncBuffer{}
-		cmd := exec.Command(d.bin, append(append([]string(nil), d.args...), "-listen", d.addr, "-log-level", "info")...)
-		cmd.Stdout = out
-		cmd.Stderr = out
-		cmd.SysProcAttr = procAttr()
-		if err := cmd.Start(); err != nil {
-			return fmt.Errorf("start %s: %w", d.bin, err)
+	var err error
+	for attempt := 1; attempt <= startAttempts; attempt++ {
+		if err = d.launch(); err == nil || !errors.Is(err, errAddrInUse) {
+			break
 		}
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		d.mu.Lock()
-		d.cmd, d.out, d.done = cmd, out, done
-		d.mu.Unlock()
-		addr, err := waitListening(out, done, 10*time.Second)
-		if err == nil {
-			d.addr = addr
-			if err = waitReady("http://"+addr, done, 10*time.Second); err == nil {
-				return nil
-			}
-		}
-		lastErr = fmt.Errorf("%w\n%s", err, out.String())
-		_ = cmd.Process.Kill()
-		<-done
-		if d.addr == "127.0.0.1:0" {
-			break // not a port clash
-		}
-		time.Sleep(100 * time.Millisecond) // the old port may still be held
+		time.Sleep(startBackoff)
 	}
-	return fmt.Errorf("rateleased did not start: %w", lastErr)
+	if err != nil {
+		return fmt.Errorf("rateleased did not start on %s: %w", d.addr, err)
+	}
+	return nil
 }
 
-func waitListening(out *syncBuffer, done chan struct{}, timeout time.Duration) (string, error) {
+// launch runs the daemon once and waits until it is ready. On failure the
+// process is gone, and the error includes its output.
+func (d *Daemon) launch() error {
+	out := proc.NewTail(maxOutput)
+	cmd := exec.Command(d.bin, append(append([]string(nil), d.args...), "-listen", d.addr, "-log-level", "info")...)
+	cmd.Stdout = out
+	cmd.Stderr = out
+	cmd.SysProcAttr = proc.SysProcAttr()
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", d.bin, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	d.mu.Lock()
+	d.cmd, d.out, d.done = cmd, out, done
+	d.mu.Unlock()
+
+	addr, err := waitListening(out, done, startTimeout)
+	if err == nil {
+		if err = waitReady("http://"+addr, done, startTimeout); err == nil {
+			d.addr = addr
+			return nil
+		}
+	}
+	_ = cmd.Process.Kill()
+	<-done
+	output := out.String()
+	if strings.Contains(output, "address already in use") {
+		err = fmt.Errorf("%w: %w", errAddrInUse, err)
+	}
+	return fmt.Errorf("%w\n%s", err, output)
+}
+
+func waitListening(out *proc.Tail, done chan struct{}, timeout time.Duration) (string, error) {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		if m := listenRE.FindStringSubmatch(out.String()); m != nil {
@@ -107,32 +143,34 @@ func waitListening(out *syncBuffer, done chan struct{}, timeout time.Duration) (
 		select {
 		case <-done:
 			return "", errors.New("rateleased exited")
-		case <-time.After(10 * time.Millisecond):
+		case <-time.After(pollInterval):
 		}
 	}
-	return "", errors.New("rateleased did not log its address")
+	return "", fmt.Errorf("rateleased did not log its address within %v", timeout)
 }
 
+// waitReady polls GET /readyz until it answers 200 OK.
 func waitReady(url string, done chan struct{}, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	var last error
 	for time.Now().Before(deadline) {
-		resp, err := http.Get(url + "/healthz")
+		resp, err := readyClient.Get(url + "/readyz")
 		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return nil
 			}
-			err = fmt.Errorf("healthz: %s", resp.Status)
+			err = fmt.Errorf("GET /readyz: %s", resp.Status)
 		}
 		last = err
 		select {
 		case <-done:
 			return errors.New("rateleased exited")
-		case <-time.After(10 * time.Millisecond):
+		case <-time.After(pollInterval):
 		}
 	}
-	return fmt.Errorf("rateleased not healthy: %v", last)
+	return fmt.Errorf("rateleased not ready within %v: %v", timeout, last)
 }
 
 // Addr returns "127.0.0.1:port"; it stays the same across Restart.
@@ -149,6 +187,17 @@ func (d *Daemon) Output() string {
 		return ""
 	}
 	return d.out.String()
+}
+
+// PID returns the process id of the daemon's latest start (which may have
+// exited since).
+func (d *Daemon) PID() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cmd == nil || d.cmd.Process == nil {
+		return 0
+	}
+	return d.cmd.Process.Pid
 }
 
 func (d *Daemon) signal(sig os.Signal) {
@@ -210,7 +259,7 @@ func (d *Daemon) Restart() {
 // Process is a child process started by Run.
 type Process struct {
 	Cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *proc.Tail
 	done chan struct{}
 	err  error
 }
@@ -219,11 +268,11 @@ type Process struct {
 // the end of the test if still running.
 func Run(t testing.TB, bin string, args ...string) *Process {
 	t.Helper()
-	p := &Process{out: &syncBuffer{}, done: make(chan struct{})}
+	p := &Process{out: proc.NewTail(maxOutput), done: make(chan struct{})}
 	p.Cmd = exec.Command(bin, args...)
 	p.Cmd.Stdout = p.out
 	p.Cmd.Stderr = p.out
-	p.Cmd.SysProcAttr = procAttr()
+	p.Cmd.SysProcAttr = proc.SysProcAttr()
 	if err := p.Cmd.Start(); err != nil {
 		t.Fatalf("e2eproc: start %s: %v", bin, err)
 	}
@@ -252,51 +301,4 @@ func (p *Process) Wait(ctx context.Context) (string, error) {
 	case <-ctx.Done():
 		return p.out.String(), ctx.Err()
 	}
-}
-
-// FreePort returns a free loopback address.
-func FreePort() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
-
-// syncBuffer is a bytes.Buffer safe for one writer and many readers, capped
-// at 4 MiB (the tail is kept).
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.buf.Len() > 4<<20 {
-		tail := append([]byte(nil), b.buf.Bytes()[b.buf.Len()-1<<20:]...)
-		b.buf.Reset()
-		b.buf.Write(tail)
-	}
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// Lines returns the non-empty lines of s.
-func Lines(s string) []string {
-	var out []string
-	sc := bufio.NewScanner(strings.NewReader(s))
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	for sc.Scan() {
-		if l := strings.TrimSpace(sc.Text()); l != "" {
-			out = append(out, l)
-		}
-	}
-	return out
 }

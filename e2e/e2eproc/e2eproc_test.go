@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/ratelease/ratelease/e2e/e2eproc"
@@ -28,11 +29,14 @@ func TestDaemonLifecycle(t *testing.T) {
 		return err
 	}
 	require.NoError(t, get())
-	addr := d.Addr()
+	addr, pid := d.Addr(), d.PID()
+	require.NotZero(t, pid)
+	require.NoError(t, syscall.Kill(pid, 0), "PID names the running daemon")
 	d.Kill()
 	require.Error(t, get())
 	d.Restart()
 	require.Equal(t, addr, d.Addr(), "a restart keeps the port")
+	require.NotEqual(t, pid, d.PID(), "PID names the new process")
 	require.NoError(t, get())
 	d.Term()
 	require.Error(t, get())

@@ -67,12 +67,6 @@ func (s *Server) URL() string { return "http://" + s.addr }
 // Addr returns "127.0.0.1:port".
 func (s *Server) Addr() string { return s.addr }
 
-// Store returns the server's store.
-func (s *Server) Store() leases.Store { return s.opts.Store }
-
-// RulesPath returns the rules file the server watches.
-func (s *Server) RulesPath() string { return s.rulesPath }
-
 func (s *Server) start() {
 	s.t.Helper()
 	var ln net.Listener

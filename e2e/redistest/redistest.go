@@ -1,21 +1,21 @@
 package redistest
 
 import (
-	"bufio"
+	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ratelease/ratelease/e2e/internal/proc"
 )
 
 const (
@@ -47,21 +47,21 @@ type Server struct {
 	bin   string
 	dir   string
 	port  int
-	out   *tailBuffer
+	out   *proc.Tail
 	extra []string // more redis-server arguments
 
 	mu sync.Mutex
-	p  *proc // latest process; nil before the first launch
+	p  *run // latest process; nil before the first launch
 }
 
-// proc is one run of redis-server.
-type proc struct {
+// run is one run of redis-server.
+type run struct {
 	cmd  *exec.Cmd
 	done chan struct{} // closed once cmd.Wait has returned
 	err  error         // cmd.Wait's result; read only after done is closed
 }
 
-func (p *proc) exited() bool {
+func (p *run) exited() bool {
 	select {
 	case <-p.done:
 		return true
@@ -104,12 +104,12 @@ func start(t testing.TB, extra []string) *Server {
 	if err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
-	s := &Server{bin: bin, dir: t.TempDir(), out: &tailBuffer{}, extra: extra}
+	s := &Server{bin: bin, dir: t.TempDir(), out: proc.NewTail(maxOutput), extra: extra}
 	// Registered after t.TempDir, so it runs before the directory is removed,
 	// and before launching, so a half-started process is killed as well.
 	t.Cleanup(func() {
 		if s.kill() && t.Failed() {
-			t.Logf("redistest: redis-server %s output (tail):\n%s", s.Addr(), s.out.tail())
+			t.Logf("redistest: redis-server %s output (tail):\n%s", s.Addr(), s.tail())
 		}
 	})
 
@@ -130,7 +130,7 @@ func start(t testing.TB, extra []string) *Server {
 		}
 	}
 	t.Fatalf("redistest: could not start %s in %s:\n%v\nredis-server output (tail):\n%s",
-		s.bin, s.dir, errors.Join(errs...), s.out.tail())
+		s.bin, s.dir, errors.Join(errs...), s.tail())
 	return nil
 }
 
@@ -179,8 +179,10 @@ func (s *Server) Kill(t testing.TB) {
 }
 
 // Restart starts the server again on the same port and in the same directory,
-// and waits until it answers PING. A running server is stopped first. The
-// data set starts empty: nothing is persisted.
+// and waits until it answers PING. A running server is stopped first. A
+// server started with Start comes back with an empty data set; one started
+// with StartWith(Options{Persist: true}) loads its last snapshot, which Stop
+// saves and Kill does not.
 func (s *Server) Restart(t testing.TB) {
 	t.Helper()
 	s.Stop(t)
@@ -199,10 +201,10 @@ func (s *Server) Restart(t testing.TB) {
 		time.Sleep(restartBackoff)
 	}
 	t.Fatalf("redistest: could not restart %s on %s:\n%v\nredis-server output (tail):\n%s",
-		s.bin, s.Addr(), errors.Join(errs...), s.out.tail())
+		s.bin, s.Addr(), errors.Join(errs...), s.tail())
 }
 
-func (s *Server) current() *proc {
+func (s *Server) current() *run {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.p
@@ -237,7 +239,7 @@ func (s *Server) launch() error {
 	}
 	cmd := exec.Command(s.bin, append(args, s.extra...)...)
 	cmd.Dir = s.dir
-	cmd.SysProcAttr = procAttr()
+	cmd.SysProcAttr = proc.SysProcAttr()
 	cmd.Stdin = nil
 	cmd.Stdout = s.out
 	cmd.Stderr = s.out
@@ -249,7 +251,7 @@ func (s *Server) launch() error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("run %s: %w", s.bin, err)
 	}
-	p := &proc{cmd: cmd, done: make(chan struct{})}
+	p := &run{cmd: cmd, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		close(p.done)
@@ -268,7 +270,7 @@ func (s *Server) launch() error {
 // waitReady waits until the redis-server of p answers PING on addr. It checks
 // the process id the server reports, so that another server that already
 // listens on addr (which makes p fail to bind and exit) is not mistaken for p.
-func waitReady(p *proc, addr string) error {
+func waitReady(p *run, addr string) error {
 	deadline := time.Now().Add(readyTimeout)
 	pid := p.cmd.Process.Pid
 	var lastErr error
@@ -293,49 +295,54 @@ func waitReady(p *proc, addr string) error {
 	}
 }
 
-// probe sends PING and INFO server to addr, and returns the process id from
-// INFO once PING has been answered with PONG.
+// probe sends PING and INFO server to addr, and returns the process id that
+// INFO reports. It dials itself, with a short timeout, so that a refused
+// connection (the usual answer while redis-server starts) is not logged by
+// go-redis, and hands the connection to a go-redis client that is used once.
 func probe(addr string) (int, error) {
-	conn, err := net.DialTimeout("tcp", addr, probeTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return 0, err
 	}
 	defer conn.Close()
-	if err := conn.SetDeadline(time.Now().Add(probeTimeout)); err != nil {
-		return 0, err
+	var dialed sync.Once
+	c := redis.NewClient(&redis.Options{
+		Addr: addr,
+		Dialer: func(context.Context, string, string) (net.Conn, error) {
+			err := errors.New("redistest: probe connection already used")
+			dialed.Do(func() { err = nil })
+			if err != nil {
+				return nil, err
+			}
+			return conn, nil
+		},
+		Protocol:        2,
+		DisableIdentity: true,
+		PoolSize:        1,
+		MaxRetries:      -1,
+		ReadTimeout:     probeTimeout,
+		WriteTimeout:    probeTimeout,
+	})
+	defer c.Close()
+	if err := c.Ping(ctx).Err(); err != nil {
+		return 0, fmt.Errorf("PING: %w", err)
 	}
-	if _, err := io.WriteString(conn, "*1\r\n$4\r\nPING\r\n*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n"); err != nil {
-		return 0, err
+	info := c.InfoMap(ctx, "server")
+	if err := info.Err(); err != nil {
+		return 0, fmt.Errorf("INFO server: %w", err)
 	}
-	r := bufio.NewReader(conn)
-	line, err := r.ReadString('\n')
+	v := info.Item("Server", "process_id")
+	if v == "" {
+		return 0, errors.New("INFO server has no process_id")
+	}
+	pid, err := strconv.Atoi(v)
 	if err != nil {
-		return 0, fmt.Errorf("read PING reply: %w", err)
+		return 0, fmt.Errorf("INFO server: process_id %q: %w", v, err)
 	}
-	if line != "+PONG\r\n" {
-		return 0, fmt.Errorf("PING replied %q", strings.TrimSpace(line))
-	}
-	line, err = r.ReadString('\n')
-	if err != nil {
-		return 0, fmt.Errorf("read INFO reply: %w", err)
-	}
-	if !strings.HasPrefix(line, "$") {
-		return 0, fmt.Errorf("INFO replied %q", strings.TrimSpace(line))
-	}
-	n, err := strconv.Atoi(strings.TrimSpace(line[1:]))
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("INFO replied %q", strings.TrimSpace(line))
-	}
-	body := make([]byte, n)
-	if _, err := io.ReadFull(r, body); err != nil {
-		return 0, fmt.Errorf("read INFO reply: %w", err)
-	}
-	for _, l := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "process_id:"); ok {
-			return strconv.Atoi(v)
-		}
-	}
-	return 0, errors.New("INFO server has no process_id")
+	return pid, nil
 }
 
 // lookPath returns the redis-server binary to run: the one named by
@@ -370,34 +377,11 @@ func freePort() (int, error) {
 	return port, nil
 }
 
-// tailBuffer is an io.Writer, safe for concurrent use, that keeps the last
-// maxOutput bytes written to it (at least maxOutput/2).
-type tailBuffer struct {
-	mu   sync.Mutex
-	data []byte
-}
-
-func (b *tailBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.data = append(b.data, p...)
-	if len(b.data) > maxOutput {
-		n := copy(b.data, b.data[len(b.data)-maxOutput/2:])
-		b.data = b.data[:n]
+// tail returns the last tailOutput bytes of the server's output, for
+// failure messages.
+func (s *Server) tail() string {
+	if t := s.out.Last(tailOutput); t != "" {
+		return t
 	}
-	return len(p), nil
-}
-
-// tail returns the last tailOutput bytes written.
-func (b *tailBuffer) tail() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	d := b.data
-	if len(d) > tailOutput {
-		d = d[len(d)-tailOutput:]
-	}
-	if len(d) == 0 {
-		return "(no output)"
-	}
-	return string(d)
+	return "(no output)"
 }

@@ -15,6 +15,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ratelease/ratelease/e2e/internal/proc"
 )
 
 func ping(ctx context.Context, s *Server) error {
@@ -176,13 +178,13 @@ func TestCleanupKillsServer(t *testing.T) {
 func TestPortClash(t *testing.T) {
 	t.Parallel()
 	a := Start(t)
-	b := &Server{bin: a.bin, dir: t.TempDir(), port: a.port, out: &tailBuffer{}}
+	b := &Server{bin: a.bin, dir: t.TempDir(), port: a.port, out: proc.NewTail(maxOutput)}
 	t.Cleanup(func() { b.kill() })
 
 	err := b.launch()
 	require.ErrorIs(t, err, errExited)
 	require.NoError(t, ping(context.Background(), a))
-	require.Contains(t, b.out.tail(), "--port "+strconv.Itoa(a.port))
+	require.Contains(t, b.tail(), "--port "+strconv.Itoa(a.port))
 }
 
 // fakeTB records Fatalf instead of failing the real test.
@@ -281,22 +283,35 @@ func TestLookPathOnPATH(t *testing.T) {
 	require.Equal(t, want, got)
 }
 
-func TestTailBuffer(t *testing.T) {
-	var b tailBuffer
-	require.Equal(t, "(no output)", b.tail())
+func TestTail(t *testing.T) {
+	s := &Server{out: proc.NewTail(maxOutput)}
+	require.Equal(t, "(no output)", s.tail())
 	line := make([]byte, 1000)
 	for i := range line {
 		line[i] = 'x'
 	}
 	for range 1000 {
-		_, err := b.Write(line)
+		_, err := s.out.Write(line)
 		require.NoError(t, err)
 	}
-	_, err := b.Write([]byte("end\n"))
+	_, err := s.out.Write([]byte("end\n"))
 	require.NoError(t, err)
-	require.LessOrEqual(t, len(b.data), maxOutput)
-	require.Len(t, b.tail(), tailOutput)
-	require.Equal(t, "end\n", b.tail()[tailOutput-4:])
+	require.LessOrEqual(t, len(s.out.String()), maxOutput)
+	require.Len(t, s.tail(), tailOutput)
+	require.Equal(t, "end\n", s.tail()[tailOutput-4:])
+}
+
+// TestProbe checks that probe reports the pid of the server on the port,
+// and an error when nothing listens there.
+func TestProbe(t *testing.T) {
+	t.Parallel()
+	s := Start(t)
+	pid, err := probe(s.Addr())
+	require.NoError(t, err)
+	require.Equal(t, pidOf(t, s), pid)
+	s.Kill(t)
+	_, err = probe(s.Addr())
+	require.Error(t, err)
 }
 
 func splitAddr(addr string) (string, int, bool) {

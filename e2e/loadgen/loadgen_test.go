@@ -1,4 +1,4 @@
-package main
+package loadgen
 
 import (
 	"bytes"
@@ -40,7 +40,7 @@ rules:
 `, leasetest.Options{})
 	var out bytes.Buffer
 	start := time.Now()
-	err := run(context.Background(), []string{"-servers", srv.URL(), "-keys", "3", "-prefix", "user:", "-rate", "400", "-duration", "500ms"}, &out)
+	err := Run(context.Background(), []string{"-servers", srv.URL(), "-keys", "3", "-prefix", "user:", "-rate", "400", "-duration", "500ms"}, &out, io.Discard)
 	require.NoError(t, err)
 	var res Result
 	require.NoError(t, json.Unmarshal(out.Bytes(), &res))
