@@ -76,8 +76,10 @@ func (e *Engine) observe(op string, start time.Time, err error) {
 // Lease runs the entries of a lease request for owner and returns one
 // result per entry, in order. Entries must be valid (see
 // protocol.LeaseRequest.Validate). A store failure fails the whole call with
-// an error wrapping ErrStoreUnavailable; per-entry failures are in the
-// results' Error.
+// an error wrapping ErrStoreUnavailable. The per-operation errors of a Store,
+// ErrUnknownLease and ErrUsedExceedsGranted, fail their entry alone: they
+// are in the results' Error. Any other per-operation error fails the whole
+// call with an error that names the key and wraps it.
 func (e *Engine) Lease(ctx context.Context, owner string, entries []protocol.LeaseEntry) ([]protocol.LeaseResult, Report, error) {
 	p := e.policy
 	results := make([]protocol.LeaseResult, len(entries))
@@ -131,8 +133,10 @@ func (e *Engine) Lease(ctx context.Context, owner string, entries []protocol.Lea
 			res.Error = protocol.NewProblem(protocol.CodeUsedExceedsGranted, fmt.Sprintf("used %d for lease %q of key %q is more than it granted; nothing changed", en.Used, en.LeaseID, en.Key))
 			continue
 		default:
-			res.Error = protocol.NewProblem(protocol.CodeInternal, fmt.Sprintf("key %q could not be leased; the server logs why", en.Key))
-			continue
+			// A failure the store does not document per operation: the
+			// outcome of the call is unknown, so it fails whole, with the
+			// cause, for the caller to log.
+			return nil, Report{}, fmt.Errorf("lease %q: %w", en.Key, o.Err)
 		}
 		if o.Settled {
 			rep.Settles++

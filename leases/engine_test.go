@@ -153,6 +153,53 @@ func TestEngineStoreFailure(t *testing.T) {
 	assert.Equal(t, []string{"lease true"}, calls)
 }
 
+// opErrStore fails the operation on key bad with err, an error the Store
+// interface does not document per operation, and runs the others.
+type opErrStore struct {
+	leases.Store
+	bad string
+	err error
+}
+
+func (s opErrStore) Lease(ctx context.Context, owner string, ops []leases.LeaseOp) ([]leases.LeaseOutcome, error) {
+	outs, err := s.Store.Lease(ctx, owner, ops)
+	if err != nil {
+		return nil, err
+	}
+	for i := range ops {
+		if ops[i].Key == s.bad {
+			outs[i] = leases.LeaseOutcome{Err: s.err}
+		}
+	}
+	return outs, nil
+}
+
+func TestEngineUnexpectedOpErrorFailsTheCall(t *testing.T) {
+	ms := leases.NewMemoryStore(leases.MemoryOptions{})
+	t.Cleanup(func() { _ = ms.Close() })
+	cause := errors.New("script returned an unexpected reply")
+	rs, err := leases.ParseRuleSet([]byte(engineRules))
+	require.NoError(t, err)
+	p, err := leases.NewPolicy(rs)
+	require.NoError(t, err)
+	e := leases.NewEngine(leases.EngineOptions{Store: opErrStore{Store: ms, bad: "user:2", err: cause}, Policy: p})
+
+	res, rep, err := e.Lease(context.Background(), "svc/a", []protocol.LeaseEntry{{Key: "user:1", Want: 1}, {Key: "user:2", Want: 1}})
+	require.ErrorIs(t, err, cause, "the cause is kept")
+	assert.Contains(t, err.Error(), `lease "user:2"`)
+	assert.False(t, errors.Is(err, leases.ErrStoreUnavailable))
+	assert.Nil(t, res)
+	assert.Equal(t, leases.Report{}, rep)
+
+	// The documented per-operation errors still fail their entry alone.
+	e = leases.NewEngine(leases.EngineOptions{Store: opErrStore{Store: ms, bad: "user:2", err: leases.ErrUnknownLease}, Policy: p})
+	res, _, err = e.Lease(context.Background(), "svc/a", []protocol.LeaseEntry{{Key: "user:1", Want: 1}, {Key: "user:2", Want: 1}})
+	require.NoError(t, err)
+	assert.Nil(t, res[0].Error)
+	require.NotNil(t, res[1].Error)
+	assert.Equal(t, protocol.CodeUnknownLease, res[1].Error.Code)
+}
+
 func TestNewLeaseID(t *testing.T) {
 	seen := map[string]bool{}
 	for range 1000 {

@@ -3,9 +3,7 @@ package protocol
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 )
 
 // DecodeLeaseRequest decodes and validates the body of POST /v1/leases. On
@@ -37,19 +35,19 @@ func DecodeCheckRequest(body []byte) (*CheckRequest, error) {
 	return &r, nil
 }
 
+// decodeStrict decodes body, one JSON value and nothing after it but
+// whitespace, into v.
 func decodeStrict(body []byte, v any) error {
 	if len(body) > MaxBodyBytes {
 		return NewProblem(CodeBodyTooLarge, fmt.Sprintf("body is %d bytes; the most is %d", len(body), MaxBodyBytes))
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(v); err != nil {
-		if errors.Is(err, io.EOF) {
-			return NewProblem(CodeInvalidJSON, "body is empty: send a JSON object")
-		}
-		return NewProblem(CodeInvalidJSON, "body is not valid JSON for this endpoint: "+err.Error())
+	if len(bytes.TrimLeft(body, " \t\r\n")) == 0 {
+		return NewProblem(CodeInvalidJSON, "body is empty: send a JSON object")
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return NewProblem(CodeInvalidJSON, "body has data after the JSON object")
+	// json.Unmarshal checks that the whole body is one JSON value, so data
+	// after it is a syntax error.
+	if err := json.Unmarshal(body, v); err != nil {
+		return NewProblem(CodeInvalidJSON, "body is not valid JSON for this endpoint: "+err.Error())
 	}
 	return nil
 }

@@ -63,7 +63,26 @@
 // that a request sees one version of rules and clients) and it hooks the
 // engine's store calls for the store latency histogram. When the store does
 // not answer, /v1 calls get 503 store_unavailable with "Retry-After: 1" and
-// /readyz fails; nothing needs restarting when the store comes back.
+// /readyz fails; nothing needs restarting when the store comes back. Any
+// other store error fails the call with 500 internal, and is logged at level
+// error with its cause.
+//
+// # Shutdown
+//
+// When Run's context is canceled, GET /readyz answers 503 with code
+// shutting_down. What a load balancer sees depends on Options.DrainDelay:
+//
+//   - Zero (the default): Run closes its listener at once, so new
+//     connections are refused and only a request already in flight can see
+//     the 503. A load balancer learns of the shutdown from the refused
+//     connections.
+//   - Positive: Run keeps serving every route for DrainDelay, with /readyz
+//     answering 503, so that a load balancer that polls it takes the server
+//     out of rotation while it still answers; then it closes its listener.
+//
+// Either way, in-flight requests then have Options.ShutdownTimeout to
+// finish before their connections are closed. The daemon's flags are
+// -drain-delay and -shutdown-timeout.
 //
 // # Metrics
 //

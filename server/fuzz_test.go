@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"testing"
 
@@ -40,11 +39,7 @@ func FuzzLeaseHandler(f *testing.F) {
 	}
 	store := leases.NewMemoryStore(leases.MemoryOptions{})
 	f.Cleanup(func() { _ = store.Close() })
-	path := f.TempDir() + "/rules.yaml"
-	if err := os.WriteFile(path, []byte(rulesYAML), 0o600); err != nil {
-		f.Fatal(err)
-	}
-	srv, err := New(Options{Store: store, RulesPath: path, ReloadInterval: -1, Registry: prometheus.NewRegistry()})
+	srv, err := New(Options{Store: store, RulesPath: writeTemp(f, rulesYAML), ReloadInterval: -1, Registry: prometheus.NewRegistry()})
 	if err != nil {
 		f.Fatal(err)
 	}

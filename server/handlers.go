@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
-	"mime"
 	"net/http"
 	"runtime/debug"
 	"slices"
@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/ratelease/ratelease/leases"
 	"github.com/ratelease/ratelease/protocol"
@@ -72,7 +73,7 @@ func (s *Server) routes() http.Handler {
 		h            http.HandlerFunc
 	}
 	metrics := promhttp.HandlerFor(s.opts.Registry, promhttp.HandlerOpts{
-		ErrorLog:      promLogger{s},
+		ErrorLog:      slog.NewLogLogger(s.log.Handler(), slog.LevelError),
 		ErrorHandling: promhttp.ContinueOnError,
 	})
 	api := []route{
@@ -96,8 +97,11 @@ func (s *Server) routes() http.Handler {
 }
 
 // handle registers h for pattern, wrapped to record metrics, log, and turn a
-// panic into a 500 problem.
+// panic into a 500 problem. The route's metric children are looked up here,
+// once, rather than per request.
 func (s *Server) handle(mux *http.ServeMux, pattern string, h http.HandlerFunc) {
+	requests := s.metrics.requests.MustCurryWith(prometheus.Labels{"route": pattern})
+	duration := s.metrics.duration.WithLabelValues(pattern)
 	mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
@@ -117,10 +121,12 @@ func (s *Server) handle(mux *http.ServeMux, pattern string, h http.HandlerFunc) 
 				status = http.StatusOK
 			}
 			elapsed := time.Since(start)
-			s.metrics.requests.WithLabelValues(pattern, strconv.Itoa(status)).Inc()
-			s.metrics.duration.WithLabelValues(pattern).Observe(elapsed.Seconds())
-			s.log.DebugContext(r.Context(), "request", "method", r.Method, "path", r.URL.Path,
-				"route", pattern, "status", status, "elapsed", elapsed)
+			requests.WithLabelValues(strconv.Itoa(status)).Inc()
+			duration.Observe(elapsed.Seconds())
+			if ctx := r.Context(); s.log.Enabled(ctx, slog.LevelDebug) {
+				s.log.DebugContext(ctx, "request", "method", r.Method, "path", r.URL.Path,
+					"route", pattern, "status", status, "elapsed", elapsed)
+			}
 		}()
 		h(sw, r)
 	})
@@ -160,13 +166,6 @@ func (w *statusWriter) Flush() {
 	}
 }
 
-// promLogger adapts the server's logger to promhttp.Logger.
-type promLogger struct{ s *Server }
-
-func (l promLogger) Println(v ...any) {
-	l.s.log.Error("serve metrics", "err", fmt.Sprint(v...))
-}
-
 func notFound(w http.ResponseWriter, r *http.Request) {
 	writeProblem(w, protocol.NewProblem(protocol.CodeNotFound, fmt.Sprintf(
 		"no route for %s %s: the API serves POST %s, POST %s, GET %s, GET %s, GET %s and GET %s",
@@ -203,8 +202,8 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // apiHandler serves an authenticated /v1 request with one version of the
-// rules.
-type apiHandler func(w http.ResponseWriter, r *http.Request, st *state, who *caller)
+// rules; who is the client of the rules that sent it, or anonymous.
+type apiHandler func(w http.ResponseWriter, r *http.Request, st *state, who *client)
 
 // authed loads the rules in force and authenticates the caller: when the
 // rules configure clients, the request needs "Authorization: Bearer
@@ -213,7 +212,7 @@ func (s *Server) authed(h apiHandler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		st := s.state.Load()
 		if !st.rules.authRequired() {
-			h(w, r, st, &caller{name: AnonymousClient})
+			h(w, r, st, anonymous)
 			return
 		}
 		token, ok := bearerToken(r.Header.Get("Authorization"))
@@ -226,7 +225,7 @@ func (s *Server) authed(h apiHandler) http.HandlerFunc {
 			unauthorized(w, "the bearer token is not the token of any client of the rules file")
 			return
 		}
-		h(w, r, st, &caller{name: c.name, keys: c.keys})
+		h(w, r, st, c)
 	}
 }
 
@@ -250,8 +249,10 @@ func bearerToken(h string) (string, bool) {
 // Options.MaxBodyBytes. On failure it writes the problem and returns false.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
-		mt, _, err := mime.ParseMediaType(ct)
-		if err != nil || mt != "application/json" {
+		// The media type is what comes before any parameter (RFC 9110
+		// 8.3.1); it is case-insensitive.
+		mt, _, _ := strings.Cut(ct, ";")
+		if !strings.EqualFold(strings.TrimSpace(mt), "application/json") {
 			writeProblem(w, protocol.NewProblem(protocol.CodeUnsupportedMediaType, fmt.Sprintf(
 				"Content-Type is %q: send application/json", ct)))
 			return nil, false
@@ -264,7 +265,13 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 			"body is %d bytes; the most is %d: split the call", r.ContentLength, max)))
 		return nil, false
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
+	// When the length is known (it is at most max here), the buffer is
+	// allocated once, with a byte to spare to read the end of the body.
+	size := int64(512)
+	if r.ContentLength >= 0 {
+		size = r.ContentLength + 1
+	}
+	body, err := readAll(http.MaxBytesReader(w, r.Body, max), make([]byte, 0, size))
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			writeProblem(w, protocol.NewProblem(protocol.CodeBodyTooLarge, fmt.Sprintf(
@@ -275,6 +282,23 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 		return nil, false
 	}
 	return body, true
+}
+
+// readAll is io.ReadAll into buf, which it grows only when full.
+func readAll(r io.Reader, buf []byte) ([]byte, error) {
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
 }
 
 // problemOf returns the *protocol.Problem in err, or a 500 problem when err
@@ -315,7 +339,7 @@ func (s *Server) storeFailed(w http.ResponseWriter, r *http.Request, err error) 
 // CodeForbidden and never reach the store. The lease owner is the client
 // name and the request's client_id, "name/client_id": client names cannot
 // contain '/', so no client can name another's leases.
-func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state, who *caller) {
+func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state, who *client) {
 	body, ok := s.readBody(w, r)
 	if !ok {
 		return
@@ -326,11 +350,13 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 		return
 	}
 	entries := req.Leases
-	results := make([]protocol.LeaseResult, len(entries))
 	// permitted are the entries the caller may lease; idx maps them back to
 	// their position in the request when some are not (nil when all are).
+	// results are the engine's own when every entry is permitted.
+	var results []protocol.LeaseResult
 	permitted, idx := entries, []int(nil)
 	if slices.ContainsFunc(entries, func(e protocol.LeaseEntry) bool { return !who.may(e.Key) }) {
+		results = make([]protocol.LeaseResult, len(entries))
 		permitted = make([]protocol.LeaseEntry, 0, len(entries))
 		idx = make([]int, 0, len(entries))
 		for i, e := range entries {
@@ -351,14 +377,11 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 			return
 		}
 		s.metrics.record(rep)
-		for j := range out {
-			i := j
-			if idx != nil {
-				i = idx[j]
-			}
-			results[i] = out[j]
-			if e := out[j].Error; e != nil && e.Code == protocol.CodeInternal {
-				s.log.ErrorContext(r.Context(), "lease entry failed", "key", out[j].Key, "err", e.Detail)
+		if idx == nil {
+			results = out
+		} else {
+			for j := range out {
+				results[idx[j]] = out[j]
 			}
 		}
 	}
@@ -380,7 +403,7 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 	writeProblem(w, &p)
 }
 
-func forbidden(who *caller, key, where string) *protocol.Problem {
+func forbidden(who *client, key, where string) *protocol.Problem {
 	return protocol.NewProblem(protocol.CodeForbidden, fmt.Sprintf(
 		"%s: client %q may not use key %q: its key patterns are %q; change the client's keys in the rules file",
 		where, who.name, key, who.keys))
@@ -390,7 +413,7 @@ func forbidden(who *caller, key, where string) *protocol.Problem {
 // is allowed or not: a denial is the answer to the question, not an error
 // of the request, so it is {"allowed": false} with the Retry-After header
 // set. Any key outside the caller's patterns fails the whole call with 403.
-func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request, st *state, who *caller) {
+func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request, st *state, who *client) {
 	body, ok := s.readBody(w, r)
 	if !ok {
 		return
@@ -431,7 +454,7 @@ func retryAfterSeconds(ms int64) string {
 }
 
 // handleRules serves GET /v1/rules.
-func (s *Server) handleRules(w http.ResponseWriter, r *http.Request, st *state, who *caller) {
+func (s *Server) handleRules(w http.ResponseWriter, r *http.Request, st *state, who *client) {
 	p := st.rules.policy
 	rules := p.Rules()
 	resp := RulesResponse{

@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -121,13 +124,13 @@ func TestAuth(t *testing.T) {
 			if tt.path == protocol.PathCheck {
 				b = `{"keys":["user:1"]}`
 			}
-			req, err := http.NewRequest(tt.method, f.ts.URL+tt.path, strings.NewReader(b))
+			req, err := http.NewRequest(tt.method, f.url+tt.path, strings.NewReader(b))
 			require.NoError(t, err)
 			req.Header.Set("Content-Type", "application/json")
 			if tt.header != "" {
 				req.Header.Set("Authorization", tt.header)
 			}
-			resp, err := f.ts.Client().Do(req)
+			resp, err := f.client.Do(req)
 			require.NoError(t, err)
 			raw, err := io.ReadAll(resp.Body)
 			resp.Body.Close()
@@ -380,7 +383,7 @@ func TestRulesEndpoint(t *testing.T) {
 
 func TestFormatDuration(t *testing.T) {
 	for d, want := range map[string]string{"1s": "1s", "1m": "1m", "90s": "1m30s", "1h": "1h", "1h30m": "1h30m", "25h": "25h", "1500ms": "1.5s", "2ms": "2ms"} {
-		pd, err := timeParse(d)
+		pd, err := time.ParseDuration(d)
 		require.NoError(t, err)
 		assert.Equal(t, want, formatDuration(pd), d)
 	}
@@ -424,10 +427,15 @@ func TestMetrics(t *testing.T) {
 	f.lease("", "m", protocol.LeaseEntry{Key: "tiny:1", Want: 0})                                 // replaces m's open lease: an expiry
 	f.postJSON(protocol.PathLeases, "", `nope`)
 
+	m := f.srv.metrics
+	assert.Equal(t, 2.0, testutil.ToFloat64(m.grants))
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.denials))
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.settles))
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.expiries))
+	assert.Equal(t, 2.0, testutil.ToFloat64(m.rulesLoaded))
+
+	// The exposition, over HTTP, as Prometheus scrapes it.
 	assert.Equal(t, "2", f.metric("ratelease_grants_total"))
-	assert.Equal(t, "1", f.metric("ratelease_denials_total"))
-	assert.Equal(t, "1", f.metric("ratelease_settles_total"))
-	assert.Equal(t, "1", f.metric("ratelease_expiries_total"))
 	assert.Equal(t, "4", f.metric(`ratelease_requests_total{code="200",route="POST /v1/leases"}`))
 	assert.Equal(t, "1", f.metric(`ratelease_requests_total{code="400",route="POST /v1/leases"}`))
 	assert.Equal(t, "4", f.metric(`ratelease_store_latency_seconds_count{op="lease"}`))
@@ -460,10 +468,42 @@ func TestPanicIsA500(t *testing.T) {
 	assert.NotContains(t, string(r.body), "boom", "no internals leak to the caller")
 	assert.Contains(t, f.logs.String(), "boom")
 	assert.Contains(t, f.logs.String(), "goroutine", "the stack is logged")
-	assert.Equal(t, "1", f.metric(`ratelease_requests_total{code="500",route="POST /v1/leases"}`))
+	assert.Equal(t, 1.0, testutil.ToFloat64(f.srv.metrics.requests.WithLabelValues("POST /v1/leases", "500")))
 
 	r = f.do(http.MethodGet, protocol.PathHealthz, "", "", nil)
 	assert.Equal(t, http.StatusOK, r.status)
+}
+
+// opErrStore fails every lease operation with an error the Store interface
+// does not document per operation.
+type opErrStore struct{ leases.Store }
+
+var errScript = errors.New("script returned an unexpected reply")
+
+func (opErrStore) Lease(_ context.Context, _ string, ops []leases.LeaseOp) ([]leases.LeaseOutcome, error) {
+	outs := make([]leases.LeaseOutcome, len(ops))
+	for i := range outs {
+		outs[i].Err = errScript
+	}
+	return outs, nil
+}
+
+// TestUnexpectedOpErrorIs500: an unexpected per-operation store error fails
+// the call with a 500, and its cause is logged.
+func TestUnexpectedOpErrorIs500(t *testing.T) {
+	ms := leases.NewMemoryStore(leases.MemoryOptions{})
+	t.Cleanup(func() { _ = ms.Close() })
+	f := newFixture(t, rulesYAML, opErrStore{ms}, Options{})
+	r := f.postJSON(protocol.PathLeases, "", `{"client_id":"c","leases":[{"key":"free:1","want":1},{"key":"user:1","want":1}]}`)
+	require.Equal(t, http.StatusInternalServerError, r.status, "body: %s", r.body)
+	p := r.problem(t)
+	assert.Equal(t, protocol.CodeInternal, p.Code)
+	assert.Empty(t, p.Leases)
+	assert.NotContains(t, string(r.body), errScript.Error(), "no internals leak to the caller")
+	logs := f.logs.String()
+	assert.Contains(t, logs, "engine failed")
+	assert.Contains(t, logs, errScript.Error(), "the cause is logged")
+	assert.Contains(t, logs, `lease \"user:1\"`)
 }
 
 func TestNoRulesFile(t *testing.T) {

@@ -8,8 +8,8 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -85,20 +85,28 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-// fixture is a Server behind an httptest.Server on 127.0.0.1.
+// fixture is a Server served by Run on a 127.0.0.1 listener.
 type fixture struct {
-	t     *testing.T
-	srv   *Server
-	ts    *httptest.Server
-	store leases.Store
-	reg   *prometheus.Registry
-	path  string // rules file, when any
-	logs  *syncBuffer
+	t      *testing.T
+	srv    *Server
+	url    string       // "http://127.0.0.1:port"
+	client *http.Client // with a transport of its own
+	store  leases.Store
+	reg    *prometheus.Registry
+	path   string // rules file, when any
+	logs   *syncBuffer
+
+	ctx    context.Context    // Run's context
+	cancel context.CancelFunc // begins Run's shutdown
+	done   chan struct{}      // closed when Run has returned
+	err    error              // Run's result, once done is closed
 }
 
 // newFixture starts a server with the given rules file content (none when
 // empty) over store (a fresh memory store when nil). opts.Store,
-// opts.RulesPath, opts.Logger and opts.Registry are filled in.
+// opts.RulesPath, opts.Logger and opts.Registry are filled in. The server
+// is shut down at the end of the test, which fails if Run then fails,
+// unless the test canceled Run itself.
 func newFixture(t *testing.T, rules string, store leases.Store, opts Options) *fixture {
 	t.Helper()
 	if store == nil {
@@ -106,10 +114,9 @@ func newFixture(t *testing.T, rules string, store leases.Store, opts Options) *f
 		t.Cleanup(func() { _ = ms.Close() })
 		store = ms
 	}
-	f := &fixture{t: t, store: store, reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
+	f := &fixture{t: t, store: store, reg: prometheus.NewRegistry(), logs: &syncBuffer{}, done: make(chan struct{})}
 	if rules != "" {
-		f.path = filepath.Join(t.TempDir(), "rules.yaml")
-		require.NoError(t, os.WriteFile(f.path, []byte(rules), 0o600))
+		f.path = writeTemp(t, rules)
 	}
 	opts.Store = store
 	opts.RulesPath = f.path
@@ -118,10 +125,24 @@ func newFixture(t *testing.T, rules string, store leases.Store, opts Options) *f
 	srv, err := New(opts)
 	require.NoError(t, err)
 	f.srv = srv
-	f.ts = httptest.NewServer(srv.Handler())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		_ = srv.Close()
+		t.Fatal(err)
+	}
+	f.url = "http://" + ln.Addr().String()
+	f.client = &http.Client{Transport: &http.Transport{}}
+	f.ctx, f.cancel = context.WithCancel(context.Background())
+	go func() {
+		defer close(f.done)
+		f.err = srv.Run(f.ctx, ln)
+	}()
 	t.Cleanup(func() {
-		f.ts.Close()
-		require.NoError(t, srv.Close())
+		f.client.CloseIdleConnections()
+		canceledByTest := f.ctx.Err() != nil
+		if err := f.stop(); err != nil && !canceledByTest {
+			t.Errorf("Run: %v", err)
+		}
 		if t.Failed() {
 			t.Logf("server logs:\n%s", f.logs.String())
 		}
@@ -129,12 +150,23 @@ func newFixture(t *testing.T, rules string, store leases.Store, opts Options) *f
 	return f
 }
 
+// stop cancels Run's context and returns Run's result once it has
+// returned.
+func (f *fixture) stop() error {
+	f.cancel()
+	select {
+	case <-f.done:
+		return f.err
+	case <-time.After(10 * time.Second):
+		f.t.Fatal("Run did not return within 10s of its context's cancellation")
+		return nil
+	}
+}
+
 // writeRules replaces the rules file atomically.
 func (f *fixture) writeRules(content string) {
 	f.t.Helper()
-	tmp := f.path + ".tmp"
-	require.NoError(f.t, os.WriteFile(tmp, []byte(content), 0o600))
-	require.NoError(f.t, os.Rename(tmp, f.path))
+	replaceFile(f.t, f.path, content)
 }
 
 // response is a buffered HTTP response.
@@ -147,7 +179,7 @@ type response struct {
 // do sends a request to the fixture's server.
 func (f *fixture) do(method, path, token, contentType string, body io.Reader) response {
 	f.t.Helper()
-	return doURL(f.t, f.ts.Client(), method, f.ts.URL+path, token, contentType, body)
+	return doURL(f.t, f.client, method, f.url+path, token, contentType, body)
 }
 
 func doURL(t *testing.T, c *http.Client, method, url, token, contentType string, body io.Reader) response {
@@ -238,9 +270,19 @@ func (f *fixture) metric(name string) string {
 }
 
 // writeTemp writes content to a new file in t.TempDir and returns its path.
+// Every test that needs a rules file writes it with writeTemp.
 func writeTemp(t testing.TB, content string) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "rules.yaml")
 	require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
 	return path
+}
+
+// replaceFile replaces the file at path with content atomically, by rename,
+// as the server's documentation asks.
+func replaceFile(t testing.TB, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	require.NoError(t, os.WriteFile(tmp, []byte(content), 0o600))
+	require.NoError(t, os.Rename(tmp, path))
 }

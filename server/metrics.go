@@ -30,6 +30,10 @@ type metrics struct {
 	storeLatency *prometheus.HistogramVec
 	rulesLoaded  prometheus.Gauge
 	reloads      *prometheus.CounterVec
+
+	// The store latency children of the engine's operations, looked up
+	// once.
+	storeLease, storeTake, storeRefund prometheus.Observer
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -74,6 +78,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	m.reloads.WithLabelValues("ok")
 	m.reloads.WithLabelValues("error")
+	m.storeLease = m.storeLatency.WithLabelValues("lease")
+	m.storeTake = m.storeLatency.WithLabelValues("take")
+	m.storeRefund = m.storeLatency.WithLabelValues("refund")
 	return m, nil
 }
 
@@ -87,5 +94,16 @@ func (m *metrics) record(r leases.Report) {
 
 // observeStore is the engine's OnStoreCall hook.
 func (m *metrics) observeStore(op string, elapsed time.Duration, _ error) {
-	m.storeLatency.WithLabelValues(op).Observe(elapsed.Seconds())
+	var o prometheus.Observer
+	switch op {
+	case "lease":
+		o = m.storeLease
+	case "take":
+		o = m.storeTake
+	case "refund":
+		o = m.storeRefund
+	default:
+		o = m.storeLatency.WithLabelValues(op)
+	}
+	o.Observe(elapsed.Seconds())
 }

@@ -87,9 +87,25 @@ type Options struct {
 	// DefaultStoreTimeout.
 	StoreTimeout time.Duration
 
-	// ShutdownTimeout is how long Run waits for in-flight requests after
-	// its context is canceled before it closes the remaining connections.
-	// Zero means DefaultShutdownTimeout.
+	// DrainDelay is how long Run keeps serving after its context is
+	// canceled, before it stops accepting connections. During the delay GET
+	// /readyz answers 503 (code shutting_down) while every other route
+	// serves as usual, so that a load balancer that polls /readyz takes the
+	// server out of rotation while it still answers. Set it to the time the
+	// load balancer needs to notice: its check interval times the failures
+	// it waits for (for a Kubernetes readiness probe, periodSeconds ×
+	// failureThreshold), plus a margin.
+	//
+	// Zero, the default, means no delay: Run stops accepting connections
+	// as soon as its context is canceled, so only requests already in
+	// flight can see /readyz answer 503, and a load balancer learns of the
+	// shutdown from refused connections. A negative value is zero. The
+	// delay comes before ShutdownTimeout and is not part of it.
+	DrainDelay time.Duration
+
+	// ShutdownTimeout is how long Run waits for in-flight requests once it
+	// has stopped accepting connections (after DrainDelay), before it
+	// closes the remaining connections. Zero means DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
 }
 
@@ -112,6 +128,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.StoreTimeout <= 0 {
 		o.StoreTimeout = DefaultStoreTimeout
+	}
+	if o.DrainDelay < 0 {
+		o.DrainDelay = 0
 	}
 	if o.ShutdownTimeout <= 0 {
 		o.ShutdownTimeout = DefaultShutdownTimeout

@@ -2,15 +2,19 @@ package server
 
 import (
 	"encoding/json"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ratelease/ratelease/leases"
 	"github.com/ratelease/ratelease/protocol"
 )
 
@@ -40,14 +44,15 @@ func TestHotReload(t *testing.T) {
 	f.writeRules(strings.Replace(rulesYAML, "limit: 100", "limit: 200", 1))
 	require.Eventually(t, func() bool { return f.rulesLimit("") == 200 }, 2*time.Second, 10*time.Millisecond)
 	assert.Contains(t, f.logs.String(), "rules reloaded")
-	assert.Equal(t, "1", f.metric(`ratelease_rules_reloads_total{result="ok"}`))
+	reloads := func(result string) float64 { return testutil.ToFloat64(f.srv.metrics.reloads.WithLabelValues(result)) }
+	assert.Equal(t, 1.0, reloads("ok"))
 	res := f.lease("", "c", protocol.LeaseEntry{Key: "user:1", Want: 1})[0]
 	assert.EqualValues(t, 200, res.Limit, "the engine runs the new rules")
 
 	// A broken file keeps the rules in force and logs why, naming the rule
 	// and the field.
 	f.writeRules(strings.Replace(rulesYAML, "limit: 100", "limit: -3", 1))
-	require.Eventually(t, func() bool { return f.metric(`ratelease_rules_reloads_total{result="error"}`) == "1" }, 2*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return reloads("error") == 1 }, 2*time.Second, 10*time.Millisecond)
 	logs := f.logs.String()
 	assert.Contains(t, logs, "rules reload failed")
 	assert.Contains(t, logs, `rule \"per-user\": limit`)
@@ -55,12 +60,12 @@ func TestHotReload(t *testing.T) {
 	// It is logged once, not at every poll.
 	time.Sleep(100 * time.Millisecond)
 	assert.Equal(t, 1, strings.Count(f.logs.String(), "rules reload failed"))
-	assert.Equal(t, "1", f.metric(`ratelease_rules_reloads_total{result="error"}`))
-	assert.Equal(t, "2", f.metric("ratelease_rules_loaded"))
+	assert.Equal(t, 1.0, reloads("error"))
+	assert.Equal(t, 2.0, testutil.ToFloat64(f.srv.metrics.rulesLoaded))
 
 	// A deleted file too.
 	require.NoError(t, os.Remove(f.path))
-	require.Eventually(t, func() bool { return f.metric(`ratelease_rules_reloads_total{result="error"}`) == "2" }, 2*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return reloads("error") == 2 }, 2*time.Second, 10*time.Millisecond)
 	assert.EqualValues(t, 200, f.rulesLimit(""))
 
 	// A fixed file is picked up.
@@ -88,26 +93,51 @@ func TestHotReloadClients(t *testing.T) {
 	}, 2*time.Second, 10*time.Millisecond)
 }
 
+// TestReloadAtDefaultInterval checks the documented contract at the default
+// ReloadInterval: a changed file is in force within a second.
+func TestReloadAtDefaultInterval(t *testing.T) {
+	f := newFixture(t, rulesYAML, nil, Options{})
+	require.EqualValues(t, 100, f.rulesLimit(""))
+	f.writeRules(strings.Replace(rulesYAML, "limit: 100", "limit: 200", 1))
+	written := time.Now()
+	for f.rulesLimit("") != 200 {
+		require.Less(t, time.Since(written), time.Second, "the new rules are not in force within 1s")
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("in force after %v (ReloadInterval %v)", time.Since(written).Round(time.Millisecond), DefaultReloadInterval)
+}
+
 func TestReloadRefusesExposure(t *testing.T) {
 	// The server would listen on every interface with clients configured;
-	// a file without clients must not open it up.
-	f := newFixture(t, authRulesYAML(), nil, Options{ListenAddr: "0.0.0.0:8080", ReloadInterval: -1})
-	f.writeRules(rulesYAML)
-	err := f.srv.Reload()
+	// a file without clients must not open it up. (Run would check its
+	// loopback listener instead of ListenAddr: the handler is served
+	// directly.)
+	store := leases.NewMemoryStore(leases.MemoryOptions{})
+	t.Cleanup(func() { _ = store.Close() })
+	logs := &syncBuffer{}
+	path := writeTemp(t, authRulesYAML())
+	srv, err := New(Options{Store: store, RulesPath: path, ListenAddr: "0.0.0.0:8080", ReloadInterval: -1,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = srv.Close() })
+
+	replaceFile(t, path, rulesYAML)
+	err = srv.Reload()
 	require.ErrorIs(t, err, ErrInsecureListen)
-	assert.Equal(t, []string{"alpha", "beta"}, f.srv.Rules().Clients(), "the old rules are in force")
-	assert.Contains(t, f.logs.String(), "rules reload failed")
-	r := f.do(http.MethodGet, protocol.PathRules, "", "", nil)
-	assert.Equal(t, http.StatusUnauthorized, r.status)
+	assert.Equal(t, []string{"alpha", "beta"}, srv.Rules().Clients(), "the old rules are in force")
+	assert.Contains(t, logs.String(), "rules reload failed")
+	rec := httptest.NewRecorder()
+	srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, protocol.PathRules, nil))
+	assert.Equal(t, http.StatusUnauthorized, rec.Code)
 
 	// Reload returns the error again, but logs it once.
-	require.ErrorIs(t, f.srv.Reload(), ErrInsecureListen)
-	assert.Equal(t, 1, strings.Count(f.logs.String(), "rules reload failed"))
+	require.ErrorIs(t, srv.Reload(), ErrInsecureListen)
+	assert.Equal(t, 1, strings.Count(logs.String(), "rules reload failed"))
 
 	// Unchanged content is not a reload.
-	f.writeRules(authRulesYAML())
-	require.NoError(t, f.srv.Reload())
-	assert.NotContains(t, f.logs.String(), "rules reloaded")
+	replaceFile(t, path, authRulesYAML())
+	require.NoError(t, srv.Reload())
+	assert.NotContains(t, logs.String(), "rules reloaded")
 }
 
 func TestCloseStopsPolling(t *testing.T) {

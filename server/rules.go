@@ -66,10 +66,12 @@ type Rules struct {
 	digest  [sha256.Size]byte
 }
 
+// client is one client of the rules file, and the authenticated identity
+// of a request.
 type client struct {
 	name string
 	hash [sha256.Size]byte
-	keys []string
+	keys []string // glob patterns of the keys it may use; nil: every key
 }
 
 // ParseRules decodes and validates a rules file. Errors wrap
@@ -214,14 +216,13 @@ func (r *Rules) authenticate(token string) *client {
 	return &r.clients[found]
 }
 
-// caller is the authenticated identity of one request.
-type caller struct {
-	name string
-	keys []string // nil: every key
-}
+// anonymous is the caller of every request when the rules configure no
+// clients: it may use every key.
+var anonymous = &client{name: AnonymousClient}
 
-// may reports whether the caller may use key.
-func (c *caller) may(key string) bool {
+// may reports whether the client may use key. A client without key
+// patterns (anonymous) may use every key.
+func (c *client) may(key string) bool {
 	if c.keys == nil {
 		return true
 	}

@@ -6,15 +6,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratelease/ratelease/leases"
 )
-
-var timeParse = time.ParseDuration
 
 func TestParseRules(t *testing.T) {
 	rules, err := ParseRules([]byte(authRulesYAML()))
@@ -76,8 +73,7 @@ func TestLoadRules(t *testing.T) {
 	require.Error(t, err)
 	assert.True(t, errors.Is(err, os.ErrNotExist))
 
-	path := filepath.Join(t.TempDir(), "rules.yaml")
-	require.NoError(t, os.WriteFile(path, []byte("rules:\n  - name: r\n    match: \"a\"\n    limit: 0\n    period: 1s\n"), 0o600))
+	path := writeTemp(t, "rules:\n  - name: r\n    match: \"a\"\n    limit: 0\n    period: 1s\n")
 	_, err = LoadRules(path)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), path)
@@ -93,10 +89,16 @@ func TestLoadRules(t *testing.T) {
 	c := r.authenticate("dev-token-change-me")
 	require.NotNil(t, c, "the example's hash is the documented token's")
 	assert.Equal(t, "checkout", c.name)
+	// checkout may use the keys of both examples, and they have rules.
+	for _, key := range []string{"user:42", "api:createURL", "svc:payments", "host:127.0.0.1"} {
+		assert.True(t, c.may(key), key)
+		_, ok := r.Policy().Match(key)
+		assert.True(t, ok, "a rule of rules-auth.yaml matches %s", key)
+	}
 }
 
-func TestCallerMay(t *testing.T) {
-	c := &caller{name: "a", keys: []string{"user:*", "api:createURL", `lit\*`}}
+func TestClientMay(t *testing.T) {
+	c := &client{name: "a", keys: []string{"user:*", "api:createURL", `lit\*`}}
 	for key, want := range map[string]bool{
 		"user:1":        true,
 		"user:1/x":      true, // '*' crosses '/'
@@ -108,7 +110,8 @@ func TestCallerMay(t *testing.T) {
 	} {
 		assert.Equal(t, want, c.may(key), key)
 	}
-	assert.True(t, (&caller{name: AnonymousClient}).may("anything"))
+	assert.True(t, anonymous.may("anything"))
+	assert.Equal(t, AnonymousClient, anonymous.name)
 }
 
 func TestExposure(t *testing.T) {
@@ -177,9 +180,7 @@ func TestNewRefusesExposure(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.Close())
 
-	path := filepath.Join(t.TempDir(), "rules.yaml")
-	require.NoError(t, os.WriteFile(path, []byte(authRulesYAML()), 0o600))
-	s, err = New(Options{Store: store, ListenAddr: "0.0.0.0:8080", RulesPath: path})
+	s, err = New(Options{Store: store, ListenAddr: "0.0.0.0:8080", RulesPath: writeTemp(t, authRulesYAML())})
 	require.NoError(t, err)
 	require.NoError(t, s.Close())
 }
@@ -194,8 +195,7 @@ func TestNewErrors(t *testing.T) {
 	_, err = New(Options{Store: store, RulesPath: filepath.Join(t.TempDir(), "nope.yaml")})
 	require.ErrorIs(t, err, os.ErrNotExist)
 
-	path := filepath.Join(t.TempDir(), "rules.yaml")
-	require.NoError(t, os.WriteFile(path, []byte("rules:\n  - name: per-user\n    match: \"user:*\"\n    limit: 10\n    period: 1s\n    burst: -1\n"), 0o600))
+	path := writeTemp(t, "rules:\n  - name: per-user\n    match: \"user:*\"\n    limit: 10\n    period: 1s\n    burst: -1\n")
 	_, err = New(Options{Store: store, RulesPath: path})
 	require.ErrorIs(t, err, leases.ErrInvalidRules)
 	assert.Contains(t, err.Error(), `rule "per-user"`)

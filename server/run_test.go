@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -52,47 +51,10 @@ func (s *slowStore) Lease(ctx context.Context, owner string, ops []leases.LeaseO
 	return s.Store.Lease(ctx, owner, ops)
 }
 
-// running is a Server served by Run on a 127.0.0.1 listener.
-type running struct {
-	srv    *Server
-	url    string
-	cancel context.CancelFunc
-	done   chan struct{} // closed when Run has returned
-	err    error         // Run's result, once done is closed
-	logs   *syncBuffer
-}
-
-func startRun(t *testing.T, opts Options) *running {
-	t.Helper()
-	logs := &syncBuffer{}
-	opts.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	srv, err := New(opts)
-	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{srv: srv, url: "http://" + ln.Addr().String(), cancel: cancel, done: make(chan struct{}), logs: logs}
-	go func() {
-		defer close(r.done)
-		r.err = srv.Run(ctx, ln)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-r.done:
-		case <-time.After(10 * time.Second):
-			t.Error("Run did not return")
-		}
-	})
-	return r
-}
-
 func TestGracefulShutdown(t *testing.T) {
 	store := newSlowStore(t)
-	rules := writeTemp(t, rulesYAML)
-	r := startRun(t, Options{Store: store, RulesPath: rules, ShutdownTimeout: 5 * time.Second})
-	client := &http.Client{Transport: &http.Transport{}}
-	t.Cleanup(client.CloseIdleConnections)
+	f := newFixture(t, rulesYAML, store, Options{ShutdownTimeout: 5 * time.Second})
+	addr := strings.TrimPrefix(f.url, "http://")
 
 	type result struct {
 		resp response
@@ -100,9 +62,9 @@ func TestGracefulShutdown(t *testing.T) {
 	}
 	inflight := make(chan result, 1)
 	go func() {
-		req, _ := http.NewRequest(http.MethodPost, r.url+protocol.PathLeases,
+		req, _ := http.NewRequest(http.MethodPost, f.url+protocol.PathLeases,
 			strings.NewReader(`{"client_id":"c","leases":[{"key":"user:1","want":5}]}`))
-		resp, err := client.Do(req)
+		resp, err := f.client.Do(req)
 		if err != nil {
 			inflight <- result{err: err}
 			return
@@ -117,13 +79,21 @@ func TestGracefulShutdown(t *testing.T) {
 		t.Fatal("the request never reached the store")
 	}
 
-	r.cancel() // shutdown begins with the request in flight
+	f.cancel() // shutdown begins with the request in flight
+	// Without DrainDelay, the listener closes at once: new connections are
+	// refused while the request in flight goes on.
+	require.Eventually(t, func() bool {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	}, time.Second, 5*time.Millisecond, "new connections are refused")
 	select {
-	case <-r.done:
-		t.Fatalf("Run returned before the in-flight request finished: %v", r.err)
+	case <-f.done:
+		t.Fatalf("Run returned before the in-flight request finished: %v", f.err)
 	case <-time.After(150 * time.Millisecond):
 	}
-	assert.Eventually(t, func() bool { return r.srv.draining.Load() }, time.Second, 5*time.Millisecond)
 
 	store.Release()
 	got := <-inflight
@@ -134,27 +104,62 @@ func TestGracefulShutdown(t *testing.T) {
 	assert.EqualValues(t, 5, lr.Leases[0].Granted)
 
 	select {
-	case <-r.done:
-		require.NoError(t, r.err)
+	case <-f.done:
+		require.NoError(t, f.err)
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run did not return after the in-flight request finished")
 	}
-	assert.Contains(t, r.logs.String(), "shut down")
+	assert.Contains(t, f.logs.String(), "shut down")
+	assert.NotContains(t, f.logs.String(), "drain delay")
+}
 
-	// New connections are refused.
-	_, err := client.Get(r.url + protocol.PathHealthz)
-	require.Error(t, err)
+// TestDrainDelay: after Run's context is canceled, the server goes on
+// serving for DrainDelay with /readyz failing, as a load balancer sees it
+// over new connections, then stops.
+func TestDrainDelay(t *testing.T) {
+	const delay = 600 * time.Millisecond
+	f := newFixture(t, rulesYAML, nil, Options{DrainDelay: delay})
+	// Every request on a new connection, as a load balancer's health check.
+	lb := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	get := func(path string) response { return doURL(t, lb, http.MethodGet, f.url+path, "", "", nil) }
+	require.Equal(t, http.StatusOK, get(protocol.PathReadyz).status)
+
+	canceled := time.Now()
+	f.cancel()
+	r := get(protocol.PathReadyz)
+	for r.status == http.StatusOK && time.Since(canceled) < delay/2 {
+		time.Sleep(5 * time.Millisecond)
+		r = get(protocol.PathReadyz)
+	}
+	require.Equal(t, http.StatusServiceUnavailable, r.status, "body: %s", r.body)
+	assert.Equal(t, protocol.CodeShuttingDown, r.problem(t).Code) // application/problem+json
+	assert.Equal(t, "1", r.header.Get("Retry-After"))
+
+	// The rest of the API still serves during the delay.
+	assert.Equal(t, http.StatusOK, get(protocol.PathHealthz).status)
+	lease := doURL(t, lb, http.MethodPost, f.url+protocol.PathLeases, "", "application/json",
+		strings.NewReader(`{"client_id":"c","leases":[{"key":"user:1","want":1}]}`))
+	assert.Equal(t, http.StatusOK, lease.status, "body: %s", lease.body)
+	require.Less(t, time.Since(canceled), delay, "the checks ran within the delay")
+
+	select {
+	case <-f.done:
+		require.NoError(t, f.err)
+	case <-time.After(delay + 5*time.Second):
+		t.Fatal("Run did not return after the drain delay")
+	}
+	assert.GreaterOrEqual(t, time.Since(canceled), delay, "Run served for the whole delay")
+	_, err := lb.Get(f.url + protocol.PathHealthz)
+	require.Error(t, err, "after the delay, new connections are refused")
+	assert.Contains(t, f.logs.String(), "drain delay")
 }
 
 func TestShutdownTimeout(t *testing.T) {
 	store := newSlowStore(t)
-	rules := writeTemp(t, rulesYAML)
-	r := startRun(t, Options{Store: store, RulesPath: rules, ShutdownTimeout: 100 * time.Millisecond, StoreTimeout: time.Minute})
-	client := &http.Client{Transport: &http.Transport{}}
-	t.Cleanup(client.CloseIdleConnections)
+	f := newFixture(t, rulesYAML, store, Options{ShutdownTimeout: 100 * time.Millisecond, StoreTimeout: time.Minute})
 	errc := make(chan error, 1)
 	go func() {
-		resp, err := client.Post(r.url+protocol.PathLeases, "application/json",
+		resp, err := f.client.Post(f.url+protocol.PathLeases, "application/json",
 			strings.NewReader(`{"client_id":"c","leases":[{"key":"user:1","want":5}]}`))
 		if err == nil {
 			resp.Body.Close()
@@ -162,12 +167,12 @@ func TestShutdownTimeout(t *testing.T) {
 		errc <- err
 	}()
 	<-store.entered
-	r.cancel()
+	f.cancel()
 	select {
-	case <-r.done:
-		require.Error(t, r.err)
-		assert.ErrorIs(t, r.err, context.DeadlineExceeded)
-		assert.Contains(t, r.err.Error(), "ShutdownTimeout")
+	case <-f.done:
+		require.Error(t, f.err)
+		assert.ErrorIs(t, f.err, context.DeadlineExceeded)
+		assert.Contains(t, f.err.Error(), "ShutdownTimeout")
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run did not give up after ShutdownTimeout")
 	}
@@ -175,23 +180,37 @@ func TestShutdownTimeout(t *testing.T) {
 	<-errc // the connection was closed under it; any outcome is fine
 }
 
+// TestStoreTimeout: a store that does not answer within StoreTimeout gives
+// 503 store_unavailable, soon, rather than holding the caller.
+func TestStoreTimeout(t *testing.T) {
+	store := newSlowStore(t)
+	f := newFixture(t, rulesYAML, store, Options{StoreTimeout: 50 * time.Millisecond})
+	start := time.Now()
+	r := f.postJSON(protocol.PathLeases, "", `{"client_id":"c","leases":[{"key":"user:1","want":5}]}`)
+	elapsed := time.Since(start)
+	require.Equal(t, http.StatusServiceUnavailable, r.status, "body: %s", r.body)
+	assert.Equal(t, protocol.CodeStoreUnavailable, r.problem(t).Code)
+	assert.Equal(t, "1", r.header.Get("Retry-After"))
+	assert.GreaterOrEqual(t, elapsed, 50*time.Millisecond)
+	assert.Less(t, elapsed, time.Second, "answered after StoreTimeout, not when the store answered")
+	assert.Contains(t, f.logs.String(), "store unavailable")
+}
+
 func TestRunServesH2C(t *testing.T) {
-	store := leases.NewMemoryStore(leases.MemoryOptions{})
-	t.Cleanup(func() { _ = store.Close() })
-	r := startRun(t, Options{Store: store})
+	f := newFixture(t, "", nil, Options{})
 
 	var protocols http.Protocols
 	protocols.SetUnencryptedHTTP2(true)
 	tr := &http.Transport{Protocols: &protocols, TLSClientConfig: &tls.Config{}}
 	t.Cleanup(tr.CloseIdleConnections)
-	resp, err := (&http.Client{Transport: tr}).Post(r.url+protocol.PathLeases, "application/json",
+	resp, err := (&http.Client{Transport: tr}).Post(f.url+protocol.PathLeases, "application/json",
 		strings.NewReader(`{"client_id":"c","leases":[{"key":"k","want":5}]}`))
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, 2, resp.ProtoMajor, "served over h2c")
 
-	resp1, err := http.Get(r.url + protocol.PathHealthz)
+	resp1, err := f.client.Get(f.url + protocol.PathHealthz)
 	require.NoError(t, err)
 	resp1.Body.Close()
 	assert.Equal(t, 1, resp1.ProtoMajor, "and HTTP/1.1")

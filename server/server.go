@@ -33,7 +33,7 @@ type Server struct {
 	// listenAddr is the address checked by checkExposure on reload.
 	listenAddr atomic.Pointer[string]
 
-	draining atomic.Bool // Run is shutting down: /readyz fails
+	draining atomic.Bool // Run's context is canceled: /readyz fails
 	running  atomic.Bool // Run was called
 
 	reloadMu   sync.Mutex // serializes reloads
@@ -113,11 +113,23 @@ func (s *Server) setRules(r *Rules) {
 }
 
 // Run serves HTTP/1.1 and unencrypted HTTP/2 (h2c, with prior knowledge) on
-// ln until ctx is canceled, then shuts down gracefully: it stops accepting
-// connections, fails GET /readyz, lets in-flight requests finish within
-// Options.ShutdownTimeout, and closes what is left after that. It returns
-// nil after a clean shutdown. Run closes ln and, when it returns, the Server
-// (see Close); it may be called once.
+// ln until ctx is canceled, then shuts down gracefully:
+//
+//  1. From the moment ctx is canceled, GET /readyz answers 503 with code
+//     shutting_down.
+//  2. When Options.DrainDelay is positive, Run keeps serving every route,
+//     and accepting connections, for DrainDelay, so that a load balancer
+//     that polls /readyz stops sending traffic. With no delay (the default)
+//     it goes on to step 3 at once, and only requests already in flight
+//     can see the 503.
+//  3. It closes ln, so new connections are refused, and closes idle
+//     connections.
+//  4. It lets in-flight requests finish within Options.ShutdownTimeout, and
+//     closes what is left after that.
+//
+// Run returns nil after a clean shutdown, and an error when serving failed
+// or in-flight requests outlived ShutdownTimeout. Run closes ln and, when it returns,
+// the Server (see Close); it may be called once.
 //
 // Run refuses (with an error wrapping ErrInsecureListen) a listener whose
 // address is not loopback when the rules configure no clients, unless
@@ -157,6 +169,16 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	case <-ctx.Done():
 	}
 	s.draining.Store(true)
+	if d := s.opts.DrainDelay; d > 0 {
+		s.log.Info("shutting down: /readyz answers 503; serving until the drain delay ends", "addr", addr, "drain_delay", d)
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case err := <-serveErr:
+			t.Stop()
+			return fmt.Errorf("server: serve %s: %w", addr, err)
+		}
+	}
 	s.log.Info("shutting down: waiting for in-flight requests", "addr", addr, "timeout", s.opts.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.ShutdownTimeout)
 	defer cancel()

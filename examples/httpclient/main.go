@@ -8,18 +8,22 @@
 //
 // It starts an upstream of its own (an httptest server on 127.0.0.1) and
 // wraps an http.Client with Client.Transport, keyed "host:" + the request's
-// host, which the per-host rule of examples/rules.yaml limits to a burst of
-// 20, then 20 requests per second, across every process that uses the same
-// lease server. It sends -requests requests spread evenly over -duration
+// host name without the port (hostKey), which the per-host rule of
+// examples/rules.yaml limits to a burst of 20, then 20 requests per second.
+// The key is "host:127.0.0.1" whatever port the upstream got, so the limit
+// is shared by every process that runs this program against the same lease
+// server. It sends -requests requests spread evenly over -duration
 // from -workers goroutines and prints how many were admitted, how many were
 // denied (they failed with client.ErrRateLimited and never reached the
 // upstream), and the admitted rate.
 //
 // Flags take their defaults from the environment: RATELEASE_SERVER (one or
-// more comma-separated URLs) and RATELEASE_TOKEN.
+// more comma-separated URLs) and RATELEASE_TOKEN. With
+// examples/rules-auth.yaml, pass -token dev-token-change-me.
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -27,6 +31,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -41,7 +46,10 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
+	// After the first signal, restore the default handling: a second
+	// Ctrl-C kills the program.
+	context.AfterFunc(ctx, stop)
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
 		}
@@ -59,11 +67,11 @@ type config struct {
 	workers  int
 }
 
-func parseFlags(args []string, getenv func(string) string, out io.Writer) (config, error) {
+func parseFlags(args []string, out io.Writer) (config, error) {
 	fs := flag.NewFlagSet("httpclient", flag.ContinueOnError)
 	fs.SetOutput(out)
-	server := fs.String("server", envOr(getenv, "RATELEASE_SERVER", "http://127.0.0.1:8080"), "lease server URLs, comma-separated (env RATELEASE_SERVER)")
-	token := fs.String("token", getenv("RATELEASE_TOKEN"), "bearer token for the lease servers (env RATELEASE_TOKEN)")
+	server := fs.String("server", cmp.Or(os.Getenv("RATELEASE_SERVER"), "http://127.0.0.1:8080"), "lease server URLs, comma-separated (env RATELEASE_SERVER)")
+	token := fs.String("token", os.Getenv("RATELEASE_TOKEN"), "bearer token for the lease servers (env RATELEASE_TOKEN)")
 	requests := fs.Int("requests", 200, "requests to send")
 	duration := fs.Duration("duration", 2*time.Second, "time to spread the requests over")
 	workers := fs.Int("workers", 4, "goroutines sending requests")
@@ -79,17 +87,14 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (confi
 	return config{servers: strings.Split(*server, ","), token: *token, requests: *requests, duration: *duration, workers: *workers}, nil
 }
 
-func envOr(getenv func(string) string, name, def string) string {
-	if v := getenv(name); v != "" {
-		return v
-	}
-	return def
-}
+// hostKey is the key of a request: "host:" and its host name, without the
+// port, so that every process calling the host shares its budget.
+func hostKey(u *url.URL) string { return "host:" + u.Hostname() }
 
-// run parses args (without the program name), taking flag defaults from
-// getenv, sends the requests and prints the outcome to stdout.
-func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	cfg, err := parseFlags(args, getenv, stdout)
+// run parses args (without the program name), taking flag defaults from the
+// environment, sends the requests and prints the outcome to stdout.
+func run(ctx context.Context, args []string, stdout io.Writer) error {
+	cfg, err := parseFlags(args, stdout)
 	if err != nil {
 		return err
 	}
@@ -114,12 +119,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 
 	// The whole integration: every request spends from its host's budget
 	// before it is sent.
-	perHost := func(req *http.Request) []string { return []string{"host:" + req.URL.Host} }
+	perHost := func(req *http.Request) []string { return []string{hostKey(req.URL)} }
 	hc := &http.Client{Transport: c.Transport(nil, perHost), Timeout: 5 * time.Second}
 	defer hc.CloseIdleConnections()
 
+	upstreamURL, err := url.Parse(upstream.URL)
+	if err != nil {
+		return err
+	}
 	fmt.Fprintf(stdout, "calling %s (key %q) through lease server %s\n",
-		upstream.URL, "host:"+strings.TrimPrefix(upstream.URL, "http://"), strings.Join(cfg.servers, ","))
+		upstream.URL, hostKey(upstreamURL), strings.Join(cfg.servers, ","))
 	var admitted, denied atomic.Int64
 	var next atomic.Int64
 	var mu sync.Mutex

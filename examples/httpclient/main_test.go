@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"net/url"
 	"os"
 	"regexp"
 	"strconv"
@@ -31,22 +32,25 @@ func count(t *testing.T, out, label string) int {
 	return n
 }
 
-func TestRun(t *testing.T) {
+// runAgainst runs the program against a lease server with the rules of
+// rulesFile (in ../) and checks the outcome against the per-host rule.
+func runAgainst(t *testing.T, rulesFile string, args ...string) {
 	opts := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, opts) })
-	rules, err := os.ReadFile("../rules.yaml")
+	rules, err := os.ReadFile(rulesFile)
 	require.NoError(t, err)
 	srv := leasetest.Start(t, string(rules), leasetest.Options{})
 
 	var out bytes.Buffer
-	env := map[string]string{"RATELEASE_SERVER": srv.URL()}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	start := time.Now()
-	require.NoError(t, run(ctx, []string{"-duration", "1s", "-requests", "100", "-workers", "3"}, func(k string) string { return env[k] }, &out))
+	args = append([]string{"-server", srv.URL(), "-duration", "1s", "-requests", "100", "-workers", "3"}, args...)
+	require.NoError(t, run(ctx, args, &out))
 	elapsed := time.Since(start)
 	t.Logf("\n%s", out.String())
 
+	assert.Contains(t, out.String(), `(key "host:127.0.0.1")`, "the key has no port")
 	admitted, denied, reached := count(t, out.String(), "admitted"), count(t, out.String(), "denied"), count(t, out.String(), "upstream")
 	assert.Equal(t, 100, admitted+denied, "every request was admitted or denied")
 	assert.Equal(t, admitted, reached, "only admitted requests reached the upstream")
@@ -55,8 +59,30 @@ func TestRun(t *testing.T) {
 	assert.Positive(t, denied)
 }
 
+func TestRun(t *testing.T) {
+	runAgainst(t, "../rules.yaml")
+}
+
+// TestRunWithAuth runs against the rules with client authentication, with
+// the token they document.
+func TestRunWithAuth(t *testing.T) {
+	runAgainst(t, "../rules-auth.yaml", "-token", "dev-token-change-me")
+}
+
+func TestHostKey(t *testing.T) {
+	for raw, want := range map[string]string{
+		"http://127.0.0.1:43117/x":    "host:127.0.0.1",
+		"https://api.example.com/v1":  "host:api.example.com",
+		"https://API.example.com:443": "host:API.example.com",
+		"http://[::1]:8080/":          "host:::1",
+	} {
+		u, err := url.Parse(raw)
+		require.NoError(t, err)
+		assert.Equal(t, want, hostKey(u), raw)
+	}
+}
+
 func TestRunFlags(t *testing.T) {
-	env := func(string) string { return "" }
 	tests := []struct {
 		name string
 		args []string
@@ -67,12 +93,11 @@ func TestRunFlags(t *testing.T) {
 		{"zero requests", []string{"-requests", "0"}, nil},
 		{"negative duration", []string{"-duration", "-1s"}, nil},
 		{"extra argument", []string{"extra"}, nil},
-		{"bad server", []string{"-server", "127.0.0.1:8080"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var out bytes.Buffer
-			err := run(context.Background(), tt.args, env, &out)
+			err := run(context.Background(), tt.args, &out)
 			require.Error(t, err)
 			if tt.want != nil {
 				assert.ErrorIs(t, err, tt.want)

@@ -16,11 +16,16 @@
 //	-insecure          RATELEASED_INSECURE          allow a non-loopback address without clients
 //	-log-level         RATELEASED_LOG_LEVEL         debug, info, warn or error (default info)
 //	-log-format        RATELEASED_LOG_FORMAT        text or json (default text)
+//	-drain-delay       RATELEASED_DRAIN_DELAY       keep serving this long after SIGTERM, /readyz failing (default 0)
 //	-shutdown-timeout  RATELEASED_SHUTDOWN_TIMEOUT  grace period for in-flight requests (default 10s)
 //
 // The server reloads the rules file when it changes. SIGINT or SIGTERM
-// shuts it down gracefully and it exits 0; a startup error (a bad rules
-// file, say) is logged and it exits 1.
+// shuts it down gracefully: GET /readyz answers 503 at once; the server
+// goes on serving for -drain-delay, if set, so that a load balancer polling
+// /readyz stops sending traffic; then it refuses new connections, gives
+// in-flight requests -shutdown-timeout to finish, and exits 0. A second
+// signal kills it at once. A startup error (a bad rules file, say) is
+// logged and it exits 1; a bad flag or environment variable exits 2.
 //
 // For a cluster URL, list every seed node as an addr parameter:
 // redis://host1:6379?addr=host2:6379&addr=host3:6379.
@@ -37,13 +42,23 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// After the first signal, restore the default handling: a second one
+	// kills the process even while it drains.
+	context.AfterFunc(ctx, stop)
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stderr)
 	stop()
+	os.Exit(exitCode(err))
+}
+
+// exitCode is the exit status for run's result: 0 after a graceful shutdown
+// or -h, 2 for a bad flag or environment variable, 1 for any other error.
+func exitCode(err error) int {
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
 	case errors.Is(err, errUsage):
-		os.Exit(2)
+		return 2
 	default:
-		os.Exit(1)
+		return 1
 	}
 }

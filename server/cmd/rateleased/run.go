@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -8,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -21,32 +21,29 @@ import (
 	"github.com/ratelease/ratelease/server"
 )
 
-// urlQuery returns the query parameters of a Redis URL (none when it does
-// not parse; redis.ParseURL reports that).
-func urlQuery(raw string) url.Values {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return url.Values{}
-	}
-	return u.Query()
-}
+// failFastTimeout is the dial, read and write timeout of Redis calls unless
+// the URL sets them.
+const failFastTimeout = 500 * time.Millisecond
 
 // failFast sets the Redis timeouts and retries the URL leaves out to values
 // that fail within about a second: a lease server that cannot reach Redis
 // should answer 503 quickly, so that clients move to another server or to
 // their fallback instead of waiting. The URL's own dial_timeout,
 // read_timeout, write_timeout and max_retries win.
-func failFast(q url.Values, dial, read, write *time.Duration, retries *int) {
-	if !q.Has("dial_timeout") {
-		*dial = 500 * time.Millisecond
+//
+// It takes the options redis.ParseURL or redis.ParseClusterURL returned,
+// before the client applies its defaults: there a parameter the URL leaves
+// out is zero, while a duration the URL sets is positive, or -1 for one set
+// to 0 or less (no timeout). max_retries=0 is zero too, which go-redis also
+// takes as "the default", so it gets 1 here; max_retries=-1 disables
+// retries.
+func failFast(dial, read, write *time.Duration, retries *int) {
+	for _, d := range []*time.Duration{dial, read, write} {
+		if *d == 0 {
+			*d = failFastTimeout
+		}
 	}
-	if !q.Has("read_timeout") {
-		*read = 500 * time.Millisecond
-	}
-	if !q.Has("write_timeout") {
-		*write = 500 * time.Millisecond
-	}
-	if !q.Has("max_retries") {
+	if *retries == 0 {
 		*retries = 1
 	}
 }
@@ -63,6 +60,7 @@ type config struct {
 	insecure        bool
 	logLevel        slog.Level
 	logFormat       string
+	drainDelay      time.Duration
 	shutdownTimeout time.Duration
 }
 
@@ -102,6 +100,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		ListenAddr:      cfg.listen,
 		Insecure:        cfg.insecure,
 		Logger:          log,
+		DrainDelay:      cfg.drainDelay,
 		ShutdownTimeout: cfg.shutdownTimeout,
 	})
 	if err != nil {
@@ -146,18 +145,18 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger) (leases.Store,
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("-redis (with -redis-cluster): %w: want redis://host:port?addr=host2:port", err)
 		}
-		q := urlQuery(cfg.redisURL)
-		failFast(q, &opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries)
-		opts.DialerRetries = 1
+		failFast(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries)
+		if opts.DialerRetries == 0 { // unless the URL sets dialer_retries
+			opts.DialerRetries = 1
+		}
 		rdb, addr = redis.NewClusterClient(opts), strings.Join(opts.Addrs, ",")
 	} else {
 		opts, err := redis.ParseURL(cfg.redisURL)
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("-redis: %w: want redis://[user:password@]host:port/db or rediss://…", err)
 		}
-		q := urlQuery(cfg.redisURL)
-		failFast(q, &opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries)
-		opts.DialerRetries = 1
+		failFast(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries)
+		opts.DialerRetries = 1 // a redis:// URL cannot set it
 		rdb, addr = redis.NewClient(opts), opts.Addr
 	}
 	// The server starts even when Redis is down: /readyz fails and calls
@@ -188,12 +187,7 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 	fs := flag.NewFlagSet("rateleased", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var envErrs []error
-	str := func(name, def string) string {
-		if v := env(name); v != "" {
-			return v
-		}
-		return def
-	}
+	str := func(name, def string) string { return cmp.Or(env(name), def) }
 	boolean := func(name string) bool {
 		v := env(name)
 		if v == "" {
@@ -234,8 +228,10 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 		"log `level`: debug, info, warn or error (env RATELEASED_LOG_LEVEL)")
 	fs.StringVar(&format, "log-format", str("RATELEASED_LOG_FORMAT", "text"),
 		"log `format`: text or json (env RATELEASED_LOG_FORMAT)")
+	fs.DurationVar(&cfg.drainDelay, "drain-delay", duration("RATELEASED_DRAIN_DELAY", 0),
+		"on SIGTERM, keep serving this long with /readyz answering 503, so that load balancers stop sending traffic, before refusing new connections; 0: refuse them at once (env RATELEASED_DRAIN_DELAY)")
 	fs.DurationVar(&cfg.shutdownTimeout, "shutdown-timeout", duration("RATELEASED_SHUTDOWN_TIMEOUT", server.DefaultShutdownTimeout),
-		"how long in-flight requests may take to finish on SIGTERM (env RATELEASED_SHUTDOWN_TIMEOUT)")
+		"how long in-flight requests may take to finish on SIGTERM, after -drain-delay (env RATELEASED_SHUTDOWN_TIMEOUT)")
 
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -257,6 +253,9 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 		cfg.logFormat = format
 	default:
 		return config{}, usageError(fs, fmt.Errorf("-log-format %q: want text or json", format))
+	}
+	if cfg.drainDelay < 0 {
+		return config{}, usageError(fs, fmt.Errorf("-drain-delay %v: want 0 or a positive duration", cfg.drainDelay))
 	}
 	if cfg.shutdownTimeout <= 0 {
 		return config{}, usageError(fs, fmt.Errorf("-shutdown-timeout %v: want a positive duration", cfg.shutdownTimeout))

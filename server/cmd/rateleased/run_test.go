@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -185,6 +186,75 @@ func TestRunWithRedis(t *testing.T) {
 	require.NoError(t, d.stop(t))
 }
 
+// TestRunRedisDownFailsFast: with Redis stopped, the daemon's fail-fast
+// Redis settings answer 503 well within the server's store timeout (2s)
+// and the client's patience.
+func TestRunRedisDownFailsFast(t *testing.T) {
+	rs := redistest.Start(t)
+	d := startDaemon(t, map[string]string{"RATELEASED_REDIS": rs.URL()}, "-rules", "../../../examples/rules.yaml")
+	url := "http://" + d.addr + protocol.PathLeases
+	body := `{"client_id":"c","leases":[{"key":"user:1","want":1}]}`
+	status, resp := post(t, url, "", body)
+	require.Equal(t, http.StatusOK, status, "body: %s", resp)
+
+	rs.Stop(t)
+	for range 3 { // the first call finds the pooled connection dead; the others dial
+		start := time.Now()
+		status, resp = post(t, url, "", body)
+		elapsed := time.Since(start)
+		require.Equal(t, http.StatusServiceUnavailable, status, "body: %s", resp)
+		assert.Contains(t, string(resp), string(protocol.CodeStoreUnavailable))
+		assert.Less(t, elapsed, 1500*time.Millisecond, "503 comes fast")
+		t.Logf("503 after %v", elapsed.Round(time.Millisecond))
+	}
+	require.NoError(t, d.stop(t))
+}
+
+func TestFailFast(t *testing.T) {
+	opts, err := redis.ParseURL("redis://127.0.0.1:6379/0")
+	require.NoError(t, err)
+	failFast(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries)
+	assert.Equal(t, failFastTimeout, opts.DialTimeout)
+	assert.Equal(t, failFastTimeout, opts.ReadTimeout)
+	assert.Equal(t, failFastTimeout, opts.WriteTimeout)
+	assert.Equal(t, 1, opts.MaxRetries)
+
+	// The URL's values win, a disabled timeout (0: -1 once parsed) included.
+	opts, err = redis.ParseURL("redis://127.0.0.1:6379/0?dial_timeout=3s&read_timeout=0&write_timeout=2&max_retries=-1")
+	require.NoError(t, err)
+	failFast(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries)
+	assert.Equal(t, 3*time.Second, opts.DialTimeout)
+	assert.Equal(t, time.Duration(-1), opts.ReadTimeout)
+	assert.Equal(t, 2*time.Second, opts.WriteTimeout)
+	assert.Equal(t, -1, opts.MaxRetries)
+
+	copts, err := redis.ParseClusterURL("redis://127.0.0.1:7000?addr=127.0.0.1:7001&read_timeout=1s&max_retries=4")
+	require.NoError(t, err)
+	failFast(&copts.DialTimeout, &copts.ReadTimeout, &copts.WriteTimeout, &copts.MaxRetries)
+	assert.Equal(t, failFastTimeout, copts.DialTimeout)
+	assert.Equal(t, time.Second, copts.ReadTimeout)
+	assert.Equal(t, 4, copts.MaxRetries)
+}
+
+func TestExitCode(t *testing.T) {
+	assert.Equal(t, 0, exitCode(nil))
+	noEnv := func(string) string { return "" }
+	for _, tt := range []struct {
+		name string
+		args []string
+		want int
+	}{
+		{"help", []string{"-h"}, 0},
+		{"unknown flag", []string{"-nope"}, 2},
+		{"bad flag value", []string{"-drain-delay", "-1s"}, 2},
+		{"missing rules file", []string{"-listen", "127.0.0.1:0", "-rules", filepath.Join(t.TempDir(), "nope.yaml")}, 1},
+		{"exposed address", []string{"-listen", "0.0.0.0:0"}, 1},
+	} {
+		err := run(context.Background(), tt.args, noEnv, io.Discard)
+		assert.Equal(t, tt.want, exitCode(err), "%s: %v", tt.name, err)
+	}
+}
+
 func TestRunBadRulesFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "rules.yaml")
 	require.NoError(t, os.WriteFile(path, []byte(`
@@ -240,21 +310,25 @@ func TestParseFlags(t *testing.T) {
 				"RATELEASED_REDIS": "redis://h:1/0", "RATELEASED_REDIS_CLUSTER": "true",
 				"RATELEASED_INSECURE": "1", "RATELEASED_LOG_LEVEL": "debug",
 				"RATELEASED_LOG_FORMAT": "json", "RATELEASED_SHUTDOWN_TIMEOUT": "3s",
+				"RATELEASED_DRAIN_DELAY": "5s",
 			},
 			want: config{listen: "127.0.0.1:9999", rules: "r.yaml", redisURL: "redis://h:1/0", redisCluster: true,
-				insecure: true, logLevel: slog.LevelDebug, logFormat: "json", shutdownTimeout: 3 * time.Second},
+				insecure: true, logLevel: slog.LevelDebug, logFormat: "json", drainDelay: 5 * time.Second, shutdownTimeout: 3 * time.Second},
 		},
 		{
 			name: "flags override the environment",
-			args: []string{"-listen", "127.0.0.1:1", "-insecure=false", "-log-level", "WARN", "-shutdown-timeout", "1s"},
-			env:  map[string]string{"RATELEASED_LISTEN": "127.0.0.1:9999", "RATELEASED_INSECURE": "true", "RATELEASED_LOG_LEVEL": "debug"},
+			args: []string{"-listen", "127.0.0.1:1", "-insecure=false", "-log-level", "WARN", "-shutdown-timeout", "1s", "-drain-delay", "0"},
+			env:  map[string]string{"RATELEASED_LISTEN": "127.0.0.1:9999", "RATELEASED_INSECURE": "true", "RATELEASED_LOG_LEVEL": "debug", "RATELEASED_DRAIN_DELAY": "5s"},
 			want: config{listen: "127.0.0.1:1", logLevel: slog.LevelWarn, logFormat: "text", shutdownTimeout: time.Second},
 		},
+		{name: "drain delay", args: []string{"-drain-delay", "15s"}, want: func() config { c := defaults; c.drainDelay = 15 * time.Second; return c }()},
 		{name: "bad boolean in env", env: map[string]string{"RATELEASED_INSECURE": "yes please"}, wantErr: "RATELEASED_INSECURE"},
 		{name: "bad duration in env", env: map[string]string{"RATELEASED_SHUTDOWN_TIMEOUT": "soon"}, wantErr: "RATELEASED_SHUTDOWN_TIMEOUT"},
 		{name: "bad log level", args: []string{"-log-level", "loud"}, wantErr: "-log-level"},
 		{name: "bad log format", args: []string{"-log-format", "xml"}, wantErr: "-log-format"},
 		{name: "zero shutdown timeout", args: []string{"-shutdown-timeout", "0s"}, wantErr: "-shutdown-timeout"},
+		{name: "negative drain delay", args: []string{"-drain-delay", "-1s"}, wantErr: "-drain-delay"},
+		{name: "bad drain delay in env", env: map[string]string{"RATELEASED_DRAIN_DELAY": "later"}, wantErr: "RATELEASED_DRAIN_DELAY"},
 		{name: "cluster without URL", args: []string{"-redis-cluster"}, wantErr: "-redis-cluster"},
 		{name: "unknown flag", args: []string{"-nope"}, wantErr: "nope"},
 		{name: "positional argument", args: []string{"serve"}, wantErr: `"serve"`},
@@ -279,6 +353,7 @@ func TestParseFlags(t *testing.T) {
 	_, err := parseFlags([]string{"-h"}, func(string) string { return "" }, &out)
 	require.ErrorIs(t, err, flag.ErrHelp)
 	assert.Contains(t, out.String(), "RATELEASED_REDIS")
+	assert.Contains(t, out.String(), "RATELEASED_DRAIN_DELAY")
 }
 
 func TestRunBadRedisURL(t *testing.T) {
