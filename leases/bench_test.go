@@ -26,7 +26,7 @@ func settleLoop(b *testing.B, store leases.Store, owner string, n int, prefix st
 		for i := range ops {
 			ops[i].NewLeaseID = leases.NewLeaseID()
 		}
-		out, err := store.Lease(ctx, owner, ops)
+		out, err := store.Lease(ctx, own(owner), ops)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -72,7 +72,7 @@ func BenchmarkMemoryStoreSettleParallel(b *testing.B) {
 			for i := range ops {
 				ops[i].NewLeaseID = leases.NewLeaseID()
 			}
-			out, err := s.Lease(ctx, owner, ops)
+			out, err := s.Lease(ctx, own(owner), ops)
 			if err != nil {
 				b.Error(err)
 				return
@@ -112,7 +112,7 @@ func BenchmarkEngineLease(b *testing.B) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
-		res, _, err := e.Lease(ctx, "bench/1", entries)
+		res, _, err := e.Lease(ctx, own("bench/1"), entries)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -16,6 +16,9 @@ type EngineOptions struct {
 	Store Store
 	// Policy is the initial rules; nil means no rules and default allow.
 	Policy *Policy
+	// Limits cap the open leases of each key; the zero value applies the
+	// defaults (see LeaseLimits).
+	Limits LeaseLimits
 	// OnStoreCall, when set, is called after every store call with the
 	// operation ("lease", "take", "refund"), its duration and its error.
 	// The server uses it for the store latency histogram.
@@ -31,6 +34,7 @@ type EngineOptions struct {
 type Engine struct {
 	store  Store
 	policy *Policy
+	limits LeaseLimits
 	onCall func(string, time.Duration, error)
 }
 
@@ -40,7 +44,7 @@ func NewEngine(opts EngineOptions) *Engine {
 	if opts.Store == nil {
 		panic("leases: NewEngine with nil Store")
 	}
-	e := &Engine{store: opts.Store, policy: opts.Policy, onCall: opts.OnStoreCall}
+	e := &Engine{store: opts.Store, policy: opts.Policy, limits: opts.Limits, onCall: opts.OnStoreCall}
 	if e.policy == nil {
 		e.policy, _ = NewPolicy(RuleSet{})
 	}
@@ -78,9 +82,10 @@ func (e *Engine) observe(op string, start time.Time, err error) {
 // protocol.LeaseRequest.Validate). A store failure fails the whole call with
 // an error wrapping ErrStoreUnavailable. The per-operation errors of a Store,
 // ErrUnknownLease and ErrUsedExceedsGranted, fail their entry alone: they
-// are in the results' Error. Any other per-operation error fails the whole
-// call with an error that names the key and wraps it.
-func (e *Engine) Lease(ctx context.Context, owner string, entries []protocol.LeaseEntry) ([]protocol.LeaseResult, Report, error) {
+// are in the results' Error, and so is ErrTooManyLeases. Any other
+// per-operation error fails the whole call with an error that names the key
+// and wraps it.
+func (e *Engine) Lease(ctx context.Context, owner Owner, entries []protocol.LeaseEntry) ([]protocol.LeaseResult, Report, error) {
 	p := e.policy
 	results := make([]protocol.LeaseResult, len(entries))
 	ops := make([]LeaseOp, 0, len(entries))
@@ -107,7 +112,7 @@ func (e *Engine) Lease(ctx context.Context, owner string, entries []protocol.Lea
 			}
 			continue
 		}
-		ops = append(ops, LeaseOp{Key: en.Key, Bucket: r.Bucket(), Want: en.Want, LeaseID: en.LeaseID, Used: en.Used, NewLeaseID: NewLeaseID(), Slot: en.Slot})
+		ops = append(ops, LeaseOp{Key: en.Key, Bucket: r.Bucket(), Want: en.Want, LeaseID: en.LeaseID, Used: en.Used, NewLeaseID: NewLeaseID(), Slot: en.Slot, Limits: e.limits})
 		idx = append(idx, i)
 		rules = append(rules, r)
 	}
@@ -131,6 +136,9 @@ func (e *Engine) Lease(ctx context.Context, owner string, entries []protocol.Lea
 			continue
 		case ErrUsedExceedsGranted:
 			res.Error = protocol.NewProblem(protocol.CodeUsedExceedsGranted, fmt.Sprintf("used %d for lease %q of key %q is more than it granted; nothing changed", en.Used, en.LeaseID, en.Key))
+			continue
+		case ErrTooManyLeases:
+			res.Error = protocol.NewProblem(protocol.CodeTooManyLeases, fmt.Sprintf("key %q already has the most open leases the server allows (per key, or per client on the key); nothing was granted: take tokens directly for this key (POST %s), or ask the operator to raise the cap", en.Key, protocol.PathCheck))
 			continue
 		default:
 			// A failure the store does not document per operation: the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,7 +36,7 @@ rules:
 func TestEngineLease(t *testing.T) {
 	e, _, _ := newEngine(t, engineRules)
 	ctx := context.Background()
-	res, rep, err := e.Lease(ctx, "svc/a", []protocol.LeaseEntry{{Key: "user:42", Want: 50}, {Key: "other", Want: 7}})
+	res, rep, err := e.Lease(ctx, own("svc/a"), []protocol.LeaseEntry{{Key: "user:42", Want: 50}, {Key: "other", Want: 7}})
 	require.NoError(t, err)
 	require.Len(t, res, 2)
 	u := res[0]
@@ -58,13 +59,13 @@ func TestEngineLease(t *testing.T) {
 	assert.Equal(t, leases.Report{Grants: 2}, rep)
 
 	// A second client: fair share and safe rate split between two holders.
-	res, _, err = e.Lease(ctx, "svc/b", []protocol.LeaseEntry{{Key: "user:42", Want: 100}})
+	res, _, err = e.Lease(ctx, own("svc/b"), []protocol.LeaseEntry{{Key: "user:42", Want: 100}})
 	require.NoError(t, err)
 	assert.EqualValues(t, 50, res[0].Granted)
 	assert.InDelta(t, 50.0, res[0].SafeRate, 1e-9)
 
 	// Settle, with the per-entry errors.
-	res, rep, err = e.Lease(ctx, "svc/a", []protocol.LeaseEntry{
+	res, rep, err = e.Lease(ctx, own("svc/a"), []protocol.LeaseEntry{
 		{Key: "user:42", Want: 0, LeaseID: u.LeaseID, Used: 50},
 		{Key: "user:42x", Want: 1, LeaseID: "nope", Used: 0},
 	})
@@ -79,7 +80,7 @@ func TestEngineLease(t *testing.T) {
 
 func TestEngineDenyDefault(t *testing.T) {
 	e, _, _ := newEngine(t, "default: deny\nrules: [{name: u, match: 'user:*', limit: 1, period: 1s}]")
-	res, _, err := e.Lease(context.Background(), "a/1", []protocol.LeaseEntry{{Key: "svc:x", Want: 1}, {Key: "user:1", Want: 1}})
+	res, _, err := e.Lease(context.Background(), own("a/1"), []protocol.LeaseEntry{{Key: "svc:x", Want: 1}, {Key: "user:1", Want: 1}})
 	require.NoError(t, err)
 	require.NotNil(t, res[0].Error)
 	assert.Equal(t, protocol.CodeNoRule, res[0].Error.Code)
@@ -133,7 +134,7 @@ func TestEngineCheckAllOrNothing(t *testing.T) {
 
 type failingStore struct{ leases.Store }
 
-func (failingStore) Lease(context.Context, string, []leases.LeaseOp) ([]leases.LeaseOutcome, error) {
+func (failingStore) Lease(context.Context, leases.Owner, []leases.LeaseOp) ([]leases.LeaseOutcome, error) {
 	return nil, fmt.Errorf("dial: %w", leases.ErrStoreUnavailable)
 }
 
@@ -148,7 +149,7 @@ func TestEngineStoreFailure(t *testing.T) {
 		}(),
 		OnStoreCall: func(op string, _ time.Duration, err error) { calls = append(calls, fmt.Sprint(op, " ", err != nil)) },
 	})
-	_, _, err := e.Lease(context.Background(), "a/1", []protocol.LeaseEntry{{Key: "k", Want: 1}})
+	_, _, err := e.Lease(context.Background(), own("a/1"), []protocol.LeaseEntry{{Key: "k", Want: 1}})
 	assert.True(t, errors.Is(err, leases.ErrStoreUnavailable))
 	assert.Equal(t, []string{"lease true"}, calls)
 }
@@ -161,7 +162,7 @@ type opErrStore struct {
 	err error
 }
 
-func (s opErrStore) Lease(ctx context.Context, owner string, ops []leases.LeaseOp) ([]leases.LeaseOutcome, error) {
+func (s opErrStore) Lease(ctx context.Context, owner leases.Owner, ops []leases.LeaseOp) ([]leases.LeaseOutcome, error) {
 	outs, err := s.Store.Lease(ctx, owner, ops)
 	if err != nil {
 		return nil, err
@@ -184,7 +185,7 @@ func TestEngineUnexpectedOpErrorFailsTheCall(t *testing.T) {
 	require.NoError(t, err)
 	e := leases.NewEngine(leases.EngineOptions{Store: opErrStore{Store: ms, bad: "user:2", err: cause}, Policy: p})
 
-	res, rep, err := e.Lease(context.Background(), "svc/a", []protocol.LeaseEntry{{Key: "user:1", Want: 1}, {Key: "user:2", Want: 1}})
+	res, rep, err := e.Lease(context.Background(), own("svc/a"), []protocol.LeaseEntry{{Key: "user:1", Want: 1}, {Key: "user:2", Want: 1}})
 	require.ErrorIs(t, err, cause, "the cause is kept")
 	assert.Contains(t, err.Error(), `lease "user:2"`)
 	assert.False(t, errors.Is(err, leases.ErrStoreUnavailable))
@@ -193,7 +194,7 @@ func TestEngineUnexpectedOpErrorFailsTheCall(t *testing.T) {
 
 	// The documented per-operation errors still fail their entry alone.
 	e = leases.NewEngine(leases.EngineOptions{Store: opErrStore{Store: ms, bad: "user:2", err: leases.ErrUnknownLease}, Policy: p})
-	res, _, err = e.Lease(context.Background(), "svc/a", []protocol.LeaseEntry{{Key: "user:1", Want: 1}, {Key: "user:2", Want: 1}})
+	res, _, err = e.Lease(context.Background(), own("svc/a"), []protocol.LeaseEntry{{Key: "user:1", Want: 1}, {Key: "user:2", Want: 1}})
 	require.NoError(t, err)
 	assert.Nil(t, res[0].Error)
 	require.NotNil(t, res[1].Error)
@@ -210,31 +211,63 @@ func TestNewLeaseID(t *testing.T) {
 	}
 }
 
+// TestMemoryStoreSweepsIdleBuckets: idle buckets (full, no open lease) are
+// dropped by the background sweep even when no request arrives, and never a
+// bucket with an open lease.
 func TestMemoryStoreSweepsIdleBuckets(t *testing.T) {
 	clock := storetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	s := leases.NewMemoryStore(leases.MemoryOptions{Now: clock.Now})
+	s := leases.NewMemoryStore(leases.MemoryOptions{Now: clock.Now, SweepInterval: 64 * time.Millisecond})
+	t.Cleanup(func() { _ = s.Close() })
 	ctx := context.Background()
 	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 10, Period: time.Second, Burst: 10, LeaseTTL: time.Second}
+	long := b
+	long.LeaseTTL = time.Hour
 	for i := range 5000 {
-		_, err := s.Lease(ctx, "a/1", []leases.LeaseOp{{Key: fmt.Sprint("k", i), Bucket: b, Want: 1, NewLeaseID: "x"}})
+		_, err := s.Lease(ctx, own("a/1"), []leases.LeaseOp{{Key: fmt.Sprint("k", i), Bucket: b, Want: 1, NewLeaseID: "x"}})
 		require.NoError(t, err)
 	}
-	assert.Equal(t, 5000, s.Len())
-	// After the leases expire and the buckets refill, using the store
-	// drops the idle buckets.
+	_, err := s.Lease(ctx, own("a/1"), []leases.LeaseOp{{Key: "held", Bucket: long, Want: 1, NewLeaseID: "x"}})
+	require.NoError(t, err)
+	require.Equal(t, 5001, s.Len())
+	// After the leases expire and the buckets refill, the sweeper drops the
+	// idle buckets with no request at all; the bucket with a lease open for
+	// an hour stays.
 	clock.Advance(3 * time.Second)
-	for i := range 64 * 600 {
-		_, err := s.Take(ctx, []leases.TakeOp{{Key: fmt.Sprint("hot", i%10), Bucket: b, Cost: 0}})
-		require.NoError(t, err)
-	}
-	assert.LessOrEqual(t, s.Len(), 10)
+	require.Eventually(t, func() bool { return s.Len() == 1 }, 10*time.Second, 5*time.Millisecond)
+	st, err := s.State(ctx, "held", long)
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, st.Outstanding)
+}
+
+// TestMemoryStoreSweep: without a sweeper, Sweep drops the idle buckets.
+func TestMemoryStoreSweep(t *testing.T) {
+	clock := storetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	s := leases.NewMemoryStore(leases.MemoryOptions{Now: clock.Now, SweepInterval: -1})
+	t.Cleanup(func() { _ = s.Close() })
+	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 10, Period: time.Second, Burst: 10, LeaseTTL: time.Second}
+	_, err := s.Take(context.Background(), []leases.TakeOp{{Key: "a", Bucket: b, Cost: 5}, {Key: "b", Bucket: b, Cost: 1}})
+	require.NoError(t, err)
+	s.Sweep()
+	require.Equal(t, 2, s.Len(), "neither bucket is full yet")
+	clock.Advance(100 * time.Millisecond)
+	s.Sweep()
+	require.Equal(t, 1, s.Len(), "b refilled its token in 100 ms")
+	clock.Advance(400 * time.Millisecond)
+	s.Sweep()
+	require.Zero(t, s.Len())
 }
 
 func TestMemoryStoreClosed(t *testing.T) {
 	s := leases.NewMemoryStore(leases.MemoryOptions{})
 	require.NoError(t, s.Close())
 	require.NoError(t, s.Close())
-	_, err := s.Lease(context.Background(), "a", []leases.LeaseOp{{Key: "k"}})
+	_, err := s.Lease(context.Background(), own("a"), []leases.LeaseOp{{Key: "k"}})
 	assert.ErrorIs(t, err, leases.ErrClosed)
 	assert.ErrorIs(t, s.Ping(context.Background()), leases.ErrClosed)
+}
+
+// own returns the Owner named "client/process".
+func own(s string) leases.Owner {
+	c, p, _ := strings.Cut(s, "/")
+	return leases.Owner{Client: c, Process: p}
 }

@@ -31,8 +31,10 @@ rules:
 	defer store.Close()
 	engine := leases.NewEngine(leases.EngineOptions{Store: store, Policy: policy})
 	ctx := context.Background()
+	// The authenticated client "checkout", process 7f3a.
+	owner := leases.Owner{Client: "checkout", Process: "7f3a"}
 
-	res, _, err := engine.Lease(ctx, "checkout/7f3a", []protocol.LeaseEntry{{Key: "user:42", Want: 30}})
+	res, _, err := engine.Lease(ctx, owner, []protocol.LeaseEntry{{Key: "user:42", Want: 30}})
 	if err != nil {
 		panic(err)
 	}
@@ -40,13 +42,13 @@ rules:
 	fmt.Println("granted", first.Granted, "remaining", first.Remaining, "rule", first.Rule)
 
 	// 12 of the 30 were used: 18 go back, and a new batch of 30 is taken.
-	res, _, err = engine.Lease(ctx, "checkout/7f3a", []protocol.LeaseEntry{{Key: "user:42", Want: 30, LeaseID: first.LeaseID, Used: 12}})
+	res, _, err = engine.Lease(ctx, owner, []protocol.LeaseEntry{{Key: "user:42", Want: 30, LeaseID: first.LeaseID, Used: 12}})
 	if err != nil {
 		panic(err)
 	}
 	fmt.Println("granted", res[0].Granted, "remaining", res[0].Remaining)
 
-	res, _, _ = engine.Lease(ctx, "checkout/7f3a", []protocol.LeaseEntry{{Key: "svc:other", Want: 1}})
+	res, _, _ = engine.Lease(ctx, owner, []protocol.LeaseEntry{{Key: "svc:other", Want: 1}})
 	fmt.Println(res[0].Error.Code)
 	// Output:
 	// granted 30 remaining 70 rule per-user

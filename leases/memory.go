@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/maphash"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -15,7 +14,17 @@ type MemoryOptions struct {
 	// Now is the store's clock; nil means time.Now. Tests set it to drive
 	// time by hand.
 	Now func() time.Time
+	// SweepInterval is how long the store takes to look at every bucket
+	// once and drop those that are idle (full, with no open lease): a
+	// background goroutine sweeps one shard every SweepInterval/64. Zero
+	// means DefaultSweepInterval; a negative value starts no goroutine, and
+	// idle buckets are dropped only by calls to Sweep.
+	SweepInterval time.Duration
 }
+
+// DefaultSweepInterval is the MemoryOptions.SweepInterval of the zero
+// value.
+const DefaultSweepInterval = 10 * time.Second
 
 const memoryShards = 64
 
@@ -26,19 +35,18 @@ const memoryShards = 64
 //
 // It is safe for concurrent use. Keys are spread over shards, each with its
 // own mutex, so operations on different keys rarely contend. Buckets that
-// are full and hold no lease are dropped as the store is used (one shard at
-// a time, the cost spread over the operations), so memory follows the active
-// keys.
+// are full and hold no lease are dropped by a background sweep, one shard at
+// a time, whether or not requests arrive, so memory follows the active keys.
 type MemoryStore struct {
 	now    func() time.Time
 	seed   maphash.Seed
 	shards [memoryShards]memShard
 	closed chan struct{}
 	once   sync.Once
+	swept  sync.WaitGroup // the sweeper goroutine
 
-	sinceSweep atomic.Int64 // operations since the last sweep
-	sweepMu    sync.Mutex   // held by the sweeper
-	nextSweep  int          // shard swept next, under sweepMu
+	sweepMu   sync.Mutex // serializes sweeps
+	nextSweep int        // shard swept next, under sweepMu
 }
 
 type memShard struct {
@@ -51,7 +59,9 @@ type memShard struct {
 // after Close.
 var ErrClosed = errors.New("store closed")
 
-// NewMemoryStore returns an empty MemoryStore.
+// NewMemoryStore returns an empty MemoryStore. Unless
+// opts.SweepInterval is negative it starts a goroutine that sweeps idle
+// buckets; Close stops it.
 func NewMemoryStore(opts MemoryOptions) *MemoryStore {
 	s := &MemoryStore{now: opts.Now, seed: maphash.MakeSeed(), closed: make(chan struct{})}
 	if s.now == nil {
@@ -60,7 +70,28 @@ func NewMemoryStore(opts MemoryOptions) *MemoryStore {
 	for i := range s.shards {
 		s.shards[i].m = make(map[string]*tbState)
 	}
+	if iv := opts.SweepInterval; iv >= 0 {
+		if iv == 0 {
+			iv = DefaultSweepInterval
+		}
+		s.swept.Add(1)
+		go s.sweeper(max(iv/memoryShards, time.Millisecond))
+	}
 	return s
+}
+
+func (s *MemoryStore) sweeper(every time.Duration) {
+	defer s.swept.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.closed:
+			return
+		case <-t.C:
+			s.sweepShard()
+		}
+	}
 }
 
 func (s *MemoryStore) shard(key string) *memShard {
@@ -80,7 +111,7 @@ func (s *MemoryStore) check(ctx context.Context) error {
 }
 
 // with runs fn on key's state under the shard lock, creating the state when
-// missing, and sweeps idle buckets of the shard from time to time.
+// missing.
 func (s *MemoryStore) with(key string, b *Bucket, now int64, fn func(*tbState)) {
 	sh := s.shard(key)
 	sh.mu.Lock()
@@ -91,39 +122,35 @@ func (s *MemoryStore) with(key string, b *Bucket, now int64, fn func(*tbState)) 
 	}
 	fn(st)
 	sh.mu.Unlock()
-	s.maybeSweep(now)
 }
 
-// sweepEvery is the least number of operations between two shard sweeps.
-const sweepEvery = 256
-
-// maybeSweep drops the idle buckets of one shard, the shards taken in turn,
-// once at least sweepEvery operations and at least as many operations as
-// the shard holds buckets have run since the last sweep. A sweep's cost is
-// thus spread over as many operations as it scans buckets: O(1) per
-// operation, and with no background goroutine.
-func (s *MemoryStore) maybeSweep(now int64) {
-	if s.sinceSweep.Add(1) < sweepEvery || !s.sweepMu.TryLock() {
-		return
-	}
+// sweepShard drops the idle buckets of one shard, the shards taken in turn.
+func (s *MemoryStore) sweepShard() {
+	s.sweepMu.Lock()
 	defer s.sweepMu.Unlock()
+	now := s.now().UnixMicro()
 	sh := &s.shards[s.nextSweep]
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if s.sinceSweep.Load() < int64(len(sh.m)) {
-		return
-	}
 	for k, st := range sh.m {
 		if st.idle(now) {
 			delete(sh.m, k)
 		}
 	}
+	sh.mu.Unlock()
 	s.nextSweep = (s.nextSweep + 1) % memoryShards
-	s.sinceSweep.Store(0)
+}
+
+// Sweep drops every idle bucket (full, with no open lease) now. The
+// background sweep does the same one shard at a time; Sweep exists for
+// stores without one and for tests.
+func (s *MemoryStore) Sweep() {
+	for range memoryShards {
+		s.sweepShard()
+	}
 }
 
 // Lease implements Store.
-func (s *MemoryStore) Lease(ctx context.Context, owner string, ops []LeaseOp) ([]LeaseOutcome, error) {
+func (s *MemoryStore) Lease(ctx context.Context, owner Owner, ops []LeaseOp) ([]LeaseOutcome, error) {
 	if err := s.check(ctx); err != nil {
 		return nil, err
 	}
@@ -183,11 +210,9 @@ func (s *MemoryStore) State(ctx context.Context, key string, b Bucket) (BucketSt
 	if !ok {
 		return BucketState{Level: float64(b.Burst), Now: nowT}, nil
 	}
-	cp := *st
-	cp.leases = append([]openLease(nil), st.leases...)
-	cp.reap(now)
-	cp.refill(&b, now)
-	return BucketState{Level: cp.level, Outstanding: cp.out, Leases: len(cp.leases), Now: nowT}, nil
+	bs := st.snapshot(&b, now)
+	bs.Now = nowT
+	return bs, nil
 }
 
 // Len returns the number of buckets the store holds, idle ones not yet
@@ -206,8 +231,10 @@ func (s *MemoryStore) Len() int {
 // Ping implements Store; it fails only after Close.
 func (s *MemoryStore) Ping(ctx context.Context) error { return s.check(ctx) }
 
-// Close implements Store. Later calls fail with ErrClosed.
+// Close implements Store: it stops the sweeper. Later calls fail with
+// ErrClosed.
 func (s *MemoryStore) Close() error {
 	s.once.Do(func() { close(s.closed) })
+	s.swept.Wait()
 	return nil
 }

@@ -30,11 +30,20 @@ type RedisOptions struct {
 //
 // Every operation on a key runs as one Lua script (scripts/token_bucket.lua,
 // embedded) under EVALSHA, atomically, with the time taken from Redis TIME.
-// The two Redis keys of a bucket, rl:{key}:b and rl:{key}:l, carry the same
-// hash tag, so a script touches one slot and the store runs unchanged on
-// Redis Cluster. A call for many keys is one pipelined round trip per Redis
-// node. Keys expire once the bucket would be full with no open lease, so
-// Redis memory follows the active keys.
+// A bucket is a hash (rl:{key}) that holds the level, the refill clock, the
+// open leases and the sums and counts derived from them, plus, while leases
+// are open, a sorted set indexing them by expiry (rl:{key}:z), and, while
+// the key is shared, a sorted set of fair-share clocks (rl:{key}:s). All
+// carry the same hash tag, so a script touches one slot and the store runs
+// unchanged on Redis Cluster. A call for many keys is one pipelined round
+// trip per Redis node. The keys expire once every open lease has ended and
+// the bucket would be full again, so Redis memory follows the active keys.
+//
+// Redis must not evict these keys: run it with maxmemory-policy noeviction
+// and with persistence. The script still never rebuilds a lost part as a
+// full bucket that forgets open leases (see the script's header), but a
+// bucket lost whole, or a Redis restarted without its data, is a full bucket
+// again and can admit one extra burst.
 type RedisStore struct {
 	rdb    redis.UniversalClient
 	script *redis.Script
@@ -47,11 +56,12 @@ func NewRedisStore(rdb redis.UniversalClient, opts RedisOptions) *RedisStore {
 	return &RedisStore{rdb: rdb, script: redis.NewScript(tokenBucketLua), now: opts.Now}
 }
 
-// redisKeys returns the bucket and leases keys of key. Both carry one hash
-// tag. A key containing '}' would end the tag early (and "}x" would give an
-// empty tag, which Redis ignores), so such keys are tagged with a hash of the
-// key instead; the full key still follows, so names never collide.
-func redisKeys(key string) (bucket, leases string) {
+// RedisKeys returns the Redis keys of key's bucket: the bucket hash, the
+// expiry index and the fair-share clocks. All carry one hash tag. A key
+// containing '}' would end the tag early (and "}x" would give an empty tag,
+// which Redis ignores), so such keys are tagged with a hash of the key
+// instead; the full key still follows, so names never collide.
+func RedisKeys(key string) (bucket, expiries, shares string) {
 	var base string
 	if strings.IndexByte(key, '}') < 0 {
 		base = "rl:{" + key + "}"
@@ -60,7 +70,12 @@ func redisKeys(key string) (bucket, leases string) {
 		h.Write([]byte(key))
 		base = fmt.Sprintf("rl:{h%016x}%s", h.Sum64(), key)
 	}
-	return base + ":b", base + ":l"
+	return base, base + ":z", base + ":s"
+}
+
+func redisKeyList(key string) []string {
+	b, z, sh := RedisKeys(key)
+	return []string{b, z, sh}
 }
 
 func (s *RedisStore) nowArg() string {
@@ -73,6 +88,9 @@ func (s *RedisStore) nowArg() string {
 func bucketArgs(mode, now string, b *Bucket) []any {
 	return []any{mode, now, b.Limit, b.Period.Microseconds(), b.Burst, b.LeaseTTL.Microseconds()}
 }
+
+// noOwner are the script's arguments 7 to 15 for the modes without one.
+var noOwner = []any{"", "", 0, "", 0, "", 0, 0, 0}
 
 // run evaluates one script call per element of args in one pipeline, then
 // retries with EVAL the calls that failed with NOSCRIPT (after a Redis
@@ -127,15 +145,15 @@ func ints(cmd *redis.Cmd, n int) ([]int64, error) {
 }
 
 // Lease implements Store.
-func (s *RedisStore) Lease(ctx context.Context, owner string, ops []LeaseOp) ([]LeaseOutcome, error) {
+func (s *RedisStore) Lease(ctx context.Context, owner Owner, ops []LeaseOp) ([]LeaseOutcome, error) {
 	now := s.nowArg()
 	keys := make([][]string, len(ops))
 	args := make([][]any, len(ops))
 	for i := range ops {
 		op := &ops[i]
-		b, l := redisKeys(op.Key)
-		keys[i] = []string{b, l}
-		args[i] = append(bucketArgs("lease", now, &op.Bucket), owner, op.Want, op.LeaseID, op.Used, op.NewLeaseID, op.Slot)
+		keys[i] = redisKeyList(op.Key)
+		args[i] = append(bucketArgs("lease", now, &op.Bucket), owner.Client, owner.Process, op.Want, op.LeaseID, op.Used, op.NewLeaseID, op.Slot,
+			op.Limits.maxLeases(), op.Limits.maxProcesses())
 	}
 	cmds, err := s.run(ctx, keys, args)
 	if err != nil {
@@ -163,6 +181,8 @@ func (s *RedisStore) Lease(ctx context.Context, owner string, ops []LeaseOp) ([]
 			o.Err = ErrUnknownLease
 		case 2:
 			o.Err = ErrUsedExceedsGranted
+		case 3:
+			o.Err = ErrTooManyLeases
 		default:
 			return nil, fmt.Errorf("redis: %w: script returned status %d", ErrStoreUnavailable, v[0])
 		}
@@ -178,9 +198,9 @@ func (s *RedisStore) runTake(ctx context.Context, mode string, ops []TakeOp) ([]
 	args := make([][]any, len(ops))
 	for i := range ops {
 		op := &ops[i]
-		b, l := redisKeys(op.Key)
-		keys[i] = []string{b, l}
-		args[i] = append(bucketArgs(mode, now, &op.Bucket), "", op.Cost, "", 0, "", 0)
+		keys[i] = redisKeyList(op.Key)
+		args[i] = append(append(bucketArgs(mode, now, &op.Bucket), noOwner[:2]...), op.Cost)
+		args[i] = append(args[i], noOwner[3:]...)
 	}
 	return s.run(ctx, keys, args)
 }
@@ -223,8 +243,7 @@ func (s *RedisStore) Refund(ctx context.Context, ops []TakeOp) error {
 
 // State implements Store.
 func (s *RedisStore) State(ctx context.Context, key string, b Bucket) (BucketState, error) {
-	bk, lk := redisKeys(key)
-	cmds, err := s.run(ctx, [][]string{{bk, lk}}, [][]any{append(bucketArgs("state", s.nowArg(), &b), "", 0, "", 0, "", 0)})
+	cmds, err := s.run(ctx, [][]string{redisKeyList(key)}, [][]any{append(bucketArgs("state", s.nowArg(), &b), noOwner...)})
 	if err != nil {
 		return BucketState{}, err
 	}

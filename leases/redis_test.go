@@ -20,7 +20,7 @@ func TestRedisStoreConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, now func() time.Time) leases.Store {
 		require.NoError(t, rdb.FlushDB(context.Background()).Err())
 		return leases.NewRedisStore(rdb, leases.RedisOptions{Now: now})
-	}, storetest.Options{ConcurrentTicks: 500})
+	}, redisSuiteOptions(rdb, 500))
 }
 
 // TestStoresAgree runs one random sequence of operations against both
@@ -72,9 +72,9 @@ func TestStoresAgree(t *testing.T) {
 				op.LeaseID = h.id
 				op.Used = rng.Int64N(h.g + 2) // sometimes one too many
 			}
-			mo, err := mem.Lease(ctx, owner, []leases.LeaseOp{op})
+			mo, err := mem.Lease(ctx, own(owner), []leases.LeaseOp{op})
 			require.NoError(t, err)
-			ro, err := red.Lease(ctx, owner, []leases.LeaseOp{op})
+			ro, err := red.Lease(ctx, own(owner), []leases.LeaseOp{op})
 			require.NoError(t, err)
 			require.Equal(t, mo, ro, "step %d lease %+v", step, op)
 			if mo[0].Err == nil {
@@ -101,7 +101,7 @@ func TestRedisStoreRealTime(t *testing.T) {
 	s := leases.NewRedisStore(rdb, leases.RedisOptions{})
 	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 10, Period: time.Second, Burst: 10, LeaseTTL: 100 * time.Millisecond}
 
-	out, err := s.Lease(ctx, "a/1", []leases.LeaseOp{{Key: "rt", Bucket: b, Want: 10, NewLeaseID: "l1"}})
+	out, err := s.Lease(ctx, own("a/1"), []leases.LeaseOp{{Key: "rt", Bucket: b, Want: 10, NewLeaseID: "l1"}})
 	require.NoError(t, err)
 	require.EqualValues(t, 10, out[0].Granted)
 	st, err := s.State(ctx, "rt", b)
@@ -109,9 +109,10 @@ func TestRedisStoreRealTime(t *testing.T) {
 	require.WithinDuration(t, time.Now(), st.Now, 5*time.Second, "the store's clock is Redis TIME")
 	require.EqualValues(t, 10, st.Outstanding)
 
-	// Both keys carry one hash tag and a TTL: the bucket is gone once it
-	// would be full with no lease.
-	for _, k := range []string{"rl:{rt}:b", "rl:{rt}:l"} {
+	// The bucket hash and the expiry index carry one hash tag and a TTL:
+	// the bucket is gone once its lease ended and it would be full again
+	// (lease TTL + burst/rate + 1 s of slack).
+	for _, k := range []string{"rl:{rt}", "rl:{rt}:z"} {
 		ttl, err := rdb.PTTL(ctx, k).Result()
 		require.NoError(t, err)
 		require.Positive(t, ttl, k)
@@ -126,7 +127,7 @@ func TestRedisStoreRealTime(t *testing.T) {
 
 	// The keys vanish: refill time (1 s) + lease TTL + 1 s slack.
 	require.Eventually(t, func() bool {
-		n, err := rdb.Exists(ctx, "rl:{rt}:b", "rl:{rt}:l").Result()
+		n, err := rdb.Exists(ctx, "rl:{rt}", "rl:{rt}:z").Result()
 		return err == nil && n == 0
 	}, 4*time.Second, 50*time.Millisecond)
 }
@@ -140,10 +141,10 @@ func TestRedisStoreScriptFlush(t *testing.T) {
 	s := leases.NewRedisStore(rdb, leases.RedisOptions{})
 	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 10, Period: time.Second, Burst: 10, LeaseTTL: time.Second}
 	op := []leases.LeaseOp{{Key: "k1", Bucket: b, Want: 1, NewLeaseID: "x"}, {Key: "k2", Bucket: b, Want: 1, NewLeaseID: "y"}}
-	_, err := s.Lease(ctx, "a/1", op)
+	_, err := s.Lease(ctx, own("a/1"), op)
 	require.NoError(t, err)
 	require.NoError(t, rdb.ScriptFlush(ctx).Err())
-	out, err := s.Lease(ctx, "b/1", op)
+	out, err := s.Lease(ctx, own("b/1"), op)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, out[0].Granted)
 	require.EqualValues(t, 1, out[1].Granted)
@@ -165,7 +166,7 @@ func TestRedisStoreUnavailable(t *testing.T) {
 	require.NoError(t, s.Ping(ctx))
 
 	srv.Stop(t)
-	_, err := s.Lease(ctx, "a/1", op)
+	_, err := s.Lease(ctx, own("a/1"), op)
 	require.ErrorIs(t, err, leases.ErrStoreUnavailable)
 	require.ErrorIs(t, s.Ping(ctx), leases.ErrStoreUnavailable)
 	_, err = s.Take(ctx, []leases.TakeOp{{Key: "k", Bucket: b, Cost: 1}})
@@ -173,7 +174,7 @@ func TestRedisStoreUnavailable(t *testing.T) {
 
 	srv.Restart(t)
 	require.Eventually(t, func() bool { return s.Ping(ctx) == nil }, 5*time.Second, 20*time.Millisecond)
-	out, err := s.Lease(ctx, "a/1", op)
+	out, err := s.Lease(ctx, own("a/1"), op)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, out[0].Granted)
 }
@@ -192,5 +193,41 @@ func TestRedisClusterConformance(t *testing.T) {
 			return c.FlushDB(ctx).Err()
 		}))
 		return leases.NewRedisStore(rdb, leases.RedisOptions{Now: now})
-	}, storetest.Options{ConcurrentTicks: 300})
+	}, redisSuiteOptions(rdb, 300))
+}
+
+// redisSuiteOptions returns the suite's options for a Redis store over rdb:
+// the parts of a bucket are its Redis keys, dropped as an eviction would,
+// and its retention is the least TTL of the keys that exist.
+func redisSuiteOptions(rdb redis.UniversalClient, ticks int) storetest.Options {
+	parts := map[string]func(string) string{
+		"bucket hash":  func(k string) string { h, _, _ := leases.RedisKeys(k); return h },
+		"expiry index": func(k string) string { _, z, _ := leases.RedisKeys(k); return z },
+		"share clocks": func(k string) string { _, _, s := leases.RedisKeys(k); return s },
+	}
+	names := []string{"bucket hash", "expiry index", "share clocks"}
+	return storetest.Options{
+		ConcurrentTicks: ticks,
+		Parts:           names,
+		Drop: func(t *testing.T, key, part string) {
+			n, err := rdb.Del(context.Background(), parts[part](key)).Result()
+			require.NoError(t, err)
+			require.EqualValues(t, 1, n, "the %s of %q exists", part, key)
+		},
+		Retention: func(t *testing.T, key string) time.Duration {
+			least := time.Duration(-1)
+			for _, name := range names {
+				d, err := rdb.PTTL(context.Background(), parts[name](key)).Result()
+				require.NoError(t, err)
+				if d == -2*time.Nanosecond {
+					continue // no such key
+				}
+				require.Positive(t, d, "%s of %q has a TTL", name, key)
+				if least < 0 || d < least {
+					least = d
+				}
+			}
+			return least
+		},
+	}
 }

@@ -3,6 +3,7 @@ package leases
 import (
 	"context"
 	"errors"
+	"math"
 	"time"
 )
 
@@ -17,10 +18,71 @@ var (
 	// ErrUsedExceedsGranted: a settle reported more tokens used than the
 	// lease granted. Nothing changed.
 	ErrUsedExceedsGranted = errors.New("used exceeds the lease's grant")
+	// ErrTooManyLeases: opening the lease would exceed a cap on the open
+	// leases of the key (LeaseLimits). Nothing changed; settling or
+	// returning open leases is never refused.
+	ErrTooManyLeases = errors.New("too many open leases on this key")
 	// ErrStoreUnavailable: the store could not be reached or failed; the
 	// call may be retried. Nothing is known to have changed.
 	ErrStoreUnavailable = errors.New("store unavailable")
 )
+
+// Owner identifies who holds a lease: the authenticated client (the
+// principal a server knows by its credentials) and the process of that
+// client (the client_id it sends, free text). A lease can be settled only by
+// its owner. Fair share splits a shared key between clients first and then
+// between the processes of each client, so a client gains nothing by
+// inventing process ids.
+//
+// Client must not contain '/': the stores join the two as
+// "client/process", which stays unambiguous because process is the rest.
+type Owner struct {
+	Client  string
+	Process string
+}
+
+// String returns "client/process".
+func (o Owner) String() string { return o.Client + "/" + o.Process }
+
+// Default caps of LeaseLimits.
+const (
+	// DefaultMaxLeasesPerKey is the most open leases a key holds when
+	// LeaseLimits.MaxLeasesPerKey is zero.
+	DefaultMaxLeasesPerKey = 10_000
+	// DefaultMaxProcessesPerClient is the most processes of one client
+	// that hold leases on one key when LeaseLimits.MaxProcessesPerClient is
+	// zero.
+	DefaultMaxProcessesPerClient = 1_000
+)
+
+// LeaseLimits cap the open leases of one key, so that the work and memory of
+// a key stay bounded whatever its holders do. A grant that would open a
+// lease beyond a cap fails with ErrTooManyLeases; renewing a lease in the
+// same slot, settling and returning are never refused. The zero value
+// applies the defaults; a negative field removes that cap.
+type LeaseLimits struct {
+	// MaxLeasesPerKey caps the open leases of the key, all owners and
+	// slots together.
+	MaxLeasesPerKey int
+	// MaxProcessesPerClient caps the processes of one client holding
+	// leases on the key.
+	MaxProcessesPerClient int
+}
+
+func (l LeaseLimits) maxLeases() int { return capOr(l.MaxLeasesPerKey, DefaultMaxLeasesPerKey) }
+func (l LeaseLimits) maxProcesses() int {
+	return capOr(l.MaxProcessesPerClient, DefaultMaxProcessesPerClient)
+}
+
+func capOr(v, def int) int {
+	switch {
+	case v == 0:
+		return def
+	case v < 0:
+		return math.MaxInt32
+	}
+	return v
+}
 
 // Bucket holds the parameters of one key's bucket, taken from its rule. A
 // Store keeps no rules: each call says which parameters apply, so a rules
@@ -61,12 +123,16 @@ type LeaseOp struct {
 	// slot (see protocol.LeaseEntry.Slot). Fair share and safe rate count
 	// owners, not slots.
 	Slot int
+	// Limits cap the open leases of the key.
+	Limits LeaseLimits
 }
 
 // LeaseOutcome is the result of one LeaseOp.
 type LeaseOutcome struct {
-	// Err is ErrUnknownLease or ErrUsedExceedsGranted when the operation
-	// failed; nothing changed then and the other fields are zero.
+	// Err is ErrUnknownLease, ErrUsedExceedsGranted or ErrTooManyLeases
+	// when the operation failed; nothing changed then (but leases of any
+	// owner found expired were closed, counted in Expired) and the other
+	// fields are zero.
 	Err error
 	// Granted tokens are in the new lease LeaseID, valid for TTL.
 	Granted int64
@@ -79,9 +145,12 @@ type LeaseOutcome struct {
 	// Remaining is the number of whole tokens in the bucket after the
 	// operation.
 	Remaining int64
-	// Holders is the number of owners holding an open lease on the key
-	// after the operation (an owner with two slots counts once), counting
-	// this owner as one even if it holds none.
+	// Holders is the number of equal parts the key is shared in for this
+	// owner after the operation: the clients holding open leases on it
+	// times the processes of this owner's client holding open leases,
+	// counting this owner (and its client) as holding even if it holds
+	// none. A process with leases in both slots counts once. The fair share
+	// and the safe rate are the bucket's divided by Holders.
 	Holders int
 	// Settled is true when LeaseID was settled.
 	Settled bool
@@ -128,14 +197,14 @@ type BucketState struct {
 // package leases ships a memory store and a Redis store, and the suite in
 // leases/storetest checks any implementation against the invariant.
 //
-// Owner identifies who holds a lease: the server passes the authenticated
+// The owner of a lease is an Owner: the server passes the authenticated
 // client name and the client_id together, so one caller can never settle
 // another's lease.
 type Store interface {
 	// Lease applies ops, each key at most once, and returns one outcome per
 	// op in order. A store error (ErrStoreUnavailable) fails the call; per-op
 	// errors are in the outcomes.
-	Lease(ctx context.Context, owner string, ops []LeaseOp) ([]LeaseOutcome, error)
+	Lease(ctx context.Context, owner Owner, ops []LeaseOp) ([]LeaseOutcome, error)
 	// Take applies each op independently (the caller does all-or-nothing
 	// across keys by giving back with Refund).
 	Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, error)

@@ -1,57 +1,161 @@
 package leases
 
 import (
-	"cmp"
+	"container/heap"
 	"math"
-	"slices"
+	"strconv"
 	"time"
 )
 
 // This file is the token bucket with leases in Go, as the memory store runs
 // it. scripts/token_bucket.lua is the same algorithm for Redis, written to
 // perform the same floating-point operations in the same order so that both
-// stores give identical answers; the conformance suite checks that they do.
+// stores give identical answers; TestStoresAgree checks that they do.
 //
-// State per key: level L, last refill t, outstanding O, open leases.
+// State per key: level L, refill clock t, open leases (each with grant G and
+// expiry e), and O = Σ G over the open leases, kept with them under the same
+// lock (in Redis: in the same hash, written by the same script), so that it
+// can never drift from them. Every operation at time now first advances the
+// bucket:
 //
-//	refill:  L = max(0, min(burst − O, L + rate·(now − t)))
+//	for each open lease with e ≤ now, in order of (e, member):
+//	    L = clamp(L + rate·(e − t), 0, burst − O);  t = e
+//	    O −= G                         (closed without credit)
+//	L = clamp(L + rate·(now − t), 0, burst − O);  t = now
+//
+// The refill is applied piecewise, up to each expiry under the cap that held
+// until then: a lease that ends unsettled must not bring back the refill it
+// held back (a refill over the whole gap after closing the lease would, and
+// hand out a second burst at once). Then:
+//
 //	grant:   g ≤ min(want, L, fair share); L −= g; O += g
-//	fair share (when other owners hold leases): max(1, burst/holders), and
-//	         ⌊rate·(now − vt)/holders + max(0, ⌊L − burst/4⌋)⌋, where vt, the
-//	         owner's share clock, advances by holders/rate per token granted
-//	         and never lags more than burst/rate behind now
+//	fair share (when the key is shared): max(1, burst/h) per lease, and
+//	         ⌊rate·(now − vt)/h + max(0, ⌊L − burst/4⌋)⌋, where vt, the
+//	         owner's share clock, advances by h/rate per token granted and
+//	         never lags more than burst/rate behind now; h = clients × the
+//	         processes of the owner's client (see holders)
 //	settle:  O −= G; L += G − u
-//	expiry:  O −= G (nothing credited)
+//	take:    n ≤ L; L −= n
 //
-// so L + O ≤ burst holds after every step.
+// so L + O ≤ burst holds after every step. An owner denied a grant holds a
+// lease of zero tokens (a waiter) for one lease TTL, unless it holds one in
+// that slot already: it changes no level and no outstanding count, but it
+// counts the owner among the holders, so that the others' fair share makes
+// room for it. Without it, a client that was denied once is invisible to
+// the share, and the processes that keep their leases keep all the refill.
+// A waiter's lease is not reported (no lease ID, not counted as expired) and
+// cannot be settled.
 
 // epsilon absorbs floating-point error when comparing a level with a whole
 // number of tokens.
 const epsilon = 1e-9
 
+// retryWalk is the most open leases a retry_after computation walks in
+// expiry order; beyond them it uses an upper bound (see retryAfter). It keeps
+// a denial's cost independent of the number of holders.
+const retryWalk = 64
+
+// leaseRef names the lease an owner holds in a slot.
+type leaseRef struct {
+	owner Owner
+	slot  int
+}
+
 type openLease struct {
-	owner   string
-	slot    int
+	ref     leaseRef
+	member  string // "<slot>|<client>/<process>": the Redis index member, the expiry order's tie-break
 	id      string
 	granted int64
 	expiry  int64 // µs
+	index   int   // position in the expiry heap
 }
 
-// ownerShare is an owner's fair-share clock on a shared key: like a GCRA
-// theoretical arrival time, it advances by holders/rate per token granted,
-// and never lags more than burst/rate behind now. It is kept after the
-// owner's lease closes, until it no longer limits anything.
-type ownerShare struct {
-	owner string
-	vt    float64 // µs
+// before orders leases by expiry, then by member bytes, as a Redis sorted
+// set orders its members.
+func (l *openLease) before(m *openLease) bool {
+	if l.expiry != m.expiry {
+		return l.expiry < m.expiry
+	}
+	return l.member < m.member
 }
 
+// expiryHeap is a min-heap of the open leases by (expiry, member).
+type expiryHeap []*openLease
+
+func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].before(h[j]) }
+func (h expiryHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *expiryHeap) Push(x any) {
+	l := x.(*openLease)
+	l.index = len(*h)
+	*h = append(*h, l)
+}
+func (h *expiryHeap) Pop() any {
+	old := *h
+	l := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return l
+}
+
+// firstK returns up to k open leases in expiry order, in O(k log k),
+// without changing the heap.
+func (h expiryHeap) firstK(k int) []*openLease {
+	if len(h) == 0 || k <= 0 {
+		return nil
+	}
+	out := make([]*openLease, 0, min(k, len(h)))
+	cand := candHeap{h: h, idx: []int{0}}
+	for len(out) < k && len(cand.idx) > 0 {
+		i := heap.Pop(&cand).(int)
+		out = append(out, h[i])
+		for _, c := range [2]int{2*i + 1, 2*i + 2} {
+			if c < len(h) {
+				heap.Push(&cand, c)
+			}
+		}
+	}
+	return out
+}
+
+// candHeap is a min-heap of positions in an expiryHeap, for firstK.
+type candHeap struct {
+	h   expiryHeap
+	idx []int
+}
+
+func (c candHeap) Len() int           { return len(c.idx) }
+func (c candHeap) Less(i, j int) bool { return c.h[c.idx[i]].before(c.h[c.idx[j]]) }
+func (c candHeap) Swap(i, j int)      { c.idx[i], c.idx[j] = c.idx[j], c.idx[i] }
+func (c *candHeap) Push(x any)        { c.idx = append(c.idx, x.(int)) }
+func (c *candHeap) Pop() any {
+	v := c.idx[len(c.idx)-1]
+	c.idx = c.idx[:len(c.idx)-1]
+	return v
+}
+
+// tbState is one key's token bucket. Its open leases are indexed three
+// ways, each kept with the others by open and close: by owner and slot (to
+// settle), by expiry (to close the expired ones in order), and as counts of
+// the processes holding per client (for fair share). No operation scans the
+// leases.
 type tbState struct {
 	level  float64
 	last   int64 // µs
-	out    int64
-	leases []openLease
-	shares []ownerShare
+	out    int64 // Σ granted over the open leases
+	maxExp int64 // an upper bound of the open leases' expiries, 0 when none
+	leases map[leaseRef]*openLease
+	byExp  expiryHeap
+	// procs counts, per client, its processes holding at least one open
+	// lease; a client holding none has no entry.
+	procs map[string]int
+	// shares are the owners' fair-share clocks (µs). A clock at or below
+	// now − burst/rate limits nothing and is the same as none, so dropping
+	// one changes no answer.
+	shares map[Owner]float64
 	bucket Bucket // parameters of the last operation, for the idle sweep
 }
 
@@ -59,103 +163,133 @@ func newTBState(b *Bucket, now int64) *tbState {
 	return &tbState{level: float64(b.Burst), last: now, bucket: *b}
 }
 
-// reap closes the leases that expired at or before now, without credit.
-func (s *tbState) reap(now int64) int {
-	n := 0
-	kept := s.leases[:0]
-	for _, l := range s.leases {
-		if l.expiry <= now {
-			s.out -= l.granted
-			n++
-			continue
-		}
-		kept = append(kept, l)
-	}
-	clear(s.leases[len(kept):])
-	s.leases = kept
-	return n
+// member returns the index member of an owner's lease in slot: the Redis
+// store's sorted-set member, which also breaks ties in expiry order.
+func member(o Owner, slot int) string {
+	return strconv.Itoa(slot) + "|" + o.Client + "/" + o.Process
 }
 
-func (s *tbState) refill(b *Bucket, now int64) {
-	if now > s.last {
+// refillTo refills the bucket to time t under the cap burst − O in force.
+// After a rule shrinks below what is outstanding, burst − O is negative:
+// the bucket is then empty, not in debt, and refills from zero once the old
+// leases end.
+func (s *tbState) refillTo(b *Bucket, t int64) {
+	if t > s.last {
 		// The explicit conversion forbids a fused multiply-add, so that the
 		// result is bit-identical to the Lua script's.
-		s.level += float64(b.ratePerMicro() * float64(now-s.last))
-		s.last = now
+		s.level += float64(b.ratePerMicro() * float64(t-s.last))
+		s.last = t
 	}
 	if c := float64(b.Burst - s.out); s.level > c {
 		s.level = c
 	}
-	// After a rule shrinks below what is outstanding, burst − O is
-	// negative: the bucket is empty, not in debt, and refills from zero once
-	// the old leases end.
 	if s.level < 0 {
 		s.level = 0
 	}
 }
 
-func (s *tbState) find(owner string, slot int) int {
-	for i := range s.leases {
-		if s.leases[i].owner == owner && s.leases[i].slot == slot {
-			return i
+// advance closes the leases that expired at or before now without credit,
+// refilling piecewise up to each expiry, then refills to now. It returns the
+// number of leases closed.
+func (s *tbState) advance(b *Bucket, now int64) int {
+	n := 0
+	for len(s.byExp) > 0 && s.byExp[0].expiry <= now {
+		l := s.byExp[0]
+		s.refillTo(b, l.expiry)
+		s.close(l)
+		if l.granted > 0 {
+			n++
 		}
 	}
-	return -1
+	s.refillTo(b, now)
+	return n
 }
 
-// shareBase returns owner's share clock, at least now − burst/rate, and
-// forgets the clocks that have fallen that far behind (they limit nothing).
-func (s *tbState) shareBase(b *Bucket, owner string, now int64) float64 {
-	floor := float64(now) - float64(b.Burst)/b.ratePerMicro()
-	base := floor
-	kept := s.shares[:0]
-	for _, sh := range s.shares {
-		if sh.vt <= floor {
-			continue
+// waiterID is the lease ID of a waiter's lease of nothing. A settle never
+// matches it (see lease).
+const waiterID = "-"
+
+func (s *tbState) holdsSlot(ref leaseRef) bool { return s.leases[ref] != nil }
+
+// holds reports whether owner holds an open lease in either slot.
+func (s *tbState) holds(o Owner) bool {
+	return s.leases[leaseRef{o, 0}] != nil || s.leases[leaseRef{o, 1}] != nil
+}
+
+// open records a new lease.
+func (s *tbState) open(l *openLease) {
+	if !s.holds(l.ref.owner) {
+		if s.procs == nil {
+			s.procs = make(map[string]int)
 		}
-		if sh.owner == owner {
-			base = sh.vt
-		}
-		kept = append(kept, sh)
+		s.procs[l.ref.owner.Client]++
 	}
-	clear(s.shares[len(kept):])
-	s.shares = kept
+	if s.leases == nil {
+		s.leases = make(map[leaseRef]*openLease)
+	}
+	s.leases[l.ref] = l
+	heap.Push(&s.byExp, l)
+	s.out += l.granted
+	s.maxExp = max(s.maxExp, l.expiry)
+}
+
+// close removes an open lease; the caller credits what it should.
+func (s *tbState) close(l *openLease) {
+	heap.Remove(&s.byExp, l.index)
+	delete(s.leases, l.ref)
+	s.out -= l.granted
+	if !s.holds(l.ref.owner) {
+		c := l.ref.owner.Client
+		if s.procs[c]--; s.procs[c] <= 0 {
+			delete(s.procs, c)
+		}
+	}
+	if len(s.leases) == 0 {
+		s.maxExp = 0
+	}
+}
+
+// holders returns, from owner's point of view, the clients holding leases
+// (owner's client included) and the processes of owner's client holding
+// leases (owner included). The key is shared among clients × processes
+// equal parts for owner: fair share goes to clients first, then to the
+// processes of each client, so that a client cannot widen its share by
+// running (or inventing) more processes.
+func (s *tbState) holders(o Owner) (clients, procs int) {
+	clients = len(s.procs)
+	procs = s.procs[o.Client]
+	if procs == 0 {
+		clients++
+	}
+	if !s.holds(o) {
+		procs++
+	}
+	return clients, procs
+}
+
+// shareBase returns owner's share clock, at least floor, and drops clocks
+// that limit nothing once they outnumber the holders (which changes no
+// answer, and keeps the map's size proportional to the holders).
+func (s *tbState) shareBase(o Owner, floor float64) float64 {
+	base := floor
+	if vt, ok := s.shares[o]; ok && vt > floor {
+		base = vt
+	}
+	if len(s.shares) > 2*len(s.leases)+16 {
+		for k, vt := range s.shares {
+			if vt <= floor {
+				delete(s.shares, k)
+			}
+		}
+	}
 	return base
 }
 
-// setShare records owner's share clock.
-func (s *tbState) setShare(owner string, vt float64) {
-	for i := range s.shares {
-		if s.shares[i].owner == owner {
-			s.shares[i].vt = vt
-			return
-		}
+func (s *tbState) setShare(o Owner, vt float64) {
+	if s.shares == nil {
+		s.shares = make(map[Owner]float64)
 	}
-	s.shares = append(s.shares, ownerShare{owner: owner, vt: vt})
-}
-
-// holders counts the owners holding open leases, plus owner if it holds
-// none: an owner with a lease in each slot is one holder.
-func (s *tbState) holders(owner string) int {
-	n := 0
-	for i := range s.leases {
-		l := &s.leases[i]
-		if l.owner == owner {
-			continue
-		}
-		if l.slot == 1 && s.find(l.owner, 0) >= 0 {
-			continue // counted with its slot 0 lease
-		}
-		n++
-	}
-	return n + 1
-}
-
-func (s *tbState) remove(i int) {
-	last := len(s.leases) - 1
-	s.leases[i] = s.leases[last]
-	s.leases[last] = openLease{}
-	s.leases = s.leases[:last]
+	s.shares[o] = vt
 }
 
 func (s *tbState) remaining() int64 {
@@ -165,30 +299,41 @@ func (s *tbState) remaining() int64 {
 	return int64(math.Floor(s.level + epsilon))
 }
 
-// retryAfter returns the time until the bucket holds target tokens, if no
-// operation happens meanwhile: until refill brings the level there and
-// enough leases have expired for the cap burst − O to allow it. It returns
-// −1 when target exceeds the bucket size.
+// microsCeil returns ⌈tokens/rate⌉ in µs, the time the refill takes to add
+// tokens, with a margin against floating-point error.
+func microsCeil(tokens, ratePerMicro float64) int64 {
+	return int64(math.Ceil(float64(tokens/ratePerMicro) - 1e-6))
+}
+
+// retryAfter returns the time until the bucket holds target tokens if no
+// operation happens meanwhile. The level refills under the cap burst − O,
+// which rises as leases expire, so the wait is the latest of: the refill
+// from the level now, and for each lease that must expire before the cap
+// admits target, its expiry plus the refill from the cap that held until
+// then (from zero if that cap was negative: the level is never below zero). It walks at most retryWalk leases in expiry order; when more must
+// expire it bounds the rest by the latest expiry, which can only lengthen
+// the wait. It returns −1 when target exceeds the bucket size.
 func (s *tbState) retryAfter(b *Bucket, target float64, now int64) time.Duration {
 	if target > float64(b.Burst) {
 		return -1
 	}
+	r := b.ratePerMicro()
 	var wait int64
 	if need := target - s.level; need > 0 {
-		wait = int64(math.Ceil(float64(need/b.ratePerMicro()) - 1e-6))
+		wait = microsCeil(need, r)
 	}
-	if float64(b.Burst-s.out) < target {
-		// Leases must expire first: take them in expiry order until the cap
-		// burst − O admits target.
-		byExpiry := slices.Clone(s.leases)
-		slices.SortFunc(byExpiry, func(a, b openLease) int { return cmp.Compare(a.expiry, b.expiry) })
-		out := s.out
-		for _, l := range byExpiry {
-			out -= l.granted
-			if float64(b.Burst-out) >= target {
-				wait = max(wait, l.expiry-now)
+	if c := b.Burst - s.out; float64(c) < target {
+		done := false
+		for _, l := range s.byExp.firstK(retryWalk) {
+			wait = max(wait, l.expiry-now+microsCeil(target-float64(max(c, 0)), r))
+			c += l.granted
+			if float64(c) >= target {
+				done = true
 				break
 			}
+		}
+		if !done {
+			wait = max(wait, s.maxExp-now+microsCeil(target-float64(max(c, 0)), r))
 		}
 	}
 	return microsToRetry(wait)
@@ -205,47 +350,58 @@ func microsToRetry(us int64) time.Duration {
 }
 
 // lease settles and grants per op at time now (µs).
-func (s *tbState) lease(b *Bucket, owner string, op *LeaseOp, now int64) LeaseOutcome {
+func (s *tbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOutcome {
 	s.bucket = *b
 	var o LeaseOutcome
-	o.Expired = s.reap(now)
-	s.refill(b, now)
-	i := s.find(owner, op.Slot)
-	base := s.shareBase(b, owner, now)
+	o.Expired = s.advance(b, now)
+	ref := leaseRef{owner, op.Slot}
+	cur := s.leases[ref]
 	if op.LeaseID != "" {
-		if i < 0 || s.leases[i].id != op.LeaseID {
+		if cur == nil || cur.granted == 0 || cur.id != op.LeaseID {
 			return LeaseOutcome{Err: ErrUnknownLease, Expired: o.Expired}
 		}
-		l := s.leases[i]
-		if op.Used > l.granted {
+		if op.Used > cur.granted {
 			return LeaseOutcome{Err: ErrUsedExceedsGranted, Expired: o.Expired}
 		}
-		s.out -= l.granted
-		s.level += float64(l.granted - op.Used)
-		s.remove(i)
+		s.close(cur)
+		s.level += float64(cur.granted - op.Used)
 		o.Settled = true
-	} else if i >= 0 {
+	} else if cur != nil {
 		// A new lease replaces the open one of this slot, which counts as
 		// fully spent.
-		s.out -= s.leases[i].granted
-		s.remove(i)
-		o.Expired++
+		s.close(cur)
+		if cur.granted > 0 {
+			o.Expired++
+		}
 	}
-	holders := s.holders(owner)
+	clients, procs := s.holders(owner)
+	h := clients * procs
+	o.Holders = h
+	if op.Want > 0 && cur == nil {
+		// Opening a lease where none was: the caps on open leases.
+		if limit := op.Limits.maxLeases(); len(s.leases) >= limit {
+			return LeaseOutcome{Err: ErrTooManyLeases, Expired: o.Expired}
+		}
+		if limit := op.Limits.maxProcesses(); !s.holds(owner) && s.procs[owner.Client] >= limit {
+			return LeaseOutcome{Err: ErrTooManyLeases, Expired: o.Expired}
+		}
+	}
 	var shareWait int64 // µs until this owner's fair share reaches a token
 	var share float64   // tokens of fair share available to owner
+	var base float64    // owner's share clock
 	shared := false     // the fair share applied
 	if op.Want > 0 {
 		g := op.Want
-		if holders > 1 {
-			// Fair share: at most burst/holders per lease, and at most
-			// the owner's share of the refill since its share clock, plus
+		if h > 1 {
+			// Fair share: at most burst/h per lease, and at most the
+			// owner's share of the refill since its share clock, plus
 			// whatever the bucket holds above a quarter full. An owner
 			// that asks often gets small grants, one that asks rarely
 			// finds a quarter of the bucket kept for it, and no share is
 			// wasted.
-			g = min(g, max(1, b.Burst/int64(holders)))
-			share = float64(b.ratePerMicro()*(float64(now)-base)) / float64(holders)
+			base = s.shareBase(owner, float64(now)-float64(b.Burst)/b.ratePerMicro())
+			g = min(g, max(1, b.Burst/int64(h)))
+			share = float64(b.ratePerMicro()*(float64(now)-base)) / float64(h)
 			spare := 0.0
 			if reserve := float64(b.Burst) / 4; s.level > reserve {
 				spare = math.Floor(s.level - reserve)
@@ -254,7 +410,7 @@ func (s *tbState) lease(b *Bucket, owner string, op *LeaseOp, now int64) LeaseOu
 			g = min(g, int64(math.Floor(capf)))
 			if g < 1 {
 				// Too soon: the owner's share has not reached a token.
-				shareWait = int64(math.Ceil(float64((1-capf)*float64(holders)) / b.ratePerMicro()))
+				shareWait = int64(math.Ceil(float64((1-capf)*float64(h)) / b.ratePerMicro()))
 			}
 			shared = true
 		}
@@ -265,24 +421,27 @@ func (s *tbState) lease(b *Bucket, owner string, op *LeaseOp, now int64) LeaseOu
 		g = min(g, avail)
 		if g > 0 {
 			s.level -= float64(g)
-			s.out += g
-			s.leases = append(s.leases, openLease{owner: owner, slot: op.Slot, id: op.NewLeaseID, granted: g, expiry: now + b.LeaseTTL.Microseconds()})
+			s.open(&openLease{ref: ref, member: member(owner, op.Slot), id: op.NewLeaseID, granted: g, expiry: now + b.LeaseTTL.Microseconds()})
 			if shared {
 				// The clock advances by the tokens taken from the share;
 				// tokens taken from the spare above a quarter full are
 				// free.
 				adv := min(float64(g), share)
-				s.setShare(owner, base+float64(float64(adv*float64(holders))/b.ratePerMicro()))
+				s.setShare(owner, base+float64(float64(adv*float64(h))/b.ratePerMicro()))
 			}
 			o.Granted = g
 			o.LeaseID = op.NewLeaseID
 			o.TTL = b.LeaseTTL
 		} else {
 			o.RetryAfter = max(s.retryAfter(b, 1, now), microsToRetry(shareWait))
+			if !s.holdsSlot(ref) {
+				// A waiter holds a lease of nothing for one TTL, so that
+				// the others' fair share counts it while it waits.
+				s.open(&openLease{ref: ref, member: member(owner, op.Slot), id: waiterID, expiry: now + b.LeaseTTL.Microseconds()})
+			}
 		}
 	}
 	o.Remaining = s.remaining()
-	o.Holders = holders
 	return o
 }
 
@@ -290,8 +449,7 @@ func (s *tbState) lease(b *Bucket, owner string, op *LeaseOp, now int64) LeaseOu
 func (s *tbState) take(b *Bucket, cost int64, now int64) TakeOutcome {
 	s.bucket = *b
 	var o TakeOutcome
-	o.Expired = s.reap(now)
-	s.refill(b, now)
+	o.Expired = s.advance(b, now)
 	if cost == 0 || s.level+epsilon >= float64(cost) {
 		s.level -= float64(cost)
 		o.Taken = true
@@ -305,18 +463,33 @@ func (s *tbState) take(b *Bucket, cost int64, now int64) TakeOutcome {
 // refund puts back cost tokens taken by take.
 func (s *tbState) refund(b *Bucket, cost int64, now int64) {
 	s.bucket = *b
-	s.reap(now)
-	s.refill(b, now)
+	s.advance(b, now)
 	s.level = min(s.level+float64(cost), float64(b.Burst-s.out))
 }
 
 // idle reports whether the bucket is full with no open lease at now, which
 // is the same as no state at all.
 func (s *tbState) idle(now int64) bool {
-	s.reap(now)
-	if len(s.leases) > 0 {
-		return false
+	s.advance(&s.bucket, now)
+	return len(s.leases) == 0 && s.level+epsilon >= float64(s.bucket.Burst)
+}
+
+// snapshot returns the bucket's state at now under b without changing it.
+func (s *tbState) snapshot(b *Bucket, now int64) BucketState {
+	// Replay the expiries on copies: only level, clock and outstanding
+	// change, and the order is the heap's.
+	level, last, out := s.level, s.last, s.out
+	open := len(s.leases)
+	for _, l := range s.byExp.firstK(len(s.byExp)) {
+		if l.expiry > now {
+			break
+		}
+		cp := tbState{level: level, last: last, out: out}
+		cp.refillTo(b, l.expiry)
+		level, last, out = cp.level, cp.last, cp.out-l.granted
+		open--
 	}
-	s.refill(&s.bucket, now)
-	return s.level+epsilon >= float64(s.bucket.Burst)
+	cp := tbState{level: level, last: last, out: out}
+	cp.refillTo(b, now)
+	return BucketState{Level: cp.level, Outstanding: cp.out, Leases: open}
 }

@@ -50,6 +50,12 @@ const (
 	CodeUnknownLease Code = "unknown_lease"
 	// CodeUsedExceedsGranted: used is larger than the lease's grant (422).
 	CodeUsedExceedsGranted Code = "used_exceeds_granted"
+	// CodeTooManyLeases: the entry would open a lease beyond the server's
+	// cap on the open leases of the key, or on the processes of one client
+	// holding leases on it (429). Renewals, settles and returns are never
+	// refused; the caller should take tokens directly (POST /v1/check)
+	// instead of leasing this key.
+	CodeTooManyLeases Code = "too_many_leases"
 	// CodeCostExceedsBurst: a check's cost is larger than a key's bucket,
 	// so it could never be allowed (422).
 	CodeCostExceedsBurst Code = "cost_exceeds_burst"
@@ -83,6 +89,7 @@ var codeStatus = map[Code]int{
 	CodeUnknownLease:         http.StatusConflict,
 	CodeUsedExceedsGranted:   http.StatusUnprocessableEntity,
 	CodeCostExceedsBurst:     http.StatusUnprocessableEntity,
+	CodeTooManyLeases:        http.StatusTooManyRequests,
 	CodeNotFound:             http.StatusNotFound,
 	CodeMethodNotAllowed:     http.StatusMethodNotAllowed,
 	CodeStoreUnavailable:     http.StatusServiceUnavailable,
@@ -165,6 +172,8 @@ func (c Code) Title() string {
 		return "Used exceeds granted"
 	case CodeCostExceedsBurst:
 		return "Cost exceeds burst"
+	case CodeTooManyLeases:
+		return "Too many open leases on the key"
 	case CodeNotFound:
 		return "Not found"
 	case CodeMethodNotAllowed:

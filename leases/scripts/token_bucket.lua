@@ -1,19 +1,42 @@
 -- Token bucket with leases: the Redis twin of tokenbucket.go. Both must do
--- the same floating-point operations in the same order; the conformance
--- suite in leases/storetest checks that both stores answer alike.
+-- the same floating-point operations in the same order; TestStoresAgree
+-- runs random operations against both stores and requires equal answers.
 --
--- KEYS[1]  bucket hash: l (level, %.17g), t (last refill, µs), o (outstanding)
--- KEYS[2]  leases hash: "<slot>|<owner>" -> "<lease id> <granted> <expiry µs>",
---          and "t|<owner>" -> the owner's fair-share clock (µs, %.17g)
+-- KEYS[1] H  the bucket hash:
+--              l  level (shortest round-trip decimal)
+--              t  refill clock (µs)
+--              o  outstanding: Σ granted over the open leases  \ present only
+--              n  number of open leases                        | while a lease
+--              x  upper bound of the open leases' expiries (µs) | is open
+--              c  clients holding open leases                  /
+--              "p|<client>"  processes of that client holding open leases
+--              "<slot>|<client>/<process>"  a lease: "<id> <granted> <expiry µs>"
+--                (id "-" and granted 0: a waiter, see tokenbucket.go)
+--              "g|"  a ghost lease standing for leases lost with the hash
+-- KEYS[2] Z  the expiry index: member "<slot>|<client>/<process>", score expiry
+-- KEYS[3] S  the fair-share clocks: member "<client>/<process>", score clock (µs)
 -- ARGV     1 mode (lease|take|refund|state), 2 now µs ("" = Redis TIME),
---          3 limit, 4 period µs, 5 burst, 6 lease ttl µs, 7 owner,
---          8 want or cost, 9 lease id to settle, 10 used, 11 new lease id,
---          12 slot (0 or 1)
+--          3 limit, 4 period µs, 5 burst, 6 lease ttl µs, 7 client,
+--          8 process, 9 want or cost, 10 lease id to settle, 11 used,
+--          12 new lease id, 13 slot (0 or 1), 14 max open leases per key,
+--          15 max processes per client on the key
 --
--- Both keys carry the hash tag of the bucket key, so they live in one slot.
+-- The three keys carry the bucket key's hash tag, so they live in one slot.
+-- O lives in H with the leases it sums, written by the same script, so the
+-- two cannot drift; the leases are indexed by owner (their H fields) and by
+-- expiry (Z), and the holders are counted per client (c, "p|..."), so no
+-- call scans the leases: its cost is O(log n) plus the leases it closes.
+--
+-- A bucket's keys may be lost one at a time (eviction). Without H, the
+-- leases in Z are kept as one ghost lease of the whole burst until the last
+-- of them expires, and the level starts empty: never a full bucket that
+-- forgets open leases. Without Z, H's leases stay counted as outstanding
+-- until x passes, then Z is rebuilt from H and they are closed in order.
+-- Without S, the fair-share clocks start afresh (fairness only).
 
 if redis.replicate_commands then redis.replicate_commands() end
 
+local H, Z, S = KEYS[1], KEYS[2], KEYS[3]
 local mode = ARGV[1]
 local now
 if ARGV[2] ~= '' then
@@ -28,115 +51,282 @@ local burst = tonumber(ARGV[5])
 local ttl = tonumber(ARGV[6])
 local rate = limit / period
 local eps = 1e-9
+local RETRY_WALK = 64
+local dry = mode == 'state'
 
-local st = redis.call('HMGET', KEYS[1], 'l', 't', 'o')
-local level, last, out
+-- fmtf formats x as the shortest decimal that reads back as x.
+local function fmtf(x)
+  local s = string.format('%.15g', x)
+  if tonumber(s) ~= x then
+    s = string.format('%.16g', x)
+    if tonumber(s) ~= x then s = string.format('%.17g', x) end
+  end
+  return s
+end
+
+local client, process, slot, field, ofield, owner
+local st
+if mode == 'lease' then
+  client, process, slot = ARGV[7], ARGV[8], ARGV[13]
+  owner = client .. '/' .. process
+  field = slot .. '|' .. owner
+  if slot == '0' then ofield = '1|' .. owner else ofield = '0|' .. owner end
+  st = redis.call('HMGET', H, 'l', 't', 'o', 'n', 'x', 'c', field, ofield, 'p|' .. client)
+else
+  st = redis.call('HMGET', H, 'l', 't', 'o', 'n', 'x', 'c')
+end
+
+local level, last, out, n, maxexp, clients
+local had_leases = st[4] ~= false
+local recs = {}    -- lease field -> record, or false when none
+local pc = {}      -- client -> processes holding
+local pdirty = {}  -- clients whose count changed
 if st[1] then
   level = tonumber(st[1])
   last = tonumber(st[2])
-  out = tonumber(st[3])
+  out = tonumber(st[3]) or 0
+  n = tonumber(st[4]) or 0
+  maxexp = tonumber(st[5]) or 0
+  clients = tonumber(st[6]) or 0
 else
   level = burst
   last = now
   out = 0
-end
-
--- Open leases; expired ones are closed without credit.
-local leases = {}
-local expired = 0
-local raw = redis.call('HGETALL', KEYS[2])
-local dels = {}
-local shares = {} -- owner -> fair-share clock (µs)
-local share_floor = now - burst / rate
-for i = 1, #raw, 2 do
-  if string.sub(raw[i], 1, 2) == 't|' then
-    -- "t|<owner>" -> the owner's fair-share clock, kept until it falls
-    -- burst/rate behind now (then it limits nothing).
-    local vt = tonumber(raw[i + 1])
-    if vt == nil or vt <= share_floor then
-      dels[#dels + 1] = raw[i]
-    else
-      shares[string.sub(raw[i], 3)] = vt
+  n = 0
+  maxexp = 0
+  clients = 0
+  -- No bucket hash. If the expiry index still lists leases, the hash was
+  -- lost while they were open: they stand as one ghost lease of the whole
+  -- burst (L + O never exceeded it) until the last of them ends, from an
+  -- empty level.
+  local tail = redis.call('ZRANGE', Z, -1, -1, 'WITHSCORES')
+  if #tail > 0 and tonumber(tail[2]) > now then
+    local e = tonumber(tail[2])
+    level = 0
+    out = burst
+    n = 1
+    maxexp = e
+    recs['g|'] = 'ghost ' .. string.format('%d', burst) .. ' ' .. string.format('%d', e)
+    if not dry then
+      redis.call('HSET', H, 'g|', recs['g|'])
+      redis.call('ZADD', Z, string.format('%d', e), 'g|')
     end
-  else
-  local id, g, exp = string.match(raw[i + 1], '^(%S+) (%d+) (%d+)$')
-  g = tonumber(g)
-  exp = tonumber(exp)
-  if exp <= now then
-    out = out - g
-    expired = expired + 1
-    dels[#dels + 1] = raw[i]
-  else
-    local slot, who = string.match(raw[i], '^(%d)|(.*)$')
-    leases[#leases + 1] = { field = raw[i], owner = who, slot = slot, id = id, g = g, exp = exp }
   end
+end
+if mode == 'lease' then
+  recs[field] = st[7]
+  recs[ofield] = st[8]
+  pc[client] = tonumber(st[9]) or 0
+end
+
+local function grant_of(rec)
+  return tonumber(string.match(rec, ' (%d+) '))
+end
+
+local function sibling(f)
+  local s = string.sub(f, 1, 1)
+  if s == '0' then return '1' .. string.sub(f, 2) end
+  if s == '1' then return '0' .. string.sub(f, 2) end
+  return nil
+end
+
+-- client_of returns the client of a lease field, nil for the ghost.
+local function client_of(f)
+  local rest = string.sub(f, 3)
+  local i = string.find(rest, '/', 1, true)
+  if not i then return nil end
+  return string.sub(rest, 1, i - 1)
+end
+
+local function adj(c, d)
+  local old = pc[c]
+  local new = old + d
+  if old == 0 and new > 0 then clients = clients + 1 end
+  if old > 0 and new <= 0 then clients = clients - 1 end
+  pc[c] = new
+  pdirty[c] = true
+end
+
+local function refill_to(t)
+  if t > last then
+    level = level + rate * (t - last)
+    last = t
+  end
+  if level > burst - out then level = burst - out end
+  if level < 0 then level = 0 end
+end
+
+-- close_lease closes the lease in field f of grant g; the caller credits
+-- what it should. Every lease field closed here was loaded into recs, and
+-- so was its sibling.
+local function close_lease(f, g)
+  out = out - g
+  n = n - 1
+  recs[f] = false
+  local sib = sibling(f)
+  if sib and not recs[sib] then
+    adj(client_of(f), -1)
+  end
+  if n <= 0 then maxexp = 0 end
+end
+
+-- expire closes the leases that expired at or before now in (expiry,
+-- member) order, refilling piecewise up to each expiry under the cap that
+-- held until then.
+local expired = 0
+local function expire()
+  local due = redis.call('ZRANGEBYSCORE', Z, '-inf', now, 'WITHSCORES')
+  if #due == 0 then return end
+  local fields = {}
+  for i = 1, #due, 2 do
+    local f = due[i]
+    fields[#fields + 1] = f
+    local sib = sibling(f)
+    if sib then fields[#fields + 1] = sib end
+  end
+  local vals = redis.call('HMGET', H, unpack(fields))
+  local need = {}
+  for i = 1, #fields do
+    if recs[fields[i]] == nil then recs[fields[i]] = vals[i] end
+    local c = client_of(fields[i])
+    if c and pc[c] == nil and not need[c] then need[c] = true end
+  end
+  local cs = {}
+  for c in pairs(need) do cs[#cs + 1] = c end
+  if #cs > 0 then
+    local pf = {}
+    for i = 1, #cs do pf[i] = 'p|' .. cs[i] end
+    local pv = redis.call('HMGET', H, unpack(pf))
+    for i = 1, #cs do pc[cs[i]] = tonumber(pv[i]) or 0 end
+  end
+  local dels = {}
+  for i = 1, #due, 2 do
+    local f = due[i]
+    local rec = recs[f]
+    if rec then
+      local g = grant_of(rec)
+      refill_to(tonumber(due[i + 1]))
+      close_lease(f, g)
+      if g > 0 then expired = expired + 1 end
+      dels[#dels + 1] = f
+    end
+  end
+  if not dry then
+    redis.call('ZREMRANGEBYSCORE', Z, '-inf', now)
+    if #dels > 0 then redis.call('HDEL', H, unpack(dels)) end
   end
 end
 
--- Close the expired leases now, before an owner's new lease may take the
--- same field.
-if mode ~= 'state' and #dels > 0 then
-  redis.call('HDEL', KEYS[2], unpack(dels))
+if n > 0 then
+  expire()
+  if n > 0 and maxexp <= now and not dry then
+    -- Every open lease should have expired by now, yet some are left:
+    -- the expiry index was lost. Rebuild it from the hash, then close them.
+    local all = redis.call('HGETALL', H)
+    for i = 1, #all, 2 do
+      local f = all[i]
+      local s = string.sub(f, 1, 2)
+      if (s == '0|' or s == '1|' or s == 'g|') and recs[f] ~= false then
+        local e = string.match(all[i + 1], ' (%d+)$')
+        redis.call('ZADD', Z, e, f)
+      end
+    end
+    expire()
+  end
 end
-
--- Refill.
-if now > last then
-  level = level + rate * (now - last)
-  last = now
-end
-if level > burst - out then
-  level = burst - out
-end
-if level < 0 then
-  level = 0
-end
+refill_to(now)
 
 local function remaining()
   if level <= 0 then return 0 end
   return math.floor(level + eps)
 end
 
+local function microsceil(tokens)
+  return math.ceil(tokens / rate - 1e-6)
+end
+
+-- retry_after returns the time (ms) until the bucket holds target tokens if
+-- nothing else happens: the latest of the refill from the level now and,
+-- for each lease that must expire before the cap burst − O admits target,
+-- its expiry plus the refill from the cap that held until then (at most
+-- RETRY_WALK leases are walked; the rest are bounded by x).
 local function retry_after(target)
   if target > burst then return -1 end
   local wait = 0
   local need = target - level
-  if need > 0 then
-    wait = math.ceil(need / rate - 1e-6)
-  end
-  if burst - out < target then
-    local sorted = {}
-    for i = 1, #leases do sorted[i] = leases[i] end
-    table.sort(sorted, function(a, b) return a.exp < b.exp end)
-    local o = out
-    for i = 1, #sorted do
-      o = o - sorted[i].g
-      if burst - o >= target then
-        if sorted[i].exp - now > wait then wait = sorted[i].exp - now end
-        break
+  if need > 0 then wait = microsceil(need) end
+  local c = burst - out
+  if c < target then
+    local done = false
+    local first = redis.call('ZRANGE', Z, 0, RETRY_WALK - 1, 'WITHSCORES')
+    if #first > 0 then
+      local fields = {}
+      for i = 1, #first, 2 do fields[#fields + 1] = first[i] end
+      local vals = redis.call('HMGET', H, unpack(fields))
+      for j = 1, #fields do
+        if vals[j] then
+          local w = tonumber(first[2 * j]) - now + microsceil(target - math.max(c, 0))
+          if w > wait then wait = w end
+          c = c + grant_of(vals[j])
+          if c >= target then
+            done = true
+            break
+          end
+        end
       end
+    end
+    if not done then
+      local w = maxexp - now + microsceil(target - math.max(c, 0))
+      if w > wait then wait = w end
     end
   end
   if wait <= 0 then return 0 end
   return math.floor((wait + 999) / 1000)
 end
 
+local shares_touched = false
 local function save()
-  redis.call('HSET', KEYS[1], 'l', string.format('%.17g', level), 't', string.format('%d', last), 'o', string.format('%d', out))
-  -- A full bucket with no lease is the same as no key: expire both keys
-  -- once the bucket can have refilled and every lease has ended.
-  local full_ms = 0
-  if burst - level > 0 then full_ms = math.ceil((burst - level) / rate / 1000) end
-  local px = full_ms + math.ceil(ttl / 1000) + 1000
-  redis.call('PEXPIRE', KEYS[1], px)
-  redis.call('PEXPIRE', KEYS[2], px)
+  local args = { 'l', fmtf(level), 't', string.format('%d', last) }
+  if n > 0 then
+    args[#args + 1] = 'o'; args[#args + 1] = string.format('%d', out)
+    args[#args + 1] = 'n'; args[#args + 1] = string.format('%d', n)
+    args[#args + 1] = 'x'; args[#args + 1] = string.format('%d', maxexp)
+    args[#args + 1] = 'c'; args[#args + 1] = string.format('%d', clients)
+  end
+  local dels = {}
+  if n <= 0 and had_leases then
+    dels = { 'o', 'n', 'x', 'c' }
+  end
+  for c in pairs(pdirty) do
+    if pc[c] > 0 then
+      args[#args + 1] = 'p|' .. c; args[#args + 1] = string.format('%d', pc[c])
+    else
+      dels[#dels + 1] = 'p|' .. c
+    end
+  end
+  redis.call('HSET', H, unpack(args))
+  if #dels > 0 then redis.call('HDEL', H, unpack(dels)) end
+  -- The state outlives every open lease and then the refill to full: a
+  -- full bucket with no lease is the same as no state.
+  local us
+  if n > 0 then
+    us = maxexp - now + burst / rate
+  else
+    us = (burst - level) / rate
+  end
+  if us < 0 then us = 0 end
+  local px = math.ceil(us / 1000) + 1000
+  redis.call('PEXPIRE', H, px)
+  if n > 0 then redis.call('PEXPIRE', Z, px) end
+  if shares_touched then redis.call('PEXPIRE', S, px) end
 end
 
 if mode == 'state' then
-  return { string.format('%.17g', level), out, #leases, string.format('%d', now) }
+  return { fmtf(level), out, n, string.format('%d', now) }
 end
 
 if mode == 'take' then
-  local cost = tonumber(ARGV[8])
+  local cost = tonumber(ARGV[9])
   local taken, retry = 0, 0
   if cost == 0 or level + eps >= cost then
     level = level - cost
@@ -149,7 +339,7 @@ if mode == 'take' then
 end
 
 if mode == 'refund' then
-  local cost = tonumber(ARGV[8])
+  local cost = tonumber(ARGV[9])
   level = level + cost
   if level > burst - out then level = burst - out end
   save()
@@ -157,68 +347,74 @@ if mode == 'refund' then
 end
 
 -- mode == 'lease'
-local owner = ARGV[7]
-local want = tonumber(ARGV[8])
-local settle_id = ARGV[9]
-local used = tonumber(ARGV[10])
-local new_id = ARGV[11]
-local slot = ARGV[12]
-local field = slot .. '|' .. owner
+local want = tonumber(ARGV[9])
+local settle_id = ARGV[10]
+local used = tonumber(ARGV[11])
+local new_id = ARGV[12]
+local max_leases = tonumber(ARGV[14])
+local max_procs = tonumber(ARGV[15])
 
-local mine = nil
-local base = shares[owner] or share_floor -- this owner's fair-share clock
-for i = 1, #leases do
-  if leases[i].field == field then mine = i end
-end
-
+local cur = recs[field]
 local settled = 0
 if settle_id ~= '' then
-  if mine == nil or leases[mine].id ~= settle_id then
+  if not cur or grant_of(cur) == 0 or string.match(cur, '^(%S+) ') ~= settle_id then
     save()
     return { 1, 0, 0, 0, 0, 0, expired }
   end
-  local l = leases[mine]
-  if used > l.g then
+  local g = grant_of(cur)
+  if used > g then
     save()
     return { 2, 0, 0, 0, 0, 0, expired }
   end
-  out = out - l.g
-  level = level + (l.g - used)
-  table.remove(leases, mine)
-  redis.call('HDEL', KEYS[2], field)
+  close_lease(field, g)
+  level = level + (g - used)
+  redis.call('HDEL', H, field)
+  redis.call('ZREM', Z, field)
   settled = 1
-elseif mine ~= nil then
-  -- A new lease replaces the open one, which counts as fully spent.
-  out = out - leases[mine].g
-  table.remove(leases, mine)
-  redis.call('HDEL', KEYS[2], field)
-  expired = expired + 1
+elseif cur then
+  -- A new lease replaces the open one of this slot, which counts as fully
+  -- spent.
+  local g = grant_of(cur)
+  close_lease(field, g)
+  redis.call('HDEL', H, field)
+  redis.call('ZREM', Z, field)
+  if g > 0 then expired = expired + 1 end
 end
 
--- Holders: owners with an open lease (two slots count once), plus this one.
-local seen = {}
-local holders = 1
-for i = 1, #leases do
-  local who = leases[i].owner
-  if who ~= owner and not seen[who] then
-    seen[who] = true
-    holders = holders + 1
+-- Holders from this owner's view: clients (its own counted) times the
+-- processes of its client (itself counted).
+local holds = recs[field] or recs[ofield]
+local hc = clients
+if pc[client] == 0 then hc = hc + 1 end
+local hp = pc[client]
+if not holds then hp = hp + 1 end
+local h = hc * hp
+
+if want > 0 and not cur then
+  if n >= max_leases or (not holds and pc[client] >= max_procs) then
+    save()
+    return { 3, 0, 0, 0, 0, 0, expired }
   end
 end
+
 local granted, retry = 0, 0
-local share_wait = 0
-local shared = false
-local share = 0
 if want > 0 then
   local g = want
-  if holders > 1 then
-    -- Fair share: at most burst/holders per lease, and at most the
-    -- owner's share of the refill since its share clock, plus whatever the
-    -- bucket holds above a quarter full (0 when it asks again too soon).
-    local fair = math.floor(burst / holders)
+  local share, base = 0, 0
+  local share_wait = 0
+  local shared = false
+  local floor = now - burst / rate
+  if h > 1 then
+    -- Fair share: at most burst/h per lease, and at most the owner's share
+    -- of the refill since its share clock, plus whatever the bucket holds
+    -- above a quarter full (0 when it asks again too soon).
+    base = floor
+    local vt = tonumber(redis.call('ZSCORE', S, owner))
+    if vt and vt > floor then base = vt end
+    local fair = math.floor(burst / h)
     if fair < 1 then fair = 1 end
     if fair < g then g = fair end
-    share = rate * (now - base) / holders
+    share = rate * (now - base) / h
     local spare = 0
     if level > burst / 4 then spare = math.floor(level - burst / 4) end
     local capf = share + spare
@@ -226,7 +422,7 @@ if want > 0 then
     if cap < g then g = cap end
     if g < 1 then
       -- Too soon: the owner's share has not reached a token.
-      share_wait = math.ceil((1 - capf) * holders / rate)
+      share_wait = math.ceil((1 - capf) * h / rate)
     end
     shared = true
   end
@@ -235,14 +431,22 @@ if want > 0 then
   if avail < g then g = avail end
   if g > 0 then
     level = level - g
+    local e = now + ttl
+    if not holds then adj(client, 1) end
     out = out + g
-    redis.call('HSET', KEYS[2], field, new_id .. ' ' .. string.format('%d', g) .. ' ' .. string.format('%d', now + ttl))
+    n = n + 1
+    if e > maxexp then maxexp = e end
+    recs[field] = new_id
+    redis.call('HSET', H, field, new_id .. ' ' .. string.format('%d', g) .. ' ' .. string.format('%d', e))
+    redis.call('ZADD', Z, string.format('%d', e), field)
     if shared then
       -- The clock advances by the tokens taken from the share; tokens
       -- taken from the spare above a quarter full are free.
       local adv = g
       if share < adv then adv = share end
-      redis.call('HSET', KEYS[2], 't|' .. owner, string.format('%.17g', base + adv * holders / rate))
+      redis.call('ZADD', S, fmtf(base + adv * h / rate), owner)
+      redis.call('ZREMRANGEBYSCORE', S, '-inf', '(' .. fmtf(floor))
+      shares_touched = true
     end
     granted = g
   else
@@ -251,7 +455,18 @@ if want > 0 then
       local ms = math.floor((share_wait + 999) / 1000)
       if ms > retry then retry = ms end
     end
+    if not recs[field] then
+      -- A waiter holds a lease of nothing for one TTL, so that the others'
+      -- fair share counts it while it waits.
+      local e = now + ttl
+      if not holds then adj(client, 1) end
+      n = n + 1
+      if e > maxexp then maxexp = e end
+      recs[field] = '- 0 ' .. string.format('%d', e)
+      redis.call('HSET', H, field, recs[field])
+      redis.call('ZADD', Z, string.format('%d', e), field)
+    end
   end
 end
 save()
-return { 0, granted, retry, remaining(), holders, settled, expired }
+return { 0, granted, retry, remaining(), h, settled, expired }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,11 +19,26 @@ import (
 // per subtest; the store is closed by the suite.
 type Factory func(t *testing.T, now func() time.Time) leases.Store
 
-// Options tune the suite for slower stores.
+// Options tune the suite for slower stores and tell it how to reach a
+// store's persistence.
 type Options struct {
 	// ConcurrentTicks is the number of clock ticks (1 ms each) the
 	// concurrency test runs; 0 means 2000.
 	ConcurrentTicks int
+	// Parts names the parts a bucket's state is persisted in that can be
+	// lost one at a time (a Redis store's keys, which Redis may evict
+	// separately), and Drop removes one part of key's state. The suite then
+	// checks that a bucket with any part lost never grants more than the
+	// invariant allows. Nil for a store whose buckets cannot be lost in
+	// part.
+	Parts []string
+	Drop  func(t *testing.T, key, part string)
+	// Retention returns how long the store keeps key's state if no call
+	// touches it (the least TTL of its Redis keys), or a negative duration
+	// when it keeps the state until it drops it itself. Nil means the
+	// latter. A store that has a Sweep() method is swept after the clock
+	// moves in the retention tests.
+	Retention func(t *testing.T, key string) time.Duration
 }
 
 var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -46,10 +62,16 @@ func newFixture(t *testing.T, f Factory) *fixture {
 	return &fixture{t: t, ctx: context.Background(), clock: clock, store: s}
 }
 
+// own returns the Owner named "client/process".
+func own(s string) leases.Owner {
+	c, p, _ := strings.Cut(s, "/")
+	return leases.Owner{Client: c, Process: p}
+}
+
 // leaseSlot runs one LeaseOp in a slot and returns its outcome.
 func (f *fixture) leaseSlot(owner, key string, slot int, b leases.Bucket, want int64, leaseID string, used int64) leases.LeaseOutcome {
 	f.t.Helper()
-	out, err := f.store.Lease(f.ctx, owner, []leases.LeaseOp{{Key: key, Bucket: b, Want: want, LeaseID: leaseID, Used: used, NewLeaseID: leases.NewLeaseID(), Slot: slot}})
+	out, err := f.store.Lease(f.ctx, own(owner), []leases.LeaseOp{{Key: key, Bucket: b, Want: want, LeaseID: leaseID, Used: used, NewLeaseID: leases.NewLeaseID(), Slot: slot}})
 	require.NoError(f.t, err)
 	require.Len(f.t, out, 1)
 	return out[0]
@@ -58,7 +80,7 @@ func (f *fixture) leaseSlot(owner, key string, slot int, b leases.Bucket, want i
 // lease runs one LeaseOp and returns its outcome.
 func (f *fixture) lease(owner, key string, b leases.Bucket, want int64, leaseID string, used int64) leases.LeaseOutcome {
 	f.t.Helper()
-	out, err := f.store.Lease(f.ctx, owner, []leases.LeaseOp{{Key: key, Bucket: b, Want: want, LeaseID: leaseID, Used: used, NewLeaseID: leases.NewLeaseID()}})
+	out, err := f.store.Lease(f.ctx, own(owner), []leases.LeaseOp{{Key: key, Bucket: b, Want: want, LeaseID: leaseID, Used: used, NewLeaseID: leases.NewLeaseID()}})
 	require.NoError(f.t, err)
 	require.Len(f.t, out, 1)
 	return out[0]
@@ -91,6 +113,15 @@ func Run(t *testing.T, newStore Factory, opts Options) {
 	t.Run("TakeAndRefund", func(t *testing.T) { testTakeRefund(t, newFixture(t, newStore)) })
 	t.Run("RuleChangeKeepsBound", func(t *testing.T) { testRuleChange(t, newFixture(t, newStore)) })
 	t.Run("ConcurrentBound", func(t *testing.T) { testConcurrentBound(t, newFixture(t, newStore), opts.ConcurrentTicks) })
+	t.Run("UnsettledExpiryKeepsBound", func(t *testing.T) { testUnsettledExpiry(t, newFixture(t, newStore)) })
+	t.Run("UnsettledExpiriesInOrder", func(t *testing.T) { testExpiriesInOrder(t, newFixture(t, newStore)) })
+	t.Run("ShorterTTLKeepsOpenLeases", func(t *testing.T) { testShorterTTL(t, newFixture(t, newStore), opts) })
+	for _, part := range opts.Parts {
+		t.Run("PartLost/"+part, func(t *testing.T) { testPartLost(t, newFixture(t, newStore), opts, part) })
+	}
+	t.Run("ManyHolders", func(t *testing.T) { testManyHolders(t, newFixture(t, newStore)) })
+	t.Run("LeaseCaps", func(t *testing.T) { testLeaseCaps(t, newFixture(t, newStore)) })
+	t.Run("FairShareBetweenClients", func(t *testing.T) { testFairClients(t, newFixture(t, newStore)) })
 }
 
 func testGrantSettleReturn(t *testing.T, f *fixture) {
@@ -144,7 +175,7 @@ func testManyKeys(t *testing.T, f *fixture) {
 	for i := range ops {
 		ops[i] = leases.LeaseOp{Key: fmt.Sprintf("k:%d", i), Bucket: b, Want: int64(i % 15), NewLeaseID: leases.NewLeaseID()}
 	}
-	out, err := f.store.Lease(f.ctx, "a/1", ops)
+	out, err := f.store.Lease(f.ctx, own("a/1"), ops)
 	require.NoError(t, err)
 	require.Len(t, out, len(ops))
 	for i, o := range out {
@@ -226,8 +257,9 @@ func testExpiry(t *testing.T, f *fixture) {
 	st = f.state("k", b)
 	assert.Zero(t, st.Outstanding, "expired at its TTL")
 	assert.Zero(t, st.Leases)
-	// 60 left + 1 s of refill at 10/s; the 40 leased are not credited.
-	assert.InDelta(t, 70, st.Level, 1e-6)
+	// 60 left, and no refill while the lease held the rest of the bucket
+	// (L + O was at burst all along); the 40 leased are not credited.
+	assert.InDelta(t, 60, st.Level, 1e-6)
 
 	// The owner's first write after expiry opens a new lease in the place
 	// of the expired one.
@@ -246,7 +278,7 @@ func testExpiry(t *testing.T, f *fixture) {
 	n := f.lease("a/1", "k", b, 5, "", 0)
 	require.NoError(t, n.Err)
 	assert.EqualValues(t, 5, n.Granted)
-	assert.InDelta(t, 80-5, f.state("k", b).Level, 1e-6, "70 + 1 s of refill − 5")
+	assert.InDelta(t, 70-5, f.state("k", b).Level, 1e-6, "60 + 1 s of refill since the expiry − 5")
 }
 
 func testReplace(t *testing.T, f *fixture) {
@@ -286,7 +318,7 @@ func testFairShare(t *testing.T, f *fixture) {
 	assert.EqualValues(t, 1, f.lease("o/1", "tiny", tiny, 5, "", 0).Granted, "burst/2 = 1")
 	o := f.lease("o/2", "tiny", tiny, 5, "", 0)
 	assert.Zero(t, o.Granted, "burst/3 = 0 is raised to 1, but the bucket is empty")
-	assert.Equal(t, 2*time.Second, o.RetryAfter, "both tokens are leased until the leases end")
+	assert.Equal(t, 2001*time.Millisecond, o.RetryAfter, "both tokens are leased until the leases end, then one refills in 1 ms")
 }
 
 func testShareClock(t *testing.T, f *fixture) {
@@ -402,15 +434,17 @@ func testRetryAfterLeases(t *testing.T, f *fixture) {
 	f.clock.Advance(100 * time.Millisecond)
 	d := f.lease("b/1", "k", b, 5, "", 0)
 	assert.Zero(t, d.Granted)
-	assert.Equal(t, 400*time.Millisecond, d.RetryAfter)
-	f.clock.Advance(399 * time.Millisecond)
-	assert.Zero(t, f.lease("b/1", "k", b, 5, "", 0).Granted)
+	// a's lease ends at 500 ms, and the first token refills 1 ms later: no
+	// refill is banked while the lease holds the whole burst.
+	assert.Equal(t, 401*time.Millisecond, d.RetryAfter)
+	f.clock.Advance(400 * time.Millisecond)
+	z := f.lease("b/1", "k", b, 5, "", 0)
+	assert.Zero(t, z.Granted, "the lease ends now, and nothing has refilled since")
+	assert.Equal(t, 1, z.Expired)
+	assert.Equal(t, time.Millisecond, z.RetryAfter)
 	f.clock.Advance(time.Millisecond)
 	g := f.lease("b/1", "k", b, 5, "", 0)
-	// The probe at 499 ms found the bucket capped at burst − O = 0, and the
-	// refill is capped at every operation: 1 ms of refill is 1 token.
-	assert.EqualValues(t, 1, g.Granted)
-	assert.Equal(t, 1, g.Expired)
+	assert.EqualValues(t, 1, g.Granted, "exactly at retry_after: 1 ms of refill is 1 token")
 }
 
 func testTakeRefund(t *testing.T, f *fixture) {
@@ -453,8 +487,13 @@ func testRuleChange(t *testing.T, f *fixture) {
 	// until the old lease ends.
 	o := f.lease("b/1", "k", small, 5, "", 0)
 	assert.Zero(t, o.Granted)
-	assert.Equal(t, time.Second, o.RetryAfter)
+	// The old lease ends at 1 s; the bucket then refills from empty at
+	// 10/s: the first token at 1.1 s.
+	assert.Equal(t, 1100*time.Millisecond, o.RetryAfter)
 	f.clock.Advance(time.Second)
+	o = f.lease("b/1", "k", small, 5, "", 0)
+	assert.Zero(t, o.Granted, "no refill while the old lease held more than the new burst")
+	f.clock.Advance(500 * time.Millisecond)
 	o = f.lease("b/1", "k", small, 5, "", 0)
 	assert.EqualValues(t, 5, o.Granted)
 	st := f.state("k", small)
@@ -513,7 +552,7 @@ func testConcurrentBound(t *testing.T, f *fixture, ticks int) {
 				}
 				f.clock.Hold(func(time.Time) {
 					tk := int(tick.Load())
-					out, err := f.store.Lease(f.ctx, owner, []leases.LeaseOp{{Key: "hot", Bucket: b, Want: want, LeaseID: id, Used: used, NewLeaseID: leases.NewLeaseID()}})
+					out, err := f.store.Lease(f.ctx, own(owner), []leases.LeaseOp{{Key: "hot", Bucket: b, Want: want, LeaseID: id, Used: used, NewLeaseID: leases.NewLeaseID()}})
 					ops.Add(1)
 					if err != nil {
 						failed.Store(err)
@@ -587,4 +626,263 @@ func testConcurrentBound(t *testing.T, f *fixture, ticks int) {
 	// pass vacuously if the store granted nothing.
 	capacity := int64(burst) + int64(limit)*int64(ticks)/1000
 	assert.Greater(t, total, capacity/2, "utilization: %d of %d", total, capacity)
+}
+
+// testUnsettledExpiry is the first finding of the invariant review: a lease
+// that expires unsettled must not bring back the refill it held back. Rule
+// 1000/s, burst 100, lease TTL 2 s. a leases the whole burst and spends it
+// all just before its deadline; b, which waited on retry_after, asks right
+// after the expiry. Reap-then-refill granted b 100 more: 200 in 7 ms against
+// a bound of 107. Piecewise refill grants only what refilled since.
+func testUnsettledExpiry(t *testing.T, f *fixture) {
+	b := bucket(1000, time.Second, 100, 2*time.Second)
+	a := f.lease("a/1", "k", b, 100, "", 0)
+	require.EqualValues(t, 100, a.Granted)
+	f.clock.Advance(time.Millisecond)
+	d := f.lease("b/1", "k", b, 100, "", 0)
+	require.Zero(t, d.Granted)
+	// a's lease ends at 2000 ms; one token refills 1 ms later.
+	assert.Equal(t, 2000*time.Millisecond, d.RetryAfter)
+
+	// a spends its 100 at 1998 ms (it may: its deadline is 2000 ms) and
+	// never settles. b asks at retry_after, then again at 2005 ms.
+	f.clock.Advance(d.RetryAfter)
+	g1 := f.lease("b/1", "k", b, 100, "", 0)
+	assert.Equal(t, 1, g1.Expired, "a's lease expired unsettled")
+	assert.EqualValues(t, 1, g1.Granted, "1 ms of refill since the expiry")
+	f.clock.Advance(4 * time.Millisecond)
+	g2 := f.lease("b/1", "k", b, 100, g1.LeaseID, g1.Granted)
+	// Window [1998 ms, 2005 ms]: a's 100 + b's tokens ≤ burst + rate·7 ms.
+	spent := 100 + g1.Granted + g2.Granted
+	assert.LessOrEqual(t, spent, int64(107), "bound of the window around the expiry")
+	assert.EqualValues(t, 5, g1.Granted+g2.Granted, "b gets exactly the 5 ms of refill since the expiry")
+	st := f.state("k", b)
+	assert.LessOrEqual(t, st.Level+float64(st.Outstanding), 100+1e-9)
+}
+
+// testExpiriesInOrder: several leases ending unsettled at different times
+// between two calls are closed in expiry order, each under the cap that
+// held until it ended. Rule 100/s, burst 100: a leases 50, 10 ms later b
+// leases 30 (20 left), and nothing happens until both have expired.
+func testExpiriesInOrder(t *testing.T, f *fixture) {
+	rb := bucket(100, time.Second, 100, 200*time.Millisecond)
+	require.EqualValues(t, 50, f.lease("a/1", "k", rb, 50, "", 0).Granted)
+	f.clock.Advance(10 * time.Millisecond)
+	// b's lease: burst/2 per holder caps it at 50; it takes 30, the level
+	// is 50 − 30 + 1 token of refill = 21... but L + O ≤ burst caps the
+	// refill: the level is 20.
+	bo := f.lease("b/1", "k", rb, 30, "", 0)
+	require.EqualValues(t, 30, bo.Granted)
+	require.InDelta(t, 20, f.state("k", rb).Level, 1e-9)
+	// a's lease ends at 200 ms, b's at 210 ms. At 300 ms: the level stays
+	// capped at 20 until 200 ms, rises to 20 + 1 = 21 by 210 ms under the
+	// cap 50, then to 21 + 9 = 30 by 300 ms. A refill over the whole gap
+	// after closing both would give 100.
+	f.clock.Advance(290 * time.Millisecond)
+	st := f.state("k", rb)
+	assert.Zero(t, st.Outstanding)
+	assert.InDelta(t, 30, st.Level, 1e-6)
+	o := f.lease("c/1", "k", rb, 100, "", 0)
+	assert.Equal(t, 2, o.Expired)
+	assert.EqualValues(t, 30, o.Granted)
+}
+
+// sweepIfAny runs the store's own idle sweep when it has one.
+func (f *fixture) sweepIfAny() {
+	if sw, ok := f.store.(interface{ Sweep() }); ok {
+		sw.Sweep()
+	}
+}
+
+// testShorterTTL is the second finding: a reload that shortens lease_ttl
+// must not let the bucket's state go while older, longer leases are open.
+func testShorterTTL(t *testing.T, f *fixture, opts Options) {
+	long := bucket(100, time.Second, 100, time.Hour)
+	short := long
+	short.LeaseTTL = time.Second
+	a := f.lease("a/1", "k", long, 100, "", 0)
+	require.EqualValues(t, 100, a.Granted)
+	// The rule is reloaded with a 1 s lease TTL; any call under it.
+	d := f.lease("b/1", "k", short, 100, "", 0)
+	require.Zero(t, d.Granted)
+	if opts.Retention != nil {
+		// The state outlives a's lease (1 h) and then the refill (1 s).
+		assert.GreaterOrEqual(t, opts.Retention(t, "k"), time.Hour, "the bucket's state outlives its longest open lease")
+	}
+	f.clock.Advance(10 * time.Second)
+	f.sweepIfAny()
+	st := f.state("k", short)
+	assert.EqualValues(t, 100, st.Outstanding, "a's lease is open for an hour")
+	d = f.lease("b/1", "k", short, 100, "", 0)
+	assert.Zero(t, d.Granted, "nothing while a's hour-long lease holds the burst")
+	assert.Greater(t, d.RetryAfter, 59*time.Minute)
+}
+
+// testPartLost is the third finding: a bucket with part of its state gone
+// (Redis evicted one of its keys) is rebuilt conservatively, never as a
+// full bucket that forgets open leases, and its outstanding count never
+// goes negative once the lost leases end.
+func testPartLost(t *testing.T, f *fixture, opts Options, part string) {
+	b := bucket(1000, time.Second, 100, time.Second)
+	a := f.lease("a/1", "k", b, 60, "", 0)
+	require.EqualValues(t, 60, a.Granted)
+	bo := f.lease("b/1", "k", b, 40, "", 0)
+	require.EqualValues(t, 40, bo.Granted)
+	opts.Drop(t, "k", part)
+
+	// Until the leases end (1 s) nothing more may be granted: a and b may
+	// still spend their 100.
+	for _, at := range []time.Duration{0, 500 * time.Millisecond, 499 * time.Millisecond} {
+		f.clock.Advance(at)
+		o := f.lease("c/1", "k", b, 100, "", 0)
+		require.NoError(t, o.Err)
+		assert.Zero(t, o.Granted, "at +%v with the %s lost", at, part)
+	}
+	// From then on the bucket refills from empty: within any window W the
+	// grants stay within burst + rate·W, counting a's and b's 100 as spent
+	// at 999 ms. Ask every 10 ms for 2 s, settling fully spent.
+	f.clock.Advance(time.Millisecond) // 1000 ms: the leases end
+	type grant struct {
+		at int64 // ms
+		n  int64
+	}
+	grants := []grant{{999, 100}}
+	var id string
+	var held int64
+	for ms := int64(1000); ms <= 3000; ms += 10 {
+		o := f.lease("c/1", "k", b, 100, id, held)
+		if o.Err != nil {
+			require.ErrorIs(t, o.Err, leases.ErrUnknownLease)
+			o = f.lease("c/1", "k", b, 100, "", 0)
+		}
+		require.NoError(t, o.Err)
+		require.LessOrEqual(t, o.Granted, int64(100))
+		grants = append(grants, grant{ms, o.Granted})
+		id, held = o.LeaseID, o.Granted
+		st := f.state("k", b)
+		require.GreaterOrEqual(t, st.Outstanding, int64(0), "at %d ms", ms)
+		require.LessOrEqual(t, st.Level+float64(st.Outstanding), 100+1e-9, "at %d ms", ms)
+		f.clock.Advance(10 * time.Millisecond)
+	}
+	for i := range grants {
+		var sum int64
+		for j := i; j < len(grants); j++ {
+			sum += grants[j].n
+			w := grants[j].at - grants[i].at
+			require.LessOrEqual(t, sum, 100+w, "grants in [%d, %d] ms with the %s lost", grants[i].at, grants[j].at, part)
+		}
+	}
+}
+
+// testManyHolders: thousands of owners hold leases on one key. Every answer
+// counts them right (clients × processes of the asker's client), grants
+// stay within the fair share, and the bound holds when they all expire.
+func testManyHolders(t *testing.T, f *fixture) {
+	const clients, procs = 30, 100 // 3,000 holders
+	const burst = 100_000
+	b := bucket(1_000_000, time.Second, burst, time.Second)
+	var total int64
+	for c := range clients {
+		for p := range procs {
+			o := f.lease(fmt.Sprintf("c%d/p%d", c, p), "crowded", b, 10, "", 0)
+			require.NoError(t, o.Err)
+			// This owner counts itself: clients so far (its own included)
+			// times the processes of its client so far (itself included).
+			require.Equal(t, (c+1)*(p+1), o.Holders, "c%d/p%d", c, p)
+			require.EqualValues(t, 10, o.Granted, "c%d/p%d", c, p)
+			total += o.Granted
+		}
+	}
+	st := f.state("crowded", b)
+	assert.Equal(t, total, st.Outstanding)
+	assert.Equal(t, clients*procs, st.Leases)
+	assert.InDelta(t, burst-total, st.Level, 1e-6)
+	// A newcomer of a new client sees every client, and only itself of its
+	// own.
+	n := f.lease("new/1", "crowded", b, 1, "", 0)
+	assert.Equal(t, clients+1, n.Holders)
+	require.EqualValues(t, 1, n.Granted)
+	// All expire together, 10 ms before the next call: it closes them all,
+	// and the bucket refills from where the cap held it, for 10 ms only.
+	f.clock.Advance(time.Second + 10*time.Millisecond)
+	o := f.lease("late/1", "crowded", b, burst, "", 0)
+	assert.Equal(t, clients*procs+1, o.Expired)
+	assert.Equal(t, 1, o.Holders)
+	assert.EqualValues(t, burst-total-1+10_000, o.Granted, "no refill banked while the leases held the bucket")
+}
+
+// testLeaseCaps: a grant that would open a lease beyond the caps fails with
+// ErrTooManyLeases and changes nothing; renewals and returns pass.
+func testLeaseCaps(t *testing.T, f *fixture) {
+	b := bucket(1000, time.Second, 1000, time.Second)
+	lim := leases.LeaseLimits{MaxLeasesPerKey: 5, MaxProcessesPerClient: 2}
+	op := func(owner string, slot int, want int64, id string) leases.LeaseOutcome {
+		out, err := f.store.Lease(f.ctx, own(owner), []leases.LeaseOp{{Key: "k", Bucket: b, Want: want, LeaseID: id, NewLeaseID: leases.NewLeaseID(), Slot: slot, Limits: lim}})
+		require.NoError(t, err)
+		return out[0]
+	}
+	a1 := op("a/1", 0, 1, "")
+	require.NoError(t, a1.Err)
+	require.NoError(t, op("a/1", 1, 1, "").Err, "a second slot of the same process")
+	require.NoError(t, op("a/2", 0, 1, "").Err)
+	// A third process of client a.
+	before := f.state("k", b)
+	tooMany := op("a/3", 0, 1, "")
+	require.ErrorIs(t, tooMany.Err, leases.ErrTooManyLeases)
+	assert.Zero(t, tooMany.Granted)
+	assert.Equal(t, before, f.state("k", b), "a refused grant changes nothing")
+	require.NoError(t, op("b/1", 0, 1, "").Err)
+	require.NoError(t, op("c/1", 0, 1, "").Err)
+	// Five leases open: a sixth is refused, whoever asks.
+	require.ErrorIs(t, op("d/1", 0, 1, "").Err, leases.ErrTooManyLeases)
+	require.ErrorIs(t, op("b/1", 1, 1, "").Err, leases.ErrTooManyLeases)
+	// A renewal in the same slot, and a return, are never refused.
+	r := op("a/1", 0, 1, a1.LeaseID)
+	require.NoError(t, r.Err)
+	require.True(t, r.Settled)
+	require.NoError(t, op("a/1", 0, 0, r.LeaseID).Err)
+	// The return freed a place.
+	require.NoError(t, op("d/1", 0, 1, "").Err)
+	// Asking for nothing opens nothing and is never refused.
+	require.NoError(t, op("e/1", 0, 0, "").Err)
+}
+
+// testFairClients: fair share goes to clients first, then to the processes
+// of a client, so a client that runs (or invents) 100 process ids gets no
+// more than another client with one. Both ask for the whole burst every
+// 10 ms and spend what they get.
+func testFairClients(t *testing.T, f *fixture) {
+	b := bucket(1000, time.Second, 100, 50*time.Millisecond)
+	type holder struct {
+		id   string
+		held int64
+	}
+	many := make([]holder, 100)
+	var one holder
+	var gotMany, gotOne int64
+	ask := func(owner string, h *holder) int64 {
+		o := f.lease(owner, "shared", b, 100, h.id, h.held)
+		if o.Err != nil {
+			require.ErrorIs(t, o.Err, leases.ErrUnknownLease)
+			o = f.lease(owner, "shared", b, 100, "", 0)
+		}
+		require.NoError(t, o.Err)
+		h.id, h.held = o.LeaseID, o.Granted
+		return o.Granted
+	}
+	for tick := range 300 { // 3 s
+		for i := range many {
+			gotMany += ask(fmt.Sprintf("greedy/%d", i), &many[i])
+		}
+		if tick%2 == 0 {
+			// The lone client asks half as often and still gets its share.
+			gotOne += ask("lone/1", &one)
+		}
+		f.clock.Advance(10 * time.Millisecond)
+	}
+	total := gotMany + gotOne
+	t.Logf("100 processes of one client: %d tokens; one process of another: %d (%.1f%%)", gotMany, gotOne, 100*float64(gotOne)/float64(total))
+	assert.GreaterOrEqual(t, float64(gotOne), 0.45*float64(total), "the lone client gets about half")
+	assert.LessOrEqual(t, float64(gotMany), 0.55*float64(total), "100 process ids do not widen a client's share")
+	assert.Greater(t, float64(total), 0.9*(100+1000*3), "the bucket is used")
 }
