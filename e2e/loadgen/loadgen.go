@@ -9,7 +9,15 @@
 //	    -key acc:hot -rate 500 -duration 10s -out result.json
 //
 // With -keys N it spreads the demand over the keys <prefix>0 … <prefix>N-1
-// with a Zipf distribution. Slots are counted from -start-unix-ms, so that
+// with a Zipf distribution. With -phases the demand first follows a schedule
+// of (duration, rate) phases, then stays at -rate:
+//
+//	loadgen -key cut:hot -phases 1ms@1000,1849ms@0 -rate 5000 -duration 3s
+//
+// asks once at the start, then nothing until 1.85 s, then 5000 times a
+// second: a client that holds a lease and spends it all at once near its
+// end. -initial-batch sets the batch the SDK asks for a key with no demand
+// history. Slots are counted from -start-unix-ms, so that
 // every process of a test uses the same slot grid. When ctx ends (the
 // command cancels it on SIGTERM or SIGINT) the run stops early; the result
 // is written either way.
@@ -21,6 +29,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"sort"
@@ -75,6 +84,52 @@ type options struct {
 	fallback    client.Fallback
 	maxKeys     int
 	seed        uint64
+	phases      []phase
+	initial     int64
+}
+
+// phase is a stretch of the demand schedule: rate requests per second for
+// d.
+type phase struct {
+	d    time.Duration
+	rate float64
+}
+
+// parsePhases parses "dur@rate,dur@rate,…".
+func parsePhases(s string) ([]phase, error) {
+	var out []phase
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		ds, rs, ok := strings.Cut(strings.TrimSpace(part), "@")
+		if !ok {
+			return nil, fmt.Errorf("-phases %q: want duration@rate, comma-separated", s)
+		}
+		d, err := time.ParseDuration(ds)
+		if err != nil || d <= 0 || d > time.Hour {
+			return nil, fmt.Errorf("-phases %q: duration %q: want 0 < duration <= 1h", s, ds)
+		}
+		r, err := strconv.ParseFloat(rs, 64)
+		if err != nil || r < 0 || r > 1e7 || math.IsNaN(r) {
+			return nil, fmt.Errorf("-phases %q: rate %q: want 0 <= rate <= 1e7", s, rs)
+		}
+		out = append(out, phase{d: d, rate: r})
+	}
+	return out, nil
+}
+
+// demand returns the requests due by elapsed since the start and the rate
+// in force then: the phases in order, then rate.
+func demand(phases []phase, rate float64, elapsed time.Duration) (due, cur float64) {
+	for _, p := range phases {
+		if elapsed < p.d {
+			return due + p.rate*elapsed.Seconds(), p.rate
+		}
+		due += p.rate * p.d.Seconds()
+		elapsed -= p.d
+	}
+	return due + rate*elapsed.Seconds(), rate
 }
 
 func env(name, def string) string {
@@ -104,7 +159,13 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fallback := fs.String("fallback", "safe_rate", "safe_rate, open or closed")
 	fs.IntVar(&o.maxKeys, "max-keys", 0, "client MaxKeys (0: the SDK default)")
 	fs.Uint64Var(&o.seed, "seed", 1, "random seed for key choice")
+	phases := fs.String("phases", "", "demand schedule before -rate applies: comma-separated duration@rate phases, e.g. 1ms@1000,1.8s@0")
+	fs.Int64Var(&o.initial, "initial-batch", 0, "client InitialBatch: the batch asked for a key with no demand history (0: the SDK default)")
 	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	var err error
+	if o.phases, err = parsePhases(*phases); err != nil {
 		return o, err
 	}
 	for _, s := range strings.Split(*servers, ",") {
@@ -135,6 +196,8 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("-keys %d: want 0 to 10,000,000", o.keys)
 	case o.keys > 0 && o.zipfS <= 1:
 		return o, fmt.Errorf("-zipf-s %g: want > 1", o.zipfS)
+	case o.initial < 0:
+		return o, fmt.Errorf("-initial-batch %d: want 0 or more", o.initial)
 	}
 	return o, nil
 }
@@ -191,11 +254,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	c, err := client.New(client.Config{
-		Servers:  o.servers,
-		ClientID: o.clientID,
-		Token:    o.token,
-		Fallback: o.fallback,
-		MaxKeys:  o.maxKeys,
+		Servers:      o.servers,
+		ClientID:     o.clientID,
+		Token:        o.token,
+		Fallback:     o.fallback,
+		MaxKeys:      o.maxKeys,
+		InitialBatch: o.initial,
 	})
 	if err != nil {
 		return err
@@ -260,9 +324,10 @@ loop:
 		case <-runCtx.Done():
 			break loop
 		case now := <-tick.C:
-			due := int64(now.Sub(start).Seconds() * o.rate)
-			if lag := due - issued; float64(lag) > o.rate/100 && o.rate >= 100 {
-				issued = due - int64(o.rate/100)
+			d, cur := demand(o.phases, o.rate, now.Sub(start))
+			due := int64(d)
+			if lag := due - issued; float64(lag) > cur/100 && cur >= 100 {
+				issued = due - int64(cur/100)
 			}
 			for ; issued < due; issued++ {
 				select {

@@ -23,6 +23,11 @@ func TestParseErrors(t *testing.T) {
 		{"-keys", "-1"},
 		{"-keys", "10", "-zipf-s", "1"},
 		{"-fallback", "maybe"},
+		{"-initial-batch", "-1"},
+		{"-phases", "1s"},
+		{"-phases", "0s@10"},
+		{"-phases", "1s@-1"},
+		{"-phases", "1s@10,x@5"},
 		{"-nope"},
 	} {
 		_, err := parse(args, io.Discard)
@@ -31,6 +36,28 @@ func TestParseErrors(t *testing.T) {
 	o, err := parse([]string{"-servers", "http://a:1, http://b:2", "-keys", "5"}, io.Discard)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"http://a:1", "http://b:2"}, o.servers)
+}
+
+func TestPhases(t *testing.T) {
+	o, err := parse([]string{"-phases", "1ms@1000, 2s@0", "-rate", "500", "-initial-batch", "100"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, []phase{{time.Millisecond, 1000}, {2 * time.Second, 0}}, o.phases)
+	assert.Equal(t, int64(100), o.initial)
+	for _, c := range []struct {
+		at        time.Duration
+		due, rate float64
+	}{
+		{0, 0, 1000},
+		{time.Millisecond / 2, 0.5, 1000},
+		{time.Millisecond, 1, 0},
+		{time.Second, 1, 0},
+		{2001 * time.Millisecond, 1, 500},
+		{2003 * time.Millisecond, 2, 500},
+	} {
+		due, rate := demand(o.phases, o.rate, c.at)
+		assert.InDelta(t, c.due, due, 1e-9, "due at %v", c.at)
+		assert.Equal(t, c.rate, rate, "rate at %v", c.at)
+	}
 }
 
 func TestRun(t *testing.T) {
