@@ -370,7 +370,7 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 	}
 	if len(permitted) > 0 {
 		ctx, cancel := context.WithTimeout(r.Context(), s.opts.StoreTimeout)
-		out, rep, err := st.engine.Lease(ctx, who.name+"/"+req.ClientID, permitted)
+		out, rep, err := st.engine.Lease(ctx, leases.Owner{Client: who.name, Process: req.ClientID}, permitted)
 		cancel()
 		if err != nil {
 			s.storeFailed(w, r, err)

@@ -454,7 +454,7 @@ func TestRegistryConflict(t *testing.T) {
 // panicStore panics in every call.
 type panicStore struct{ leases.Store }
 
-func (panicStore) Lease(context.Context, string, []leases.LeaseOp) ([]leases.LeaseOutcome, error) {
+func (panicStore) Lease(context.Context, leases.Owner, []leases.LeaseOp) ([]leases.LeaseOutcome, error) {
 	panic("boom")
 }
 
@@ -480,7 +480,7 @@ type opErrStore struct{ leases.Store }
 
 var errScript = errors.New("script returned an unexpected reply")
 
-func (opErrStore) Lease(_ context.Context, _ string, ops []leases.LeaseOp) ([]leases.LeaseOutcome, error) {
+func (opErrStore) Lease(_ context.Context, _ leases.Owner, ops []leases.LeaseOp) ([]leases.LeaseOutcome, error) {
 	outs := make([]leases.LeaseOutcome, len(ops))
 	for i := range outs {
 		outs[i].Err = errScript

@@ -41,7 +41,7 @@ func newSlowStore(t *testing.T) *slowStore {
 
 func (s *slowStore) Release() { s.once.Do(func() { close(s.release) }) }
 
-func (s *slowStore) Lease(ctx context.Context, owner string, ops []leases.LeaseOp) ([]leases.LeaseOutcome, error) {
+func (s *slowStore) Lease(ctx context.Context, owner leases.Owner, ops []leases.LeaseOp) ([]leases.LeaseOutcome, error) {
 	s.entered <- struct{}{}
 	select {
 	case <-s.release:

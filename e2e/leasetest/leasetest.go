@@ -50,7 +50,9 @@ func Start(t testing.TB, rules string, opts Options) *Server {
 		t.Fatalf("leasetest: write rules: %v", err)
 	}
 	if opts.Store == nil {
-		opts.Store = leases.NewMemoryStore(leases.MemoryOptions{})
+		ms := leases.NewMemoryStore(leases.MemoryOptions{})
+		t.Cleanup(func() { _ = ms.Close() }) // after Stop: cleanups run last first
+		opts.Store = ms
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
