@@ -2,6 +2,7 @@ package leases_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/ratelease/ratelease/leases"
 	"github.com/ratelease/ratelease/leases/storetest"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -23,43 +25,94 @@ func TestRedisStoreConformance(t *testing.T) {
 	}, redisSuiteOptions(rdb, 500))
 }
 
-// TestStoresAgree runs one random sequence of operations against both
-// stores on the same clock and requires identical answers: the Lua script
-// and the Go code are the same algorithm, down to the floating point.
+// agreeCase is one differential scenario of TestStoresAgree.
+type agreeCase struct {
+	name    string
+	buckets []leases.Bucket
+	keys    []string
+	owners  []string
+	steps   int
+	maxStep time.Duration // clock advance per step: uniform in [0, maxStep)
+	abandon int           // one lease in abandon is renewed without its ID (0: never)
+	takes   int           // one op in takes is a Take (and one more a Refund)
+	maxCost int64
+	limits  leases.LeaseLimits
+}
+
+// TestStoresAgree runs random sequences of operations against both stores
+// on the same clock and requires identical answers: the Lua script and the
+// Go code are the same algorithm, down to the floating point. The cases
+// reach every path: settles, replacements, unsettled expiries closed in
+// order between calls, waiters, several processes per client, the caps, and
+// retry_after walks longer than the walk limit.
 func TestStoresAgree(t *testing.T) {
+	tb := func(limit int64, period time.Duration, burst int64, ttl time.Duration) leases.Bucket {
+		return leases.Bucket{Algorithm: leases.TokenBucket, Limit: limit, Period: period, Burst: burst, LeaseTTL: ttl}
+	}
+	var crowd []string
+	for c := range 15 {
+		for p := range 10 {
+			crowd = append(crowd, fmt.Sprintf("c%d/p%d", c, p))
+		}
+	}
+	cases := []agreeCase{{
+		name:    "mixed",
+		buckets: []leases.Bucket{tb(7, time.Second, 13, 300*time.Millisecond), tb(1000, time.Minute, 50, 2*time.Second), tb(3, 7*time.Millisecond, 3, 20*time.Millisecond)},
+		keys:    []string{"a", "b", "c", "d}"},
+		owners:  []string{"x/1", "y/1", "z/1", "x/2", "y/2"},
+		steps:   3000, maxStep: 5 * time.Millisecond, abandon: 8, takes: 10, maxCost: 5,
+	}, {
+		name:    "unsettled",
+		buckets: []leases.Bucket{tb(100, time.Second, 20, 50*time.Millisecond), tb(10, time.Second, 20, 200*time.Millisecond)},
+		keys:    []string{"u", "v"},
+		owners:  []string{"a/1", "a/2", "a/3", "b/1", "b/2", "c/1"},
+		steps:   3000, maxStep: 15 * time.Millisecond, abandon: 2, takes: 8, maxCost: 8,
+		limits: leases.LeaseLimits{MaxLeasesPerKey: 6, MaxProcessesPerClient: 2},
+	}, {
+		name:    "crowded",
+		buckets: []leases.Bucket{tb(1000, time.Second, 100, 40*time.Millisecond)},
+		keys:    []string{"crowd"},
+		owners:  crowd,
+		steps:   3000, maxStep: time.Millisecond, abandon: 3, takes: 6, maxCost: 100,
+	}}
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { agree(t, rdb, c) })
+	}
+}
+
+func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 	ctx := context.Background()
+	require.NoError(t, rdb.FlushDB(ctx).Err())
 	clock := storetest.NewClock(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
-	mem := leases.NewMemoryStore(leases.MemoryOptions{Now: clock.Now})
+	mem := leases.NewMemoryStore(leases.MemoryOptions{Now: clock.Now, SweepInterval: -1})
+	t.Cleanup(func() { _ = mem.Close() })
 	red := leases.NewRedisStore(rdb, leases.RedisOptions{Now: clock.Now})
 	rng := rand.New(rand.NewPCG(1, 2))
-	buckets := []leases.Bucket{
-		{Algorithm: leases.TokenBucket, Limit: 7, Period: time.Second, Burst: 13, LeaseTTL: 300 * time.Millisecond},
-		{Algorithm: leases.TokenBucket, Limit: 1000, Period: time.Minute, Burst: 50, LeaseTTL: 2 * time.Second},
-		{Algorithm: leases.TokenBucket, Limit: 3, Period: 7 * time.Millisecond, Burst: 3, LeaseTTL: 20 * time.Millisecond},
-	}
-	keys := []string{"a", "b", "c", "d}"}
-	owners := []string{"x/1", "y/1", "z/1"}
 	type held struct {
 		id string
 		g  int64
 	}
-	open := map[string]held{} // owner|key -> lease, as the memory store saw it
-	for step := range 3000 {
-		clock.Advance(time.Duration(rng.IntN(5000)) * time.Microsecond)
-		ki := rng.IntN(len(keys))
-		key, b := keys[ki], buckets[ki%len(buckets)]
-		owner := owners[rng.IntN(len(owners))]
-		switch rng.IntN(10) {
-		case 0:
-			op := []leases.TakeOp{{Key: key, Bucket: b, Cost: rng.Int64N(5)}}
+	open := map[string]held{} // owner|key|slot -> lease, as the memory store saw it
+	var settled, expired, waiters, refused, denied int
+	for step := range c.steps {
+		clock.Advance(time.Duration(rng.Int64N(int64(c.maxStep))))
+		ki := rng.IntN(len(c.keys))
+		key, b := c.keys[ki], c.buckets[ki%len(c.buckets)]
+		owner := own(c.owners[rng.IntN(len(c.owners))])
+		switch r := rng.IntN(c.takes); {
+		case r == 0:
+			op := []leases.TakeOp{{Key: key, Bucket: b, Cost: rng.Int64N(c.maxCost + 1)}}
 			mo, err := mem.Take(ctx, op)
 			require.NoError(t, err)
 			ro, err := red.Take(ctx, op)
 			require.NoError(t, err)
 			require.Equal(t, mo, ro, "step %d take", step)
-		case 1:
+			if !mo[0].Taken {
+				denied++
+			}
+		case r == 1 && c.takes > 2:
 			op := []leases.TakeOp{{Key: key, Bucket: b, Cost: rng.Int64N(3)}}
 			require.NoError(t, mem.Refund(ctx, op))
 			require.NoError(t, red.Refund(ctx, op))
@@ -67,20 +120,31 @@ func TestStoresAgree(t *testing.T) {
 			slot := rng.IntN(2)
 			hk := fmt.Sprint(owner, "|", key, "|", slot)
 			h := open[hk]
-			op := leases.LeaseOp{Key: key, Bucket: b, Want: rng.Int64N(b.Burst + 2), NewLeaseID: leases.NewLeaseID(), Slot: slot}
-			if h.id != "" && rng.IntN(8) != 0 {
+			op := leases.LeaseOp{Key: key, Bucket: b, Want: rng.Int64N(b.Burst + 2), NewLeaseID: leases.NewLeaseID(), Slot: slot, Limits: c.limits}
+			if h.id != "" && (c.abandon == 0 || rng.IntN(c.abandon) != 0) {
 				op.LeaseID = h.id
 				op.Used = rng.Int64N(h.g + 2) // sometimes one too many
 			}
-			mo, err := mem.Lease(ctx, own(owner), []leases.LeaseOp{op})
+			mo, err := mem.Lease(ctx, owner, []leases.LeaseOp{op})
 			require.NoError(t, err)
-			ro, err := red.Lease(ctx, own(owner), []leases.LeaseOp{op})
+			ro, err := red.Lease(ctx, owner, []leases.LeaseOp{op})
 			require.NoError(t, err)
 			require.Equal(t, mo, ro, "step %d lease %+v", step, op)
-			if mo[0].Err == nil {
-				open[hk] = held{mo[0].LeaseID, mo[0].Granted}
-			} else if mo[0].Err == leases.ErrUnknownLease {
+			o := mo[0]
+			expired += o.Expired
+			switch {
+			case o.Err == nil:
+				open[hk] = held{o.LeaseID, o.Granted}
+				if o.Settled {
+					settled++
+				}
+				if op.Want > 0 && o.Granted == 0 {
+					waiters++
+				}
+			case errors.Is(o.Err, leases.ErrUnknownLease):
 				delete(open, hk)
+			case errors.Is(o.Err, leases.ErrTooManyLeases):
+				refused++
 			}
 		}
 		ms, err := mem.State(ctx, key, b)
@@ -90,6 +154,16 @@ func TestStoresAgree(t *testing.T) {
 		require.Equal(t, ms.Level, rs.Level, "step %d level", step)
 		require.Equal(t, ms.Outstanding, rs.Outstanding, "step %d outstanding", step)
 		require.Equal(t, ms.Leases, rs.Leases, "step %d leases", step)
+		require.LessOrEqual(t, ms.Level+float64(ms.Outstanding), float64(b.Burst)+1e-9, "step %d: L + O ≤ burst", step)
+	}
+	t.Logf("%s: %d settles, %d leases expired or replaced unsettled, %d denials to waiters, %d refused by a cap, %d takes denied",
+		c.name, settled, expired, waiters, refused, denied)
+	// Each case must reach the paths it is for.
+	require.Positive(t, settled)
+	require.Positive(t, expired)
+	require.Positive(t, waiters)
+	if c.limits != (leases.LeaseLimits{}) {
+		require.Positive(t, refused)
 	}
 }
 
@@ -109,10 +183,13 @@ func TestRedisStoreRealTime(t *testing.T) {
 	require.WithinDuration(t, time.Now(), st.Now, 5*time.Second, "the store's clock is Redis TIME")
 	require.EqualValues(t, 10, st.Outstanding)
 
-	// The bucket hash and the expiry index carry one hash tag and a TTL:
-	// the bucket is gone once its lease ended and it would be full again
-	// (lease TTL + burst/rate + 1 s of slack).
-	for _, k := range []string{"rl:{rt}", "rl:{rt}:z"} {
+	// The bucket is one hash (its one lease is indexed inline) with a TTL:
+	// it is gone once its lease ended and it would be full again (lease TTL
+	// + burst/rate + 1 s of slack).
+	n, err := rdb.Exists(ctx, "rl:{rt}:z", "rl:{rt}:s").Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "one lease needs no expiry index key and no share clocks")
+	for _, k := range []string{"rl:{rt}"} {
 		ttl, err := rdb.PTTL(ctx, k).Result()
 		require.NoError(t, err)
 		require.Positive(t, ttl, k)
@@ -127,7 +204,7 @@ func TestRedisStoreRealTime(t *testing.T) {
 
 	// The keys vanish: refill time (1 s) + lease TTL + 1 s slack.
 	require.Eventually(t, func() bool {
-		n, err := rdb.Exists(ctx, "rl:{rt}", "rl:{rt}:z").Result()
+		n, err := rdb.Exists(ctx, "rl:{rt}").Result()
 		return err == nil && n == 0
 	}, 4*time.Second, 50*time.Millisecond)
 }
@@ -230,4 +307,41 @@ func redisSuiteOptions(rdb redis.UniversalClient, ticks int) storetest.Options {
 			return least
 		},
 	}
+}
+
+// TestStoresAgreeLongWalk: a denial whose retry_after would have to walk
+// more leases than the walk limit (64) bounds the rest by the latest
+// expiry, in both stores alike. 100 clients each hold 1 token of a
+// 100-token bucket, their leases ending 1 ms apart; a take of 100 must wait
+// for all of them. The exact wait is the first expiry + 100 ms (the refill
+// from empty); the bound, after walking 64, is the last expiry + 36 ms.
+func TestStoresAgreeLongWalk(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	clock := storetest.NewClock(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
+	mem := leases.NewMemoryStore(leases.MemoryOptions{Now: clock.Now, SweepInterval: -1})
+	t.Cleanup(func() { _ = mem.Close() })
+	red := leases.NewRedisStore(rdb, leases.RedisOptions{Now: clock.Now})
+	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 1000, Period: time.Second, Burst: 100, LeaseTTL: time.Second}
+	for i := range 100 {
+		op := []leases.LeaseOp{{Key: "k", Bucket: b, Want: 1, NewLeaseID: leases.NewLeaseID()}}
+		mo, err := mem.Lease(ctx, own(fmt.Sprintf("c%d/1", i)), op)
+		require.NoError(t, err)
+		ro, err := red.Lease(ctx, own(fmt.Sprintf("c%d/1", i)), op)
+		require.NoError(t, err)
+		require.Equal(t, mo, ro)
+		require.EqualValues(t, 1, mo[0].Granted, "client %d", i)
+		clock.Advance(time.Millisecond)
+	}
+	// Now = first grant + 100 ms; the leases end at +1000 ms … +1099 ms.
+	op := []leases.TakeOp{{Key: "k", Bucket: b, Cost: 100}}
+	mo, err := mem.Take(ctx, op)
+	require.NoError(t, err)
+	ro, err := red.Take(ctx, op)
+	require.NoError(t, err)
+	require.Equal(t, mo, ro)
+	require.False(t, mo[0].Taken)
+	assert.Equal(t, (1099-100+36)*time.Millisecond, mo[0].RetryAfter, "the bound: last expiry + the refill of the 36 tokens the walk did not see freed")
+	assert.GreaterOrEqual(t, mo[0].RetryAfter, (1000-100+100)*time.Millisecond, "never shorter than the exact wait")
 }

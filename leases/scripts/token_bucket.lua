@@ -13,7 +13,10 @@
 --              "<slot>|<client>/<process>"  a lease: "<id> <granted> <expiry µs>"
 --                (id "-" and granted 0: a waiter, see tokenbucket.go)
 --              "g|"  a ghost lease standing for leases lost with the hash
--- KEYS[2] Z  the expiry index: member "<slot>|<client>/<process>", score expiry
+--              L  while at most INLINE leases are open: their fields, one a
+--                 line (the expiry index kept inline; Z does not exist)
+-- KEYS[2] Z  the expiry index once more than INLINE leases are open:
+--            member "<slot>|<client>/<process>", score expiry
 -- KEYS[3] S  the fair-share clocks: member "<client>/<process>", score clock (µs)
 -- ARGV     1 mode (lease|take|refund|state), 2 now µs ("" = Redis TIME),
 --          3 limit, 4 period µs, 5 burst, 6 lease ttl µs, 7 client,
@@ -52,6 +55,7 @@ local ttl = tonumber(ARGV[6])
 local rate = limit / period
 local eps = 1e-9
 local RETRY_WALK = 64
+local INLINE = 8 -- open leases indexed inline in H; more move the index to Z
 local dry = mode == 'state'
 
 -- fmtf formats x as the shortest decimal that reads back as x.
@@ -71,13 +75,17 @@ if mode == 'lease' then
   owner = client .. '/' .. process
   field = slot .. '|' .. owner
   if slot == '0' then ofield = '1|' .. owner else ofield = '0|' .. owner end
-  st = redis.call('HMGET', H, 'l', 't', 'o', 'n', 'x', 'c', field, ofield, 'p|' .. client)
+  st = redis.call('HMGET', H, 'l', 't', 'o', 'n', 'x', 'c', 'L', field, ofield, 'p|' .. client)
 else
-  st = redis.call('HMGET', H, 'l', 't', 'o', 'n', 'x', 'c')
+  st = redis.call('HMGET', H, 'l', 't', 'o', 'n', 'x', 'c', 'L')
 end
 
 local level, last, out, n, maxexp, clients
 local had_leases = st[4] ~= false
+local had_inline = st[7] ~= false
+-- inl lists the open leases' fields while the index is inline, nil once it
+-- is in Z.
+local inl = nil
 local recs = {}    -- lease field -> record, or false when none
 local pc = {}      -- client -> processes holding
 local pdirty = {}  -- clients whose count changed
@@ -88,6 +96,12 @@ if st[1] then
   n = tonumber(st[4]) or 0
   maxexp = tonumber(st[5]) or 0
   clients = tonumber(st[6]) or 0
+  if st[7] then
+    inl = {}
+    for f in string.gmatch(st[7], '[^\n]+') do inl[#inl + 1] = f end
+  elseif n == 0 then
+    inl = {}
+  end
 else
   level = burst
   last = now
@@ -95,6 +109,7 @@ else
   n = 0
   maxexp = 0
   clients = 0
+  inl = {}
   -- No bucket hash. If the expiry index still lists leases, the hash was
   -- lost while they were open: they stand as one ghost lease of the whole
   -- burst (L + O never exceeded it) until the last of them ends, from an
@@ -107,6 +122,7 @@ else
     n = 1
     maxexp = e
     recs['g|'] = 'ghost ' .. string.format('%d', burst) .. ' ' .. string.format('%d', e)
+    inl = nil
     if not dry then
       redis.call('HSET', H, 'g|', recs['g|'])
       redis.call('ZADD', Z, string.format('%d', e), 'g|')
@@ -114,9 +130,9 @@ else
   end
 end
 if mode == 'lease' then
-  recs[field] = st[7]
-  recs[ofield] = st[8]
-  pc[client] = tonumber(st[9]) or 0
+  recs[field] = st[8]
+  recs[ofield] = st[9]
+  pc[client] = tonumber(st[10]) or 0
 end
 
 local function grant_of(rec)
@@ -174,20 +190,76 @@ end
 -- member) order, refilling piecewise up to each expiry under the cap that
 -- held until then.
 local expired = 0
+local function exp_of(rec)
+  return tonumber(string.match(rec, ' (%d+)$'))
+end
+
+-- load loads the records of fs and of their siblings into recs.
+local function load(fs)
+  local fields = {}
+  for i = 1, #fs do
+    local f = fs[i]
+    if recs[f] == nil then fields[#fields + 1] = f end
+    local sib = sibling(f)
+    if sib and recs[sib] == nil then fields[#fields + 1] = sib end
+  end
+  if #fields > 0 then
+    local vals = redis.call('HMGET', H, unpack(fields))
+    for i = 1, #fields do
+      if recs[fields[i]] == nil then recs[fields[i]] = vals[i] end
+    end
+  end
+end
+
+-- by_expiry orders {field, expiry} pairs as a sorted set orders members.
+local function by_expiry(a, b)
+  if a[2] ~= b[2] then return a[2] < b[2] end
+  return a[1] < b[1]
+end
+
+-- inline_open returns the open leases of the inline index in expiry order,
+-- as "field, expiry, field, expiry, …" like ZRANGE WITHSCORES.
+local function inline_open(upto)
+  load(inl)
+  local l = {}
+  for i = 1, #inl do
+    local rec = recs[inl[i]]
+    if rec then
+      local e = exp_of(rec)
+      if upto == nil or e <= upto then l[#l + 1] = { inl[i], e } end
+    end
+  end
+  table.sort(l, by_expiry)
+  local flat = {}
+  for i = 1, #l do
+    flat[#flat + 1] = l[i][1]
+    flat[#flat + 1] = l[i][2]
+  end
+  return flat
+end
+
+local function inline_remove(f)
+  for i = 1, #inl do
+    if inl[i] == f then
+      table.remove(inl, i)
+      return
+    end
+  end
+end
+
 local function expire()
-  local due = redis.call('ZRANGEBYSCORE', Z, '-inf', now, 'WITHSCORES')
+  local due
+  if inl then
+    due = inline_open(now)
+  else
+    due = redis.call('ZRANGEBYSCORE', Z, '-inf', now, 'WITHSCORES')
+  end
   if #due == 0 then return end
   local fields = {}
-  for i = 1, #due, 2 do
-    local f = due[i]
-    fields[#fields + 1] = f
-    local sib = sibling(f)
-    if sib then fields[#fields + 1] = sib end
-  end
-  local vals = redis.call('HMGET', H, unpack(fields))
+  for i = 1, #due, 2 do fields[#fields + 1] = due[i] end
+  load(fields)
   local need = {}
   for i = 1, #fields do
-    if recs[fields[i]] == nil then recs[fields[i]] = vals[i] end
     local c = client_of(fields[i])
     if c and pc[c] == nil and not need[c] then need[c] = true end
   end
@@ -211,15 +283,17 @@ local function expire()
       dels[#dels + 1] = f
     end
   end
-  if not dry then
+  if inl then
+    for i = 1, #dels do inline_remove(dels[i]) end
+  elseif not dry then
     redis.call('ZREMRANGEBYSCORE', Z, '-inf', now)
-    if #dels > 0 then redis.call('HDEL', H, unpack(dels)) end
   end
+  if not dry and #dels > 0 then redis.call('HDEL', H, unpack(dels)) end
 end
 
 if n > 0 then
   expire()
-  if n > 0 and maxexp <= now and not dry then
+  if n > 0 and maxexp <= now and not dry and not inl then
     -- Every open lease should have expired by now, yet some are left:
     -- the expiry index was lost. Rebuild it from the hash, then close them.
     local all = redis.call('HGETALL', H)
@@ -258,7 +332,12 @@ local function retry_after(target)
   local c = burst - out
   if c < target then
     local done = false
-    local first = redis.call('ZRANGE', Z, 0, RETRY_WALK - 1, 'WITHSCORES')
+    local first
+    if inl then
+      first = inline_open(nil)
+    else
+      first = redis.call('ZRANGE', Z, 0, RETRY_WALK - 1, 'WITHSCORES')
+    end
     if #first > 0 then
       local fields = {}
       for i = 1, #first, 2 do fields[#fields + 1] = first[i] end
@@ -297,6 +376,11 @@ local function save()
   if n <= 0 and had_leases then
     dels = { 'o', 'n', 'x', 'c' }
   end
+  if inl and n > 0 then
+    args[#args + 1] = 'L'; args[#args + 1] = table.concat(inl, '\n')
+  elseif had_inline then
+    dels[#dels + 1] = 'L'
+  end
   for c in pairs(pdirty) do
     if pc[c] > 0 then
       args[#args + 1] = 'p|' .. c; args[#args + 1] = string.format('%d', pc[c])
@@ -317,7 +401,7 @@ local function save()
   if us < 0 then us = 0 end
   local px = math.ceil(us / 1000) + 1000
   redis.call('PEXPIRE', H, px)
-  if n > 0 then redis.call('PEXPIRE', Z, px) end
+  if n > 0 and not inl then redis.call('PEXPIRE', Z, px) end
   if shares_touched then redis.call('PEXPIRE', S, px) end
 end
 
@@ -369,7 +453,7 @@ if settle_id ~= '' then
   close_lease(field, g)
   level = level + (g - used)
   redis.call('HDEL', H, field)
-  redis.call('ZREM', Z, field)
+  if inl then inline_remove(field) else redis.call('ZREM', Z, field) end
   settled = 1
 elseif cur then
   -- A new lease replaces the open one of this slot, which counts as fully
@@ -377,7 +461,7 @@ elseif cur then
   local g = grant_of(cur)
   close_lease(field, g)
   redis.call('HDEL', H, field)
-  redis.call('ZREM', Z, field)
+  if inl then inline_remove(field) else redis.call('ZREM', Z, field) end
   if g > 0 then expired = expired + 1 end
 end
 
@@ -395,6 +479,26 @@ if want > 0 and not cur then
     save()
     return { 3, 0, 0, 0, 0, 0, expired }
   end
+end
+
+-- index_add indexes a new lease; past INLINE open leases the inline index
+-- moves to Z.
+local function index_add(f, e)
+  if inl and #inl < INLINE then
+    inl[#inl + 1] = f
+    return
+  end
+  if inl then
+    load(inl)
+    local args = {}
+    for i = 1, #inl do
+      args[#args + 1] = string.format('%d', exp_of(recs[inl[i]]))
+      args[#args + 1] = inl[i]
+    end
+    if #args > 0 then redis.call('ZADD', Z, unpack(args)) end
+    inl = nil
+  end
+  redis.call('ZADD', Z, string.format('%d', e), f)
 end
 
 local granted, retry = 0, 0
@@ -436,9 +540,9 @@ if want > 0 then
     out = out + g
     n = n + 1
     if e > maxexp then maxexp = e end
-    recs[field] = new_id
-    redis.call('HSET', H, field, new_id .. ' ' .. string.format('%d', g) .. ' ' .. string.format('%d', e))
-    redis.call('ZADD', Z, string.format('%d', e), field)
+    recs[field] = new_id .. ' ' .. string.format('%d', g) .. ' ' .. string.format('%d', e)
+    redis.call('HSET', H, field, recs[field])
+    index_add(field, e)
     if shared then
       -- The clock advances by the tokens taken from the share; tokens
       -- taken from the spare above a quarter full are free.
@@ -464,7 +568,7 @@ if want > 0 then
       if e > maxexp then maxexp = e end
       recs[field] = '- 0 ' .. string.format('%d', e)
       redis.call('HSET', H, field, recs[field])
-      redis.call('ZADD', Z, string.format('%d', e), field)
+      index_add(field, e)
     end
   end
 end
