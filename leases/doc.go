@@ -8,72 +8,140 @@
 // A central token bucket is exact but costs a network round trip per
 // request. A lease hands a client a batch of tokens for a short time; the
 // client spends them locally and settles later (reports what it used, gives
-// back the rest, takes the next batch). Accounting stays exact because the
-// server keeps, per key, the level L of the bucket and the tokens O
-// outstanding in open leases, and keeps L + O ≤ burst at every step:
+// back the rest, takes the next batch).
 //
-//	refill:  L = max(0, min(burst − O, L + rate·(now − t)))
+// Accounting stays exact because the store keeps, per key, the level L of
+// the bucket, its refill clock t and the open leases (each with a grant G
+// and an expiry e), and keeps L + O ≤ burst at every instant, where
+// O = Σ G over the open leases:
+//
+//	advance: for each lease with e ≤ now, in expiry order:
+//	             L = clamp(L + rate·(e − t), 0, burst − O);  t = e;  O −= G
+//	         L = clamp(L + rate·(now − t), 0, burst − O);  t = now
 //	grant:   g ≤ min(want, L, fair share);  L −= g;  O += g
 //	settle:  O −= G;  L += G − used
-//	expiry:  O −= G   (nothing credited: assume all spent)
+//	take:    n ≤ L;  L −= n
 //
+// An expired lease is closed without credit: its tokens count as spent.
 // Over any interval of length W the tokens spent by all clients together are
 // therefore at most burst + rate·W, the bound of one central token bucket.
 // Leasing adds no overshoot: a lease that is never settled costs
 // utilization (its unused tokens are lost until it expires), never
 // accuracy. The suite in leases/storetest checks the bound for every window
-// while many goroutines lease and settle concurrently, against both stores.
+// while many goroutines lease and settle concurrently, against both stores,
+// and replays each finding of the invariant review as a case of its own.
+//
+// # Piecewise refill
+//
+// The refill is applied piecewise: up to each expired lease's expiry under
+// the cap burst − O that held until then, in expiry order, and only then to
+// now. Closing the expired leases first and refilling over the whole gap
+// after would bring back the refill their tokens held back: with burst 100
+// and a 2 s lease of the whole bucket spent just before its deadline, the
+// next caller would be handed another 100 at once — 2×burst within a few
+// milliseconds (UnsettledExpiryKeepsBound). The design's one-line refill
+// formula hides this, and so do steady-load tests, where every call moves
+// the refill clock. The same caps make retry_after exact: a denied caller
+// waits for the leases that must expire, then for the refill from the cap
+// that held until each of them ended (see tbState.retryAfter).
 //
 // # Choices beyond the design
 //
-// These refine ../shared/DESIGN.md without weakening its invariant:
+// These refine the project's design document without weakening its
+// invariant:
 //
+//   - O is kept as a running sum beside the leases it sums, not recomputed
+//     from them at every call. The design asks that it be derived from the
+//     leases, "never stored beside them", because the review found it
+//     stored in another Redis key, where eviction could drop one and keep
+//     the other. Here it lives with the leases under the same lock (memory)
+//     or in the same hash, written by the same script (Redis), so it can no
+//     more drift from them than any field of a lease; recomputing it would
+//     cost a scan of every lease on every call, which the bounded-work
+//     requirement forbids.
+//   - No call scans the leases. They are indexed by owner and slot (to
+//     settle), by expiry (a heap in memory; in Redis a list inline in the
+//     bucket hash up to 8 leases, a sorted set beyond), and counted per
+//     client (for fair share). A call costs O(log n) plus the leases it
+//     closes, each of which it closes once; retry_after walks at most 64
+//     leases in expiry order and bounds the rest by the latest expiry,
+//     which can only lengthen a wait. With 5,000 holders on a key a call
+//     runs exactly the Redis commands it runs with 10
+//     (TestRedisWorkFlatWithHolders).
+//   - Caps bound a key's leases (LeaseLimits): open leases per key (default
+//     10,000) and processes of one client holding leases on it (default
+//     1,000). Beyond them a new lease fails with ErrTooManyLeases
+//     (too_many_leases, 429); renewals in the same slot, settles and
+//     returns are never refused.
 //   - The level is clamped at zero. When a rule shrinks below what is
 //     outstanding, burst − O is negative; the bucket is then empty, not in
-//     debt, and refills from zero once the old leases end. Clamping only
-//     ever lowers L, so L + O ≤ burst holds as soon as the old leases end.
-//   - The cap burst − O is applied at every operation, so refill that would
-//     have happened while leases held the whole burst is not banked. This is
-//     what the design's refill formula says; it makes a contended key err
-//     towards fewer tokens.
-//   - Fair share goes further than the design's per-lease cap
-//     max(1, burst / holders), which alone did not protect small clients: a
+//     debt, and refills from zero once the old leases end.
+//   - Fair share splits a shared key between clients first, then between
+//     the processes of each client. An Owner is the authenticated client
+//     and the process (client_id, free text); from an owner's view the key
+//     is shared among h = clients × processes-of-its-client parts, so a
+//     client that runs, or invents, 100 process ids gets no more than a
+//     client with one (FairShareBetweenClients). Within that, the design's
+//     per-lease cap max(1, burst/h) alone did not protect small clients: a
 //     client that asks every few milliseconds takes whatever has refilled,
-//     and a client that asks rarely finds the bucket empty. So each owner of
-//     a shared key also has a share clock, like a GCRA theoretical arrival
-//     time: a grant may not exceed the owner's share of the refill since its
-//     clock (rate / holders per unit of time), plus whatever the bucket
-//     holds above a quarter full, and the clock advances by holders / rate per
+//     and a client that asks rarely finds the bucket empty. So each owner
+//     of a shared key also has a share clock, like a GCRA theoretical
+//     arrival time: a grant may not exceed the owner's share of the refill
+//     since its clock (rate/h per unit of time), plus whatever the bucket
+//     holds above a quarter full, and the clock advances by h/rate per
 //     token taken from the share. An owner that asks often gets small
 //     grants; an owner below its share finds a quarter of the bucket kept
-//     for it (a half left the others' refill unused too often);
-//     unused shares are not wasted. An owner asking too soon gets 0 and a
-//     retry_after for when its share reaches a token. The end-to-end
-//     fairness test holds clients below their share to at least 95% of
-//     their demand. Both caps only ever lower a grant, so the bound holds.
+//     for it; unused shares are not wasted. An owner asking too soon gets
+//     0 and a retry_after for when its share reaches a token. Both caps
+//     only ever lower a grant, so the bound holds.
+//   - A denied owner holds a lease of zero tokens (a waiter) for one lease
+//     TTL, unless it holds one in that slot. Without it, an owner denied
+//     once holds nothing, is invisible to the others' share, and the
+//     processes that keep their leases keep all of the refill. A waiter
+//     changes no level and no outstanding count, is not reported (no lease
+//     ID, not counted as expired) and cannot be settled.
 //   - Two slots per owner and key (protocol.LeaseEntry.Slot): an owner may
 //     hold two open leases on a key, so the SDK can take its next lease
 //     before it settles the current one. Fair share and safe rate count
-//     owners, not slots.
+//     processes, not slots.
 //   - At most one lease per owner, key and slot is open: asking again
 //     without the lease ID closes the open lease as if fully spent (counted
 //     in LeaseOutcome.Expired), which is always safe.
-//   - retry_after is the time until the bucket can serve one token (a check:
-//     its cost) if nothing else happens: until refill brings the level there
-//     and, when open leases hold the bucket, until enough of them expire. A
-//     lease settled early can only make it shorter.
 //   - A settle that names an expired, settled or foreign lease fails with
 //     ErrUnknownLease and grants nothing, so a client cannot mint tokens by
 //     replaying or guessing lease IDs.
 //
 // # Stores
 //
-// MemoryStore keeps buckets in this process, for a single lease server.
-// RedisStore keeps them in Redis, for any number of servers, with the
-// algorithm in an embedded Lua script that performs the same floating-point
-// operations as the Go code; a test runs random operation sequences against
-// both and requires identical answers. Both drop buckets that are full and
-// hold no lease, so memory follows the active keys.
+// MemoryStore keeps buckets in this process, for a single lease server,
+// and drops idle ones (full, no open lease) in a background sweep whether
+// or not requests arrive. RedisStore keeps them in Redis, for any number of
+// servers, with the algorithm in an embedded Lua script that performs the
+// same floating-point operations as the Go code; TestStoresAgree runs
+// random operation sequences against both and requires identical answers.
+//
+// A Redis bucket is one hash (rl:{key}) while at most 8 leases are open,
+// plus a sorted set of expiries (rl:{key}:z) beyond, plus a sorted set of
+// share clocks (rl:{key}:s) while it is shared; all carry the key's hash
+// tag, so a script touches one Redis Cluster slot. The keys expire once the
+// latest open lease has ended and the bucket would be full again, whatever
+// the rule says now, so a reload that shortens lease_ttl cannot drop a
+// bucket under an older, longer lease (ShorterTTLKeepsOpenLeases).
+// Measured with MEMORY USAGE (Redis 7, keys user:<6 digits>): a bucket of
+// direct takes 104 B, a bucket with one lease 232 B, one shared by two
+// clients 448 B (TestRedisMemoryPerBucket; the review measured 240 B for a
+// bucket with one lease in the old layout of two keys).
+//
+// Redis must run with maxmemory-policy noeviction and with persistence.
+// Should it evict part of a bucket anyway, the script rebuilds it
+// conservatively (PartLost): without the hash, the leases still in the
+// expiry index stand as one ghost lease of the whole burst until the last
+// of them ends, and the level starts empty; without the expiry index, the
+// hash's leases stay outstanding until their latest expiry, then the index
+// is rebuilt and they are closed in order. A bucket lost whole — evicted,
+// or a Redis restarted without its data — is a full bucket that has
+// forgotten its open leases: that can admit one extra burst, and nothing
+// in the store can tell.
 //
 // # Other algorithms
 //
