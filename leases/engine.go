@@ -180,68 +180,105 @@ func (e *Engine) Lease(ctx context.Context, owner Owner, entries []protocol.Leas
 // denied by tokens that are about to be given back; it can never be allowed
 // by tokens it should not have had. Check errs on the side of the limit.
 func (e *Engine) Check(ctx context.Context, keys []string, cost int64) (protocol.CheckResponse, Report, error) {
-	p := e.policy
-	resp := protocol.CheckResponse{Allowed: true, Keys: make([]protocol.CheckResult, len(keys))}
-	ops := make([]TakeOp, 0, len(keys))
-	idx := make([]int, 0, len(keys))
-	var rep Report
-	for i, k := range keys {
-		res := &resp.Keys[i]
-		res.Key = k
-		r, ok := p.Match(k)
-		if !ok {
-			if p.Default() == DefaultDeny {
-				return protocol.CheckResponse{}, rep, protocol.NewProblem(protocol.CodeNoRule, fmt.Sprintf("keys[%d] %q matches no rule and the server's default is deny", i, k))
-			}
-			res.Allowed = true
-			res.Unlimited = true
-			continue
-		}
-		if cost > r.Burst {
-			return protocol.CheckResponse{}, rep, protocol.NewProblem(protocol.CodeCostExceedsBurst, fmt.Sprintf("cost %d exceeds burst %d of rule %q for keys[%d] %q: it can never be allowed", cost, r.Burst, r.Name, i, k))
-		}
-		res.Limit, res.PeriodMillis, res.Burst, res.Rule = r.Limit, r.Period.Milliseconds(), r.Burst, r.Name
-		ops = append(ops, TakeOp{Key: k, Bucket: r.Bucket(), Cost: cost})
-		idx = append(idx, i)
-	}
-	if len(ops) == 0 {
-		rep.Grants++
-		return resp, rep, nil
-	}
-	start := time.Now()
-	outs, err := e.store.Take(ctx, ops)
-	e.observe("take", start, err)
+	resps, rep, err := e.Take(ctx, []protocol.CheckRequest{{Keys: keys, Cost: &cost}})
 	if err != nil {
 		return protocol.CheckResponse{}, Report{}, err
 	}
-	var giveBack []TakeOp
-	for j, o := range outs {
-		res := &resp.Keys[idx[j]]
-		rep.Expiries += o.Expired
-		res.Allowed = o.Taken
-		res.Remaining = o.Remaining
-		if o.Taken {
-			giveBack = append(giveBack, ops[j])
-			continue
+	if p := resps[0].Error; p != nil {
+		return protocol.CheckResponse{}, rep, p
+	}
+	return resps[0], rep, nil
+}
+
+// Take decides many takes at once, each as Check decides it (all or
+// nothing across its keys), in one store call plus one to give back the
+// tokens of the takes that were denied. A take that cannot be decided (a
+// key that matches no rule under default deny, a cost above a key's
+// bucket) gets its problem in its Error and takes nothing; the others are
+// decided. Only a store failure fails the whole call. The same key may
+// appear in several takes: they are decided in order.
+func (e *Engine) Take(ctx context.Context, takes []protocol.CheckRequest) ([]protocol.CheckResponse, Report, error) {
+	p := e.policy
+	resps := make([]protocol.CheckResponse, len(takes))
+	var ops []TakeOp
+	var at [][2]int // take and key index of each op
+	var rep Report
+	for ti := range takes {
+		t := &takes[ti]
+		resp := &resps[ti]
+		cost := t.CostOrDefault()
+		resp.Allowed = true
+		resp.Keys = make([]protocol.CheckResult, len(t.Keys))
+		first := len(ops)
+		for i, k := range t.Keys {
+			res := &resp.Keys[i]
+			res.Key = k
+			r, ok := p.Match(k)
+			if !ok {
+				if p.Default() == DefaultDeny {
+					resp.Error = protocol.NewProblem(protocol.CodeNoRule, fmt.Sprintf("keys[%d] %q matches no rule and the server's default is deny", i, k))
+					break
+				}
+				res.Allowed = true
+				res.Unlimited = true
+				continue
+			}
+			if cost > r.Burst {
+				resp.Error = protocol.NewProblem(protocol.CodeCostExceedsBurst, fmt.Sprintf("cost %d exceeds burst %d of rule %q for keys[%d] %q: it can never be allowed", cost, r.Burst, r.Name, i, k))
+				break
+			}
+			res.Limit, res.PeriodMillis, res.Burst, res.Rule = r.Limit, r.Period.Milliseconds(), r.Burst, r.Name
+			res.LeaseTTLMillis = r.LeaseTTL.Milliseconds()
+			ops = append(ops, TakeOp{Key: k, Bucket: r.Bucket(), Cost: cost})
+			at = append(at, [2]int{ti, i})
 		}
-		resp.Allowed = false
-		res.RetryAfterMillis = o.RetryAfter.Milliseconds()
-		resp.RetryAfterMillis = max(resp.RetryAfterMillis, res.RetryAfterMillis)
+		if resp.Error != nil {
+			ops, at = ops[:first], at[:first]
+			*resp = protocol.CheckResponse{Error: resp.Error}
+		}
 	}
-	if resp.Allowed {
-		rep.Grants++
-		return resp, rep, nil
-	}
-	rep.Denials++
-	if len(giveBack) > 0 && cost > 0 {
+	if len(ops) > 0 {
 		start := time.Now()
-		err := e.store.Refund(ctx, giveBack)
-		e.observe("refund", start, err)
+		outs, err := e.store.Take(ctx, ops)
+		e.observe("take", start, err)
 		if err != nil {
-			// The request is denied either way; tokens not given back only
-			// cost utilization, never accuracy.
-			return resp, rep, nil
+			return nil, Report{}, err
+		}
+		for j, o := range outs {
+			resp := &resps[at[j][0]]
+			res := &resp.Keys[at[j][1]]
+			rep.Expiries += o.Expired
+			res.Allowed = o.Taken
+			res.Remaining = o.Remaining
+			if !o.Taken {
+				resp.Allowed = false
+				res.RetryAfterMillis = o.RetryAfter.Milliseconds()
+				resp.RetryAfterMillis = max(resp.RetryAfterMillis, res.RetryAfterMillis)
+			}
+		}
+		// Give back what the denied takes took from their other keys. The
+		// request is denied either way; tokens not given back only cost
+		// utilization, never accuracy, so a failure here is not reported.
+		var giveBack []TakeOp
+		for j, o := range outs {
+			if o.Taken && !resps[at[j][0]].Allowed && ops[j].Cost > 0 {
+				giveBack = append(giveBack, ops[j])
+			}
+		}
+		if len(giveBack) > 0 {
+			start := time.Now()
+			err := e.store.Refund(ctx, giveBack)
+			e.observe("refund", start, err)
 		}
 	}
-	return resp, rep, nil
+	for i := range resps {
+		switch {
+		case resps[i].Error != nil:
+		case resps[i].Allowed:
+			rep.Grants++
+		default:
+			rep.Denials++
+		}
+	}
+	return resps, rep, nil
 }

@@ -43,9 +43,15 @@ type LeaseRequest struct {
 	// lease belongs to the authenticated client and this ID together: no
 	// other caller can settle it.
 	ClientID string `json:"client_id"`
-	// Leases holds one entry per key, at most MaxEntries, each key at most
+	// Leases holds one entry per key and slot, each key and slot at most
 	// once.
 	Leases []LeaseEntry `json:"leases"`
+	// Takes are direct decisions carried in the same call: each takes its
+	// cost from every one of its keys, all or nothing, as POST /v1/check
+	// does, and leaves no lease to settle. A key may appear in several
+	// takes, and in Leases too. Leases and the keys of every take together
+	// are at most MaxEntries, and at least one.
+	Takes []CheckRequest `json:"takes,omitempty"`
 }
 
 // LeaseEntry asks for, renews or returns the lease of one key.
@@ -74,6 +80,8 @@ type LeaseEntry struct {
 // result per request entry, in the request's order.
 type LeaseResponse struct {
 	Leases []LeaseResult `json:"leases"`
+	// Takes has one result per request take, in the request's order.
+	Takes []CheckResponse `json:"takes,omitempty"`
 }
 
 // LeaseResult is the outcome of one LeaseEntry.
@@ -142,6 +150,12 @@ type CheckResponse struct {
 	RetryAfterMillis int64 `json:"retry_after_ms"`
 	// Keys has one result per requested key, in the request's order.
 	Keys []CheckResult `json:"keys"`
+	// Error, in a LeaseResponse's Takes only, says why the take could not
+	// be decided (a key the client may not use, a key that matches no rule
+	// under default deny, a cost above a key's bucket); Allowed is then
+	// false and Keys may be empty. POST /v1/check answers such a request
+	// with the problem itself.
+	Error *Problem `json:"error,omitempty"`
 }
 
 // CheckResult is the decision for one key of a CheckRequest.
@@ -157,6 +171,9 @@ type CheckResult struct {
 	Burst            int64  `json:"burst"`
 	Rule             string `json:"rule,omitempty"`
 	Unlimited        bool   `json:"unlimited,omitempty"`
+	// LeaseTTLMillis is the lease TTL of the rule: a client deciding the
+	// key directly learns from it how long a lease of the key would live.
+	LeaseTTLMillis int64 `json:"lease_ttl_ms,omitempty"`
 }
 
 // Errors returned by ValidateKey; match them with errors.Is.
@@ -222,11 +239,20 @@ func (r *LeaseRequest) Validate() error {
 	if !validID(r.ClientID, MaxClientIDBytes) {
 		return NewProblem(CodeInvalidClientID, fmt.Sprintf("client_id must be 1 to %d bytes of printable ASCII without spaces", MaxClientIDBytes))
 	}
-	if len(r.Leases) == 0 {
-		return NewProblem(CodeInvalidRequest, "leases is empty: send at least one entry")
+	n := len(r.Leases)
+	for _, t := range r.Takes {
+		n += len(t.Keys)
 	}
-	if len(r.Leases) > MaxEntries {
-		return NewProblem(CodeTooManyEntries, fmt.Sprintf("%d entries in one call; the most is %d: split the call", len(r.Leases), MaxEntries))
+	if len(r.Leases) == 0 && len(r.Takes) == 0 {
+		return NewProblem(CodeInvalidRequest, "leases and takes are empty: send at least one entry")
+	}
+	if n > MaxEntries {
+		return NewProblem(CodeTooManyEntries, fmt.Sprintf("%d entries in one call (leases and the keys of takes); the most is %d: split the call", n, MaxEntries))
+	}
+	for i := range r.Takes {
+		if err := r.Takes[i].validate(fmt.Sprintf("takes[%d].", i)); err != nil {
+			return err
+		}
 	}
 	type slotKey struct {
 		key  string
@@ -263,23 +289,26 @@ func (r *LeaseRequest) Validate() error {
 
 // Validate checks the request against the protocol's limits. It returns nil
 // or a *Problem whose Detail names the offending key or field.
-func (r *CheckRequest) Validate() error {
+func (r *CheckRequest) Validate() error { return r.validate("") }
+
+// validate is Validate with prefix before the field names of its details.
+func (r *CheckRequest) validate(prefix string) error {
 	if len(r.Keys) == 0 {
-		return NewProblem(CodeInvalidRequest, "keys is empty: send at least one key")
+		return NewProblem(CodeInvalidRequest, prefix+"keys is empty: send at least one key")
 	}
 	if len(r.Keys) > MaxEntries {
 		return NewProblem(CodeTooManyEntries, fmt.Sprintf("%d keys in one call; the most is %d", len(r.Keys), MaxEntries))
 	}
 	if c := r.CostOrDefault(); c < 0 || c > MaxCount {
-		return NewProblem(CodeInvalidCount, fmt.Sprintf("cost is %d; it must be 0 to %d", c, MaxCount))
+		return NewProblem(CodeInvalidCount, fmt.Sprintf("%scost is %d; it must be 0 to %d", prefix, c, MaxCount))
 	}
 	seen := make(map[string]struct{}, len(r.Keys))
 	for i, k := range r.Keys {
 		if err := ValidateKey(k); err != nil {
-			return NewProblem(CodeInvalidKey, fmt.Sprintf("keys[%d]: %v", i, err))
+			return NewProblem(CodeInvalidKey, fmt.Sprintf("%skeys[%d]: %v", prefix, i, err))
 		}
 		if _, dup := seen[k]; dup {
-			return NewProblem(CodeDuplicateKey, fmt.Sprintf("keys[%d] %q appears more than once in the call", i, k))
+			return NewProblem(CodeDuplicateKey, fmt.Sprintf("%skeys[%d] %q appears more than once in the take", prefix, i, k))
 		}
 		seen[k] = struct{}{}
 	}

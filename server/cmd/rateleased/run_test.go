@@ -180,7 +180,7 @@ func TestRunWithRedis(t *testing.T) {
 
 	status, body := post(t, "http://"+d.addr+protocol.PathLeases, "", `{"client_id":"c","leases":[{"key":"user:1","want":7}]}`)
 	require.Equal(t, http.StatusOK, status, "body: %s", body)
-	keys, err := rs.Client(t).Keys(context.Background(), "rl:{user:1}:*").Result()
+	keys, err := rs.Client(t).Keys(context.Background(), "rl:{user:1}*").Result()
 	require.NoError(t, err)
 	assert.NotEmpty(t, keys, "the bucket lives in Redis")
 	require.NoError(t, d.stop(t))
