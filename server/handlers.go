@@ -385,6 +385,17 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 			}
 		}
 	}
+	if results == nil {
+		results = []protocol.LeaseResult{}
+	}
+	if len(req.Takes) > 0 {
+		takes, ok := s.takes(w, r, st, who, req.Takes)
+		if !ok {
+			return
+		}
+		writeJSON(w, http.StatusOK, protocol.LeaseResponse{Leases: results, Takes: takes})
+		return
+	}
 	var first *protocol.Problem
 	for i := range results {
 		if results[i].Error == nil {
@@ -401,6 +412,48 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 		p.Detail = "every entry failed; leases[0]: " + p.Detail
 	}
 	writeProblem(w, &p)
+}
+
+// takes decides the direct takes of a lease call. A take with a key outside
+// the caller's patterns fails alone with CodeForbidden and never reaches the
+// store. On a store failure it answers the call and returns false.
+func (s *Server) takes(w http.ResponseWriter, r *http.Request, st *state, who *client, takes []protocol.CheckRequest) ([]protocol.CheckResponse, bool) {
+	out := make([]protocol.CheckResponse, len(takes))
+	permitted, idx := takes, []int(nil)
+	if slices.ContainsFunc(takes, func(t protocol.CheckRequest) bool { return !all(t.Keys, who.may) }) {
+		permitted, idx = make([]protocol.CheckRequest, 0, len(takes)), make([]int, 0, len(takes))
+		for i, t := range takes {
+			if j := slices.IndexFunc(t.Keys, func(k string) bool { return !who.may(k) }); j >= 0 {
+				out[i] = protocol.CheckResponse{Error: forbidden(who, t.Keys[j], fmt.Sprintf("takes[%d].keys[%d]", i, j))}
+				continue
+			}
+			permitted = append(permitted, t)
+			idx = append(idx, i)
+		}
+	}
+	if len(permitted) == 0 {
+		return out, true
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.opts.StoreTimeout)
+	res, rep, err := st.engine.Take(ctx, permitted)
+	cancel()
+	if err != nil {
+		s.storeFailed(w, r, err)
+		return nil, false
+	}
+	s.metrics.record(rep)
+	if idx == nil {
+		return res, true
+	}
+	for j := range res {
+		out[idx[j]] = res[j]
+	}
+	return out, true
+}
+
+// all reports whether every key satisfies ok.
+func all(keys []string, ok func(string) bool) bool {
+	return !slices.ContainsFunc(keys, func(k string) bool { return !ok(k) })
 }
 
 func forbidden(who *client, key, where string) *protocol.Problem {
