@@ -39,6 +39,12 @@ type RedisOptions struct {
 // trip per Redis node. The keys expire once every open lease has ended and
 // the bucket would be full again, so Redis memory follows the active keys.
 //
+// Give the store a client that does not retry commands (MaxRetries −1, as
+// rateleased does): a script whose answer timed out may have run, and
+// running it again applies it twice. For most operations that errs on the
+// side of the limit (a second grant nobody spends, a second take), but a
+// refund applied twice gives back tokens that were never taken.
+//
 // Redis must not evict these keys: run it with maxmemory-policy noeviction
 // and with persistence. The script still never rebuilds a lost part as a
 // full bucket that forgets open leases (see the script's header), but a

@@ -449,6 +449,7 @@ func (s *tbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 func (s *tbState) take(b *Bucket, cost int64, now int64) TakeOutcome {
 	s.bucket = *b
 	var o TakeOutcome
+	level, last, open := s.level, s.last, len(s.leases)
 	o.Expired = s.advance(b, now)
 	if cost == 0 || s.level+epsilon >= float64(cost) {
 		s.level -= float64(cost)
@@ -457,6 +458,13 @@ func (s *tbState) take(b *Bucket, cost int64, now int64) TakeOutcome {
 		o.RetryAfter = s.retryAfter(b, float64(cost), now)
 	}
 	o.Remaining = s.remaining()
+	if !o.Taken && len(s.leases) == open {
+		// A denial that closed nothing changes nothing. The Redis store
+		// writes nothing then, and the next refill from the stored state
+		// is computed over the whole gap: keep the same state here, so
+		// that both stores round alike.
+		s.level, s.last = level, last
+	}
 	return o
 }
 

@@ -78,7 +78,9 @@ func (c *Cluster) Addrs() []string {
 // Client returns a go-redis cluster client, closed at t.Cleanup.
 func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
 	t.Helper()
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	// No retries (see Server.Client); redirections (MOVED, ASK) still
+	// follow, as a redirected command did not run.
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
 	return rdb
 }

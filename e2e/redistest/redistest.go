@@ -145,10 +145,12 @@ func (s *Server) URL() string {
 }
 
 // Client returns a new go-redis client to the server, closed at t.Cleanup.
-// The client keeps working across Restart (it reconnects).
+// The client keeps working across Restart (it reconnects). It never
+// retries a command: a script retried after a timeout may have run already,
+// and a test that counts what a store did would count it twice.
 func (s *Server) Client(t testing.TB) *redis.Client {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), DB: 0})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), DB: 0, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }

@@ -81,6 +81,7 @@ else
 end
 
 local level, last, out, n, maxexp, clients
+local changed = false -- the state changed beyond what the refill computes
 local had_leases = st[4] ~= false
 local had_inline = st[7] ~= false
 -- inl lists the open leases' fields while the index is inline, nil once it
@@ -123,6 +124,7 @@ else
     maxexp = e
     recs['g|'] = 'ghost ' .. string.format('%d', burst) .. ' ' .. string.format('%d', e)
     inl = nil
+    changed = true
     if not dry then
       redis.call('HSET', H, 'g|', recs['g|'])
       redis.call('ZADD', Z, string.format('%d', e), 'g|')
@@ -176,6 +178,7 @@ end
 -- what it should. Every lease field closed here was loaded into recs, and
 -- so was its sibling.
 local function close_lease(f, g)
+  changed = true
   out = out - g
   n = n - 1
   recs[f] = false
@@ -418,7 +421,10 @@ if mode == 'take' then
   else
     retry = retry_after(cost)
   end
-  save()
+  -- A denied take that closed nothing changes nothing: the next call's
+  -- refill from the stored state gives the same level, so nothing is
+  -- written (two commands fewer per denial).
+  if taken == 1 or changed then save() end
   return { taken, retry, remaining(), expired }
 end
 
