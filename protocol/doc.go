@@ -37,6 +37,13 @@
 //
 // # Limits
 //
+// A request body is UTF-8: a body with a byte that starts no valid UTF-8
+// sequence (overlong forms and encoded surrogates included), or whose strings
+// escape a lone UTF-16 surrogate, is refused whole with [CodeInvalidUTF8]
+// (422), whose detail names the byte offset of the first fault. It is never
+// decoded with U+FFFD in place of the fault, which would let distinct keys
+// share one bucket.
+//
 // A key is 1 to [MaxKeyBytes] bytes of valid UTF-8 without control characters.
 // A call carries at most [MaxEntries] entries or keys. Counts (want, used,
 // cost) are between 0 and [MaxCount]. A request body is at most

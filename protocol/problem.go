@@ -17,6 +17,13 @@ type Code string
 const (
 	// CodeInvalidJSON: the body is not JSON of the expected shape (400).
 	CodeInvalidJSON Code = "invalid_json"
+	// CodeInvalidUTF8: the body is not valid UTF-8, or a JSON string in it
+	// escapes a lone UTF-16 surrogate (\ud800 to \udfff without its pair),
+	// which names no character. The detail gives the byte offset of the
+	// first fault. Such a body is refused rather than decoded with U+FFFD in
+	// place of the bad bytes, which would let distinct keys share a bucket
+	// (422).
+	CodeInvalidUTF8 Code = "invalid_utf8"
 	// CodeInvalidRequest: the request is well-formed JSON but incomplete,
 	// for example no entries (422).
 	CodeInvalidRequest Code = "invalid_request"
@@ -75,6 +82,7 @@ type codeInfo struct {
 // codes is the table of every code of protocol v1: its status and title.
 var codes = map[Code]codeInfo{
 	CodeInvalidJSON:          {http.StatusBadRequest, "Malformed JSON body"},
+	CodeInvalidUTF8:          {http.StatusUnprocessableEntity, "Body is not valid UTF-8"},
 	CodeInvalidRequest:       {http.StatusUnprocessableEntity, "Invalid request"},
 	CodeInvalidKey:           {http.StatusUnprocessableEntity, "Invalid key"},
 	CodeDuplicateKey:         {http.StatusUnprocessableEntity, "Duplicate key"},

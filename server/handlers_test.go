@@ -300,6 +300,48 @@ func TestBadInput(t *testing.T) {
 	assert.Nil(t, ret.Error)
 }
 
+// TestInvalidUTF8 sends bodies that are not UTF-8, or that escape a lone
+// surrogate, to both endpoints: each gets 422 invalid_utf8 naming the
+// offset, and no bucket changes — in particular not the bucket of
+// "user:\uFFFD", which encoding/json would have decoded them into.
+func TestInvalidUTF8(t *testing.T) {
+	f := newFixture(t, rulesYAML, nil, Options{})
+	const replaced = "user:\uFFFD"
+	held := f.lease("", "holder", protocol.LeaseEntry{Key: replaced, Want: 10})[0]
+	require.EqualValues(t, 10, held.Granted)
+
+	for _, tt := range []struct {
+		name, key string
+	}{
+		{"0xff", "user:\xff"},
+		{"lone continuation byte", "user:\x80"},
+		{"overlong encoding", "user:\xc0\xaf"},
+		{"UTF-8 encoded surrogate", "user:\xed\xa0\x80"},
+		{"escaped lone surrogate", `user:\ud800`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			before := f.state(replaced)
+			for _, req := range []struct{ path, body string }{
+				{protocol.PathLeases, `{"client_id":"holder","leases":[{"key":"` + tt.key + `","want":5}]}`},
+				{protocol.PathCheck, `{"keys":["` + tt.key + `"],"cost":5}`},
+			} {
+				r := f.postJSON(req.path, "", req.body)
+				require.Equal(t, http.StatusUnprocessableEntity, r.status, "%s: body: %s", req.path, r.body)
+				p := r.problem(t)
+				assert.Equal(t, protocol.CodeInvalidUTF8, p.Code)
+				assert.Contains(t, p.Detail, fmt.Sprintf("offset %d", strings.Index(req.body, "user:")+len("user:")))
+			}
+			after := f.state(replaced)
+			assert.Equal(t, before.Outstanding, after.Outstanding, "outstanding changed")
+			assert.Equal(t, before.Leases, after.Leases, "open leases changed")
+			assert.InDelta(t, before.Level, after.Level, 1e-9, "level changed")
+		})
+	}
+	// A valid multibyte key is served.
+	res := f.lease("", "holder", protocol.LeaseEntry{Key: "user:日本ü", Want: 1})[0]
+	assert.EqualValues(t, 1, res.Granted)
+}
+
 func TestMaxBodyBytesOption(t *testing.T) {
 	f := newFixture(t, rulesYAML, nil, Options{MaxBodyBytes: 64})
 	r := f.postJSON(protocol.PathLeases, "", `{"client_id":"c","leases":[{"key":"user:1","want":1}],"x":"`+strings.Repeat("y", 64)+`"}`)
