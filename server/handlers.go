@@ -21,8 +21,16 @@ import (
 	"github.com/ratelease/ratelease/protocol"
 )
 
-// RulesResponse is the body of GET /v1/rules: the rules in force and what
-// the caller may do. It never carries the clients' token hashes.
+// RulesResponse is the body of GET /v1/rules: the rules in force that the
+// caller can reach, and what the caller may do. It never carries the
+// clients' token hashes.
+//
+// Rules are filtered by the caller's key patterns: a rule is listed only
+// when some valid key (see protocol.ValidateKey) matches both the rule's
+// pattern and one of the caller's, so a client does not learn the patterns
+// and limits of keys it may not use. A client whose patterns include "*"
+// (and the anonymous caller of a server without clients) sees every rule
+// that can match a key at all.
 type RulesResponse struct {
 	// Version is the hex SHA-256 of the rules file in force; it changes
 	// with every reload.
@@ -30,7 +38,8 @@ type RulesResponse struct {
 	// Default says what happens to keys that match no rule: "allow" or
 	// "deny".
 	Default leases.Default `json:"default"`
-	// Rules are the rules in file order, with defaults filled in.
+	// Rules are the rules the caller's key patterns can reach (see above),
+	// in file order, with defaults filled in.
 	Rules []RuleInfo `json:"rules"`
 	// Client is the caller's client name, AnonymousClient when the server
 	// has no clients configured.
@@ -453,22 +462,33 @@ func retryAfterSeconds(ms int64) string {
 	return strconv.FormatInt(max(1, int64(math.Ceil(float64(ms)/1000))), 10)
 }
 
-// handleRules serves GET /v1/rules.
+// handleRules serves GET /v1/rules, listing the rules that the caller's key
+// patterns can reach (see RulesResponse).
 func (s *Server) handleRules(w http.ResponseWriter, r *http.Request, st *state, who *client) {
 	p := st.rules.policy
 	rules := p.Rules()
 	resp := RulesResponse{
 		Version: st.rules.Version(),
 		Default: p.Default(),
-		Rules:   make([]RuleInfo, len(rules)),
+		Rules:   make([]RuleInfo, 0, len(rules)),
 		Client:  who.name,
 		Keys:    who.keys,
 	}
 	if resp.Keys == nil {
 		resp.Keys = []string{"*"}
 	}
-	for i, rl := range rules {
-		resp.Rules[i] = RuleInfo{
+	scopes := make([][]globToken, len(resp.Keys))
+	for i, k := range resp.Keys {
+		scopes[i] = parseGlob(k)
+	}
+	for _, rl := range rules {
+		match := parseGlob(rl.Match)
+		if !slices.ContainsFunc(scopes, func(scope []globToken) bool {
+			return shortestCommonKey(match, scope) <= protocol.MaxKeyBytes
+		}) {
+			continue
+		}
+		resp.Rules = append(resp.Rules, RuleInfo{
 			Name:           rl.Name,
 			Match:          rl.Match,
 			Algorithm:      rl.Algorithm,
@@ -478,7 +498,7 @@ func (s *Server) handleRules(w http.ResponseWriter, r *http.Request, st *state, 
 			Burst:          rl.Burst,
 			LeaseTTL:       formatDuration(rl.LeaseTTL),
 			LeaseTTLMillis: rl.LeaseTTL.Milliseconds(),
-		}
+		})
 	}
 	writeJSON(w, http.StatusOK, resp)
 }

@@ -413,6 +413,15 @@ func TestRulesEndpoint(t *testing.T) {
 	assert.Equal(t, RuleInfo{Name: "tiny", Match: "tiny:*", Algorithm: leases.TokenBucket, Limit: 1,
 		Period: "1h", PeriodMillis: 3_600_000, Burst: 1, LeaseTTL: "2s", LeaseTTLMillis: 2000}, rr.Rules[1])
 
+	// beta may use user:* only, so it does not see tiny.
+	r = f.do(http.MethodGet, protocol.PathRules, betaToken, "", nil)
+	require.Equal(t, http.StatusOK, r.status)
+	rr = RulesResponse{}
+	require.NoError(t, json.Unmarshal(r.body, &rr))
+	assert.Equal(t, "beta", rr.Client)
+	require.Len(t, rr.Rules, 1)
+	assert.Equal(t, "per-user", rr.Rules[0].Name)
+
 	// Without clients, the caller is anonymous and may use every key.
 	open := newFixture(t, "", nil, Options{})
 	r = open.do(http.MethodGet, protocol.PathRules, "", "", nil)
@@ -421,6 +430,55 @@ func TestRulesEndpoint(t *testing.T) {
 	assert.Equal(t, AnonymousClient, rr.Client)
 	assert.Equal(t, []string{"*"}, rr.Keys)
 	assert.Empty(t, rr.Rules)
+}
+
+// TestRulesFilteredByScopes: GET /v1/rules lists only the rules that some
+// key the caller may use can match.
+func TestRulesFilteredByScopes(t *testing.T) {
+	const (
+		narrowToken = "narrow-token"
+		apiToken    = "api-token"
+		allToken    = "all-token"
+	)
+	rules := `
+default: deny
+rules:
+  - {name: per-user, match: "user:*", limit: 100, period: 1s}
+  - {name: one-char-user, match: "user:?", limit: 10, period: 1s}
+  - {name: search, match: "api:search", limit: 5, period: 1s}
+  - {name: admin-anything, match: "*:admin", limit: 1, period: 1s}
+  - {name: literal-star, match: "api:\\*", limit: 1, period: 1s}
+  - {name: tiny, match: "tiny:*", limit: 1, period: 1h}
+clients:
+  - {name: narrow, token_sha256: "` + sha(narrowToken) + `", keys: ["user:4?"]}
+  - {name: api, token_sha256: "` + sha(apiToken) + `", keys: ["api:s*", "x:admin"]}
+  - {name: all, token_sha256: "` + sha(allToken) + `", keys: ["*"]}
+`
+	f := newFixture(t, rules, nil, Options{})
+	for _, tt := range []struct {
+		token string
+		want  []string
+	}{
+		// user:4? reaches user:* (user:42) but not user:? (one character
+		// after the colon) nor *:admin (user:4 plus one character is never
+		// "…:admin").
+		{narrowToken, []string{"per-user"}},
+		// api:s* reaches api:search, and *:admin through api:s…:admin;
+		// x:admin reaches *:admin too. Not api:\* (a literal star, which
+		// api:s* does not start with).
+		{apiToken, []string{"search", "admin-anything"}},
+		{allToken, []string{"per-user", "one-char-user", "search", "admin-anything", "literal-star", "tiny"}},
+	} {
+		r := f.do(http.MethodGet, protocol.PathRules, tt.token, "", nil)
+		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+		var rr RulesResponse
+		require.NoError(t, json.Unmarshal(r.body, &rr))
+		names := []string{}
+		for _, rl := range rr.Rules {
+			names = append(names, rl.Name)
+		}
+		assert.Equal(t, tt.want, names, "client %s", rr.Client)
+	}
 }
 
 func TestFormatDuration(t *testing.T) {
