@@ -62,8 +62,11 @@
 // the rules (it swaps them on reload, with the engine, in one atomic step so
 // that a request sees one version of rules and clients) and it hooks the
 // engine's store calls for the store latency histogram. When the store does
-// not answer, /v1 calls get 503 store_unavailable with "Retry-After: 1" and
-// /readyz fails; nothing needs restarting when the store comes back. Any
+// not answer, /v1 calls get 503 store_unavailable with "Retry-After: 1"
+// once Options.StoreTimeout (800ms by default) has passed, so within a
+// second, and /readyz fails; nothing needs restarting when the store comes
+// back. (For a Redis store, set ContextTimeoutEnabled on the go-redis
+// client: see Options.StoreTimeout.) Any
 // other store error fails the call with 500 internal, and is logged at level
 // error with its cause.
 //

@@ -19,8 +19,10 @@ const (
 	// changes when Options.ReloadInterval is zero.
 	DefaultReloadInterval = 500 * time.Millisecond
 	// DefaultStoreTimeout bounds one request's store calls when
-	// Options.StoreTimeout is zero.
-	DefaultStoreTimeout = 2 * time.Second
+	// Options.StoreTimeout is zero. It leaves a fifth of a second for the
+	// rest of the request, so that while the store hangs a call is answered
+	// 503 within one second (see Options.StoreTimeout).
+	DefaultStoreTimeout = 800 * time.Millisecond
 	// DefaultShutdownTimeout is how long Run waits for in-flight requests
 	// when Options.ShutdownTimeout is zero.
 	DefaultShutdownTimeout = 10 * time.Second
@@ -83,8 +85,16 @@ type Options struct {
 	MaxBodyBytes int64
 
 	// StoreTimeout bounds the store calls of one request, so that a hung
-	// store answers 503 rather than holding the caller. Zero means
+	// store answers 503 rather than holding the caller: the request's
+	// context for the store expires after StoreTimeout, and the call is then
+	// answered 503 store_unavailable with "Retry-After: 1". Zero means
 	// DefaultStoreTimeout.
+	//
+	// The bound holds only when the store gives up at its context's
+	// deadline. The memory store never blocks; a Redis store does when its
+	// go-redis client has ContextTimeoutEnabled set (without it go-redis
+	// ignores deadlines on reads and writes, and a hung Redis holds the
+	// call for its ReadTimeout and every retry). rateleased sets it.
 	StoreTimeout time.Duration
 
 	// DrainDelay is how long Run keeps serving after its context is

@@ -18,6 +18,7 @@
 //	-log-format        RATELEASED_LOG_FORMAT        text or json (default text)
 //	-drain-delay       RATELEASED_DRAIN_DELAY       keep serving this long after SIGTERM, /readyz failing (default 0)
 //	-shutdown-timeout  RATELEASED_SHUTDOWN_TIMEOUT  grace period for in-flight requests (default 10s)
+//	-store-timeout     RATELEASED_STORE_TIMEOUT     bound on one request's Redis calls (default 800ms)
 //
 // The server reloads the rules file when it changes. SIGINT or SIGTERM
 // shuts it down gracefully: GET /readyz answers 503 at once; the server
@@ -26,6 +27,14 @@
 // in-flight requests -shutdown-timeout to finish, and exits 0. A second
 // signal kills it at once. A startup error (a bad rules file, say) is
 // logged and it exits 1; a bad flag or environment variable exits 2.
+//
+// When Redis does not answer (down, or hung: connections open but nothing
+// answers), every call gets 503 store_unavailable with "Retry-After: 1"
+// within -store-timeout plus a few milliseconds, so within 1s at the
+// default, and /readyz fails; the server recovers by itself when Redis
+// answers again. The Redis client honours the request's deadline
+// (go-redis ContextTimeoutEnabled) in every step: dial, handshake, read,
+// write, retries and waiting for a pooled connection.
 //
 // For a cluster URL, list every seed node as an addr parameter:
 // redis://host1:6379?addr=host2:6379&addr=host3:6379.
