@@ -36,6 +36,13 @@
 // (go-redis ContextTimeoutEnabled) in every step: dial, handshake, read,
 // write, retries and waiting for a pooled connection.
 //
+// At start, rateleased checks the Redis configuration (every master of a
+// cluster) and logs a warning when maxmemory-policy is not noeviction (an
+// evicted bucket forgets its open leases) or when neither RDB snapshots nor
+// AOF are on (a restart forgets them all): either can let one extra burst
+// through. When CONFIG is refused, as managed Redis services do, it logs at
+// level info that it could not check. It never fails the start for this.
+//
 // For a cluster URL, list every seed node as an addr parameter:
 // redis://host1:6379?addr=host2:6379&addr=host3:6379.
 package main

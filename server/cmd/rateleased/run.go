@@ -212,7 +212,9 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger) (leases.Store,
 	// get 503 until it answers, and then it recovers by itself.
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	if err := rdb.Ping(pctx).Err(); err != nil {
-		log.Warn("redis does not answer yet: serving 503 until it does", "redis", addr, "err", err)
+		log.Warn("redis does not answer yet: serving 503 until it does; its maxmemory-policy and persistence are not checked", "redis", addr, "err", err)
+	} else {
+		checkRedisConfig(ctx, rdb, log)
 	}
 	cancel()
 	s := leases.NewRedisStore(rdb, leases.RedisOptions{})
