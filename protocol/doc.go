@@ -26,7 +26,10 @@
 // lease (which would break the accuracy bound) and no request waits for a
 // renewal. A client that ignores Slot gets the design's behaviour exactly.
 //
-// A per-entry [Problem] in [LeaseResult.Error] fails that entry alone. When no
+// A per-entry [Problem] in [LeaseResult.Error] fails that entry alone: for
+// example [CodeForbidden] for a key outside the client's patterns, or
+// [CodeTooManyKeys] for a new key of a client that holds as many keys
+// through the server as it may. When no
 // entry of a request succeeds, the server answers the status of the first
 // failure with a problem body that still carries the per-entry results in its
 // "leases" member, so a client can decode either answer into a LeaseResponse.

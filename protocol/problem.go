@@ -40,6 +40,11 @@ const (
 	CodeInvalidLeaseID Code = "invalid_lease_id"
 	// CodeTooManyEntries: more than MaxEntries entries or keys (413).
 	CodeTooManyEntries Code = "too_many_entries"
+	// CodeTooManyKeys: the client holds leases on as many distinct keys
+	// through this lease server as it may, and the entry asks for tokens on
+	// another key. The entry fails alone; the detail names the cap and how
+	// to raise it. Leases on other keys must expire first (429).
+	CodeTooManyKeys Code = "too_many_keys"
 	// CodeBodyTooLarge: the body is larger than MaxBodyBytes (413).
 	CodeBodyTooLarge Code = "body_too_large"
 	// CodeUnsupportedMediaType: the body is not application/json (415).
@@ -90,6 +95,7 @@ var codes = map[Code]codeInfo{
 	CodeInvalidClientID:      {http.StatusUnprocessableEntity, "Invalid client_id"},
 	CodeInvalidLeaseID:       {http.StatusUnprocessableEntity, "Invalid lease_id"},
 	CodeTooManyEntries:       {http.StatusRequestEntityTooLarge, "Too many entries"},
+	CodeTooManyKeys:          {http.StatusTooManyRequests, "Too many keys for this client"},
 	CodeBodyTooLarge:         {http.StatusRequestEntityTooLarge, "Request body too large"},
 	CodeUnsupportedMediaType: {http.StatusUnsupportedMediaType, "Unsupported media type"},
 	CodeUnauthorized:         {http.StatusUnauthorized, "Unauthorized"},

@@ -345,7 +345,8 @@ func (s *Server) storeFailed(w http.ResponseWriter, r *http.Request, err error) 
 // handleLeases serves POST /v1/leases.
 //
 // Entries for keys outside the caller's patterns fail alone with
-// CodeForbidden and never reach the store. The lease owner is the client
+// CodeForbidden and never reach the store, and so do entries on new keys of
+// a caller that holds Options.MaxKeysPerClient keys, with CodeTooManyKeys. The lease owner is the client
 // name and the request's client_id, "name/client_id": client names cannot
 // contain '/', so no client can name another's leases.
 func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state, who *client) {
@@ -377,10 +378,39 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 			idx = append(idx, i)
 		}
 	}
+	// held are the key-cap entries the permitted entries referenced (see
+	// keyCap), released or recorded by hk.finish.
+	var (
+		hk   *heldKeys
+		held []*heldKey
+	)
+	if s.keys != nil && len(permitted) > 0 {
+		var buf [8]*heldKey
+		switch n := len(permitted); {
+		case n <= len(buf):
+			held = buf[:0]
+		case n <= heldPoolCap:
+			p := heldPool.Get().(*[]*heldKey)
+			held = (*p)[:0]
+			defer heldPool.Put(p) // after finish, which clears held
+		default:
+			held = make([]*heldKey, 0, n)
+		}
+		var refused []int
+		hk = s.keys.principal(who.name)
+		held, refused = hk.admit(permitted, s.opts.Now().UnixNano(), s.keys.max, st.rules.policy, held)
+		if refused != nil {
+			results, permitted, idx, held = s.refuseKeys(who, entries, results, permitted, idx, held, refused)
+		}
+		// Releases the references when the engine panics; a no-op after
+		// the finish below.
+		defer hk.finish(held, nil, 0)
+	}
 	if len(permitted) > 0 {
 		ctx, cancel := context.WithTimeout(r.Context(), s.opts.StoreTimeout)
 		out, rep, err := st.engine.Lease(ctx, who.name+"/"+req.ClientID, permitted)
 		cancel()
+		hk.finish(held, out, s.opts.Now().UnixNano())
 		if err != nil {
 			s.storeFailed(w, r, err)
 			return
@@ -410,6 +440,40 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 		p.Detail = "every entry failed; leases[0]: " + p.Detail
 	}
 	writeProblem(w, &p)
+}
+
+// refuseKeys fails the permitted entries at the positions refused with
+// too_many_keys and takes them out of permitted, and of idx and held, which
+// it keeps aligned with permitted. It returns the new results, permitted,
+// idx and held.
+func (s *Server) refuseKeys(who *client, entries []protocol.LeaseEntry, results []protocol.LeaseResult,
+	permitted []protocol.LeaseEntry, idx []int, held []*heldKey, refused []int,
+) ([]protocol.LeaseResult, []protocol.LeaseEntry, []int, []*heldKey) {
+	if results == nil {
+		results = make([]protocol.LeaseResult, len(entries))
+	}
+	keep := make([]protocol.LeaseEntry, 0, len(permitted)-len(refused))
+	keepIdx := make([]int, 0, len(permitted)-len(refused))
+	n := 0 // held[:n] are the kept entries' references
+	for j, e := range permitted {
+		i := j
+		if idx != nil {
+			i = idx[j]
+		}
+		if len(refused) > 0 && refused[0] == j {
+			refused = refused[1:]
+			results[i] = protocol.LeaseResult{Key: e.Key, Slot: e.Slot, Error: protocol.NewProblem(protocol.CodeTooManyKeys, fmt.Sprintf(
+				"leases[%d]: client %q holds leases on %d keys through this lease server, the most it may, and key %q is not one of them: let leases on other keys expire, or raise the cap (rateleased -max-keys-per-client, server.Options.MaxKeysPerClient)",
+				i, who.name, s.keys.max, e.Key))}
+			continue
+		}
+		keep = append(keep, e)
+		keepIdx = append(keepIdx, i)
+		held[n] = held[j]
+		n++
+	}
+	clear(held[n:]) // no stale reference for finish to release twice
+	return results, keep, keepIdx, held[:n]
 }
 
 func forbidden(who *client, key, where string) *protocol.Problem {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +30,9 @@ type Server struct {
 	// state holds the rules in force and an engine running them, swapped
 	// together so that one request sees one version of both.
 	state atomic.Pointer[state]
+
+	// keys enforces Options.MaxKeysPerClient; nil when there is no cap.
+	keys *keyCap
 
 	// listenAddr is the address checked by checkExposure on reload.
 	listenAddr atomic.Pointer[string]
@@ -80,6 +84,7 @@ func New(opts Options) (*Server, error) {
 		opts:    opts,
 		log:     opts.Logger,
 		metrics: m,
+		keys:    newKeyCap(opts.MaxKeysPerClient),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
@@ -110,6 +115,15 @@ func (s *Server) setRules(r *Rules) {
 	})
 	s.state.Store(&state{rules: r, engine: e})
 	s.metrics.rulesLoaded.Set(float64(len(r.policy.Rules())))
+	if s.keys != nil {
+		// Forget the keys of clients the new rules removed.
+		s.keys.retain(func(name string) bool {
+			if !r.authRequired() {
+				return name == AnonymousClient
+			}
+			return slices.ContainsFunc(r.clients, func(c client) bool { return c.name == name })
+		})
+	}
 }
 
 // Run serves HTTP/1.1 and unencrypted HTTP/2 (h2c, with prior knowledge) on

@@ -9,16 +9,17 @@
 // Every flag takes its default from an environment variable when that is
 // set:
 //
-//	-listen            RATELEASED_LISTEN            address to listen on (default 127.0.0.1:8080)
-//	-rules             RATELEASED_RULES             rules file; empty: no rules, every key unlimited
-//	-redis             RATELEASED_REDIS             redis:// or rediss:// URL; empty: memory store
-//	-redis-cluster     RATELEASED_REDIS_CLUSTER     the -redis URL names a Redis Cluster
-//	-insecure          RATELEASED_INSECURE          allow a non-loopback address without clients
-//	-log-level         RATELEASED_LOG_LEVEL         debug, info, warn or error (default info)
-//	-log-format        RATELEASED_LOG_FORMAT        text or json (default text)
-//	-drain-delay       RATELEASED_DRAIN_DELAY       keep serving this long after SIGTERM, /readyz failing (default 0)
-//	-shutdown-timeout  RATELEASED_SHUTDOWN_TIMEOUT  grace period for in-flight requests (default 10s)
-//	-store-timeout     RATELEASED_STORE_TIMEOUT     bound on one request's Redis calls (default 800ms)
+//	-listen               RATELEASED_LISTEN               address to listen on (default 127.0.0.1:8080)
+//	-rules                RATELEASED_RULES                rules file; empty: no rules, every key unlimited
+//	-redis                RATELEASED_REDIS                redis:// or rediss:// URL; empty: memory store
+//	-redis-cluster        RATELEASED_REDIS_CLUSTER        the -redis URL names a Redis Cluster
+//	-insecure             RATELEASED_INSECURE             allow a non-loopback address without clients
+//	-log-level            RATELEASED_LOG_LEVEL            debug, info, warn or error (default info)
+//	-log-format           RATELEASED_LOG_FORMAT           text or json (default text)
+//	-drain-delay          RATELEASED_DRAIN_DELAY          keep serving this long after SIGTERM, /readyz failing (default 0)
+//	-shutdown-timeout     RATELEASED_SHUTDOWN_TIMEOUT     grace period for in-flight requests (default 10s)
+//	-store-timeout        RATELEASED_STORE_TIMEOUT        bound on one request's Redis calls (default 800ms)
+//	-max-keys-per-client  RATELEASED_MAX_KEYS_PER_CLIENT  keys one client may hold leases on through this server (default 100000; negative: no cap)
 //
 // The server reloads the rules file when it changes. SIGINT or SIGTERM
 // shuts it down gracefully: GET /readyz answers 503 at once; the server

@@ -114,6 +114,7 @@ type config struct {
 	drainDelay      time.Duration
 	shutdownTimeout time.Duration
 	storeTimeout    time.Duration
+	maxKeys         int
 }
 
 // run is the daemon: it parses args (without the program name), taking flag
@@ -146,15 +147,16 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv, err := server.New(server.Options{
-		Registry:        reg,
-		Store:           store,
-		RulesPath:       cfg.rules,
-		ListenAddr:      cfg.listen,
-		Insecure:        cfg.insecure,
-		Logger:          log,
-		DrainDelay:      cfg.drainDelay,
-		ShutdownTimeout: cfg.shutdownTimeout,
-		StoreTimeout:    cfg.storeTimeout,
+		Registry:         reg,
+		Store:            store,
+		RulesPath:        cfg.rules,
+		ListenAddr:       cfg.listen,
+		Insecure:         cfg.insecure,
+		Logger:           log,
+		DrainDelay:       cfg.drainDelay,
+		ShutdownTimeout:  cfg.shutdownTimeout,
+		StoreTimeout:     cfg.storeTimeout,
+		MaxKeysPerClient: cfg.maxKeys,
 	})
 	if err != nil {
 		return err
@@ -263,6 +265,19 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 		return d
 	}
 
+	integer := func(name string, def int) int {
+		v := env(name)
+		if v == "" {
+			return def
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			envErrs = append(envErrs, fmt.Errorf("%s=%q: want a whole number", name, v))
+			return def
+		}
+		return n
+	}
+
 	var cfg config
 	var level, format string
 	fs.StringVar(&cfg.listen, "listen", str("RATELEASED_LISTEN", "127.0.0.1:8080"),
@@ -281,6 +296,8 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 		"log `format`: text or json (env RATELEASED_LOG_FORMAT)")
 	fs.DurationVar(&cfg.storeTimeout, "store-timeout", duration("RATELEASED_STORE_TIMEOUT", server.DefaultStoreTimeout),
 		"bound on the store (Redis) calls of one request: while Redis does not answer, calls get 503 with Retry-After within this plus a few ms, so within 1s at the default (env RATELEASED_STORE_TIMEOUT)")
+	fs.IntVar(&cfg.maxKeys, "max-keys-per-client", integer("RATELEASED_MAX_KEYS_PER_CLIENT", server.DefaultMaxKeysPerClient),
+		"most distinct keys one client may hold leases on through this server (each server counts its own grants; a key counts until its lease's expiry, even if returned); a lease entry on another key fails with 429 too_many_keys; negative: no cap (env RATELEASED_MAX_KEYS_PER_CLIENT)")
 	fs.DurationVar(&cfg.drainDelay, "drain-delay", duration("RATELEASED_DRAIN_DELAY", 0),
 		"on SIGTERM, keep serving this long with /readyz answering 503, so that load balancers stop sending traffic, before refusing new connections; 0: refuse them at once (env RATELEASED_DRAIN_DELAY)")
 	fs.DurationVar(&cfg.shutdownTimeout, "shutdown-timeout", duration("RATELEASED_SHUTDOWN_TIMEOUT", server.DefaultShutdownTimeout),
@@ -312,6 +329,9 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 	}
 	if cfg.shutdownTimeout <= 0 {
 		return config{}, usageError(fs, fmt.Errorf("-shutdown-timeout %v: want a positive duration", cfg.shutdownTimeout))
+	}
+	if cfg.maxKeys == 0 {
+		return config{}, usageError(fs, errors.New("-max-keys-per-client 0: want a positive number, or a negative one for no cap"))
 	}
 	if cfg.storeTimeout <= 0 {
 		return config{}, usageError(fs, fmt.Errorf("-store-timeout %v: want a positive duration", cfg.storeTimeout))

@@ -406,7 +406,7 @@ func TestRunListenError(t *testing.T) {
 }
 
 func TestParseFlags(t *testing.T) {
-	defaults := config{listen: "127.0.0.1:8080", logLevel: slog.LevelInfo, logFormat: "text", shutdownTimeout: server.DefaultShutdownTimeout, storeTimeout: server.DefaultStoreTimeout}
+	defaults := config{listen: "127.0.0.1:8080", logLevel: slog.LevelInfo, logFormat: "text", shutdownTimeout: server.DefaultShutdownTimeout, storeTimeout: server.DefaultStoreTimeout, maxKeys: server.DefaultMaxKeysPerClient}
 	tests := []struct {
 		name    string
 		args    []string
@@ -423,16 +423,18 @@ func TestParseFlags(t *testing.T) {
 				"RATELEASED_INSECURE": "1", "RATELEASED_LOG_LEVEL": "debug",
 				"RATELEASED_LOG_FORMAT": "json", "RATELEASED_SHUTDOWN_TIMEOUT": "3s",
 				"RATELEASED_DRAIN_DELAY": "5s", "RATELEASED_STORE_TIMEOUT": "300ms",
+				"RATELEASED_MAX_KEYS_PER_CLIENT": "500",
 			},
 			want: config{listen: "127.0.0.1:9999", rules: "r.yaml", redisURL: "redis://h:1/0", redisCluster: true,
 				insecure: true, logLevel: slog.LevelDebug, logFormat: "json", drainDelay: 5 * time.Second, shutdownTimeout: 3 * time.Second,
-				storeTimeout: 300 * time.Millisecond},
+				storeTimeout: 300 * time.Millisecond, maxKeys: 500},
 		},
 		{
 			name: "flags override the environment",
-			args: []string{"-listen", "127.0.0.1:1", "-insecure=false", "-log-level", "WARN", "-shutdown-timeout", "1s", "-drain-delay", "0", "-store-timeout", "2s"},
-			env:  map[string]string{"RATELEASED_LISTEN": "127.0.0.1:9999", "RATELEASED_INSECURE": "true", "RATELEASED_LOG_LEVEL": "debug", "RATELEASED_DRAIN_DELAY": "5s", "RATELEASED_STORE_TIMEOUT": "1s"},
-			want: config{listen: "127.0.0.1:1", logLevel: slog.LevelWarn, logFormat: "text", shutdownTimeout: time.Second, storeTimeout: 2 * time.Second},
+			args: []string{"-listen", "127.0.0.1:1", "-insecure=false", "-log-level", "WARN", "-shutdown-timeout", "1s", "-drain-delay", "0", "-store-timeout", "2s", "-max-keys-per-client", "-1"},
+			env: map[string]string{"RATELEASED_LISTEN": "127.0.0.1:9999", "RATELEASED_INSECURE": "true", "RATELEASED_LOG_LEVEL": "debug", "RATELEASED_DRAIN_DELAY": "5s", "RATELEASED_STORE_TIMEOUT": "1s",
+				"RATELEASED_MAX_KEYS_PER_CLIENT": "7"},
+			want: config{listen: "127.0.0.1:1", logLevel: slog.LevelWarn, logFormat: "text", shutdownTimeout: time.Second, storeTimeout: 2 * time.Second, maxKeys: -1},
 		},
 		{name: "drain delay", args: []string{"-drain-delay", "15s"}, want: func() config { c := defaults; c.drainDelay = 15 * time.Second; return c }()},
 		{name: "bad boolean in env", env: map[string]string{"RATELEASED_INSECURE": "yes please"}, wantErr: "RATELEASED_INSECURE"},
@@ -442,6 +444,8 @@ func TestParseFlags(t *testing.T) {
 		{name: "zero shutdown timeout", args: []string{"-shutdown-timeout", "0s"}, wantErr: "-shutdown-timeout"},
 		{name: "negative drain delay", args: []string{"-drain-delay", "-1s"}, wantErr: "-drain-delay"},
 		{name: "zero store timeout", args: []string{"-store-timeout", "0"}, wantErr: "-store-timeout"},
+		{name: "zero max keys", args: []string{"-max-keys-per-client", "0"}, wantErr: "-max-keys-per-client"},
+		{name: "bad max keys in env", env: map[string]string{"RATELEASED_MAX_KEYS_PER_CLIENT": "lots"}, wantErr: "RATELEASED_MAX_KEYS_PER_CLIENT"},
 		{name: "bad store timeout in env", env: map[string]string{"RATELEASED_STORE_TIMEOUT": "fast"}, wantErr: "RATELEASED_STORE_TIMEOUT"},
 		{name: "bad drain delay in env", env: map[string]string{"RATELEASED_DRAIN_DELAY": "later"}, wantErr: "RATELEASED_DRAIN_DELAY"},
 		{name: "cluster without URL", args: []string{"-redis-cluster"}, wantErr: "-redis-cluster"},
@@ -470,6 +474,7 @@ func TestParseFlags(t *testing.T) {
 	assert.Contains(t, out.String(), "RATELEASED_REDIS")
 	assert.Contains(t, out.String(), "RATELEASED_DRAIN_DELAY")
 	assert.Contains(t, out.String(), "RATELEASED_STORE_TIMEOUT")
+	assert.Contains(t, out.String(), "RATELEASED_MAX_KEYS_PER_CLIENT")
 }
 
 func TestRunBadRedisURL(t *testing.T) {
