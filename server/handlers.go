@@ -346,9 +346,10 @@ func (s *Server) storeFailed(w http.ResponseWriter, r *http.Request, err error) 
 //
 // Entries for keys outside the caller's patterns fail alone with
 // CodeForbidden and never reach the store, and so do entries on new keys of
-// a caller that holds Options.MaxKeysPerClient keys, with CodeTooManyKeys. The lease owner is the client
-// name and the request's client_id, "name/client_id": client names cannot
-// contain '/', so no client can name another's leases.
+// a caller that holds Options.MaxKeysPerClient keys, with CodeTooManyKeys.
+// The lease owner is the client name and the request's client_id,
+// "name/client_id": client names cannot contain '/', so no client can name
+// another's leases.
 func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state, who *client) {
 	body, ok := s.readBody(w, r)
 	if !ok {
@@ -384,7 +385,7 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 		hk   *heldKeys
 		held []*heldKey
 	)
-	if s.keys != nil && len(permitted) > 0 {
+	if hk = st.heldOf(who); hk != nil && len(permitted) > 0 {
 		var buf [8]*heldKey
 		switch n := len(permitted); {
 		case n <= len(buf):
@@ -397,8 +398,7 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 			held = make([]*heldKey, 0, n)
 		}
 		var refused []int
-		hk = s.keys.principal(who.name)
-		held, refused = hk.admit(permitted, s.opts.Now().UnixNano(), s.keys.max, st.rules.policy, held)
+		held, refused = hk.admit(permitted, s.opts.Now().UnixNano(), s.opts.MaxKeysPerClient, st.rules.policy, held)
 		if refused != nil {
 			results, permitted, idx, held = s.refuseKeys(who, entries, results, permitted, idx, held, refused)
 		}
@@ -464,7 +464,7 @@ func (s *Server) refuseKeys(who *client, entries []protocol.LeaseEntry, results 
 			refused = refused[1:]
 			results[i] = protocol.LeaseResult{Key: e.Key, Slot: e.Slot, Error: protocol.NewProblem(protocol.CodeTooManyKeys, fmt.Sprintf(
 				"leases[%d]: client %q holds leases on %d keys through this lease server, the most it may, and key %q is not one of them: let leases on other keys expire, or raise the cap (rateleased -max-keys-per-client, server.Options.MaxKeysPerClient)",
-				i, who.name, s.keys.max, e.Key))}
+				i, who.name, s.opts.MaxKeysPerClient, e.Key))}
 			continue
 		}
 		keep = append(keep, e)

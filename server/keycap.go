@@ -8,11 +8,14 @@ import (
 	"github.com/ratelease/ratelease/protocol"
 )
 
-// keyCap enforces Options.MaxKeysPerClient. For each principal (the
-// authenticated client name, or AnonymousClient) it tracks the keys on
-// which this server granted it a lease, each with the latest expiry of
+// The cap of Options.MaxKeysPerClient. For each principal (a client of the
+// rules, or the anonymous client) the server tracks, in a heldKeys, the keys
+// on which it granted the principal a lease, each with the latest expiry of
 // those grants, and refuses a lease entry that asks for tokens on a key the
-// principal does not hold once it holds the cap.
+// principal does not hold once it holds the cap. The heldKeys of the
+// principals hang on the rules' state (state.heldOf), so that a request
+// finds its principal's without a lookup; a reload carries them over by
+// client name and drops those of removed clients.
 //
 // A principal's keys are a map from key to *heldKey plus a min-heap of the
 // same entries ordered by expiry. Expired entries are dropped lazily: a
@@ -31,10 +34,6 @@ import (
 // flight count against the cap, and concurrent calls of one principal can
 // never together exceed it with new keys; an entry that was not granted is
 // dropped once no call references it and its expiry has passed.
-type keyCap struct {
-	max        int      // the cap: at least 1
-	principals sync.Map // principal name → *heldKeys
-}
 
 // heldKeys are the keys one principal holds through this server.
 type heldKeys struct {
@@ -59,35 +58,8 @@ var heldPool = sync.Pool{New: func() any { s := make([]*heldKey, 0, heldPoolCap)
 
 const heldPoolCap = 128
 
-// newKeyCap returns the cap for Options.MaxKeysPerClient max (after
-// defaults), or nil when max is negative: no cap.
-func newKeyCap(max int) *keyCap {
-	if max < 0 {
-		return nil
-	}
-	return &keyCap{max: max}
-}
-
-// principal returns the keys held by the principal name.
-func (c *keyCap) principal(name string) *heldKeys {
-	if h, ok := c.principals.Load(name); ok {
-		return h.(*heldKeys)
-	}
-	h, _ := c.principals.LoadOrStore(name, &heldKeys{keys: make(map[string]*heldKey)})
-	return h.(*heldKeys)
-}
-
-// retain forgets the principals that keep reports false for: the clients a
-// reload removed. A call of theirs still in flight records its outcome in
-// the forgotten structure, which is harmless.
-func (c *keyCap) retain(keep func(name string) bool) {
-	c.principals.Range(func(k, _ any) bool {
-		if !keep(k.(string)) {
-			c.principals.Delete(k)
-		}
-		return true
-	})
-}
+// newHeldKeys returns an empty heldKeys.
+func newHeldKeys() *heldKeys { return &heldKeys{keys: make(map[string]*heldKey)} }
 
 // admit decides the entries of one call of a principal, before they reach
 // the engine. Entries that want no tokens are not tracked. An entry that

@@ -371,7 +371,9 @@ func TestMaxKeysPerClientDefaults(t *testing.T) {
 	assert.NotNil(t, o.Now)
 
 	f := newFixture(t, rulesYAML, nil, Options{MaxKeysPerClient: -1})
-	assert.Nil(t, f.srv.keys)
+	st := f.srv.state.Load()
+	assert.Nil(t, st.anonHeld)
+	assert.Nil(t, st.held)
 	entries := make([]protocol.LeaseEntry, 50)
 	for i := range entries {
 		entries[i] = want(fmt.Sprintf("user:%d", i), 1)
@@ -381,14 +383,30 @@ func TestMaxKeysPerClientDefaults(t *testing.T) {
 	}
 }
 
-// TestMaxKeysPerClientReload: a reload forgets the keys of removed clients
-// and keeps the others'.
+// TestMaxKeysPerClientReload: a reload carries each client's keys over by
+// name, whatever its position in the file, and drops a removed client's.
 func TestMaxKeysPerClientReload(t *testing.T) {
 	f := newFixture(t, authRulesYAML(), nil, Options{MaxKeysPerClient: 1, ReloadInterval: -1})
 	f.lease(alphaToken, "c", want("user:1", 1))
 	f.lease(betaToken, "c", want("user:1", 1))
-	_, ok := f.srv.keys.principals.Load("beta")
-	require.True(t, ok)
+	before := f.srv.state.Load()
+	require.Len(t, before.held, 2)
+	require.Len(t, before.held[1].keys, 1, "beta's")
+
+	f.writeRules(rulesYAML + `
+clients:
+  - name: beta
+    token_sha256: "` + sha(betaToken) + `"
+    keys: ["user:*"]
+  - name: alpha
+    token_sha256: "` + sha(alphaToken) + `"
+    keys: ["user:*"]
+`)
+	require.NoError(t, f.srv.Reload())
+	after := f.srv.state.Load()
+	require.Len(t, after.held, 2)
+	assert.Same(t, before.held[0], after.held[1], "alpha's keys moved with alpha")
+	assert.Same(t, before.held[1], after.held[0], "beta's keys moved with beta")
 
 	f.writeRules(rulesYAML + `
 clients:
@@ -397,8 +415,9 @@ clients:
     keys: ["user:*"]
 `)
 	require.NoError(t, f.srv.Reload())
-	_, ok = f.srv.keys.principals.Load("beta")
-	assert.False(t, ok, "beta was removed")
+	after = f.srv.state.Load()
+	require.Len(t, after.held, 1, "beta's keys are gone with beta")
+	assert.Same(t, before.held[0], after.held[0])
 	r := f.postJSON(protocol.PathLeases, alphaToken, protocol.LeaseRequest{ClientID: "c", Leases: []protocol.LeaseEntry{want("user:2", 1)}})
 	require.Equal(t, http.StatusTooManyRequests, r.status, "alpha still holds user:1: %s", r.body)
 	assert.Equal(t, protocol.CodeTooManyKeys, r.problem(t).Code)
@@ -445,4 +464,30 @@ func TestKeyCapConcurrent(t *testing.T) {
 	assert.Len(t, granted, max, "exactly the cap of distinct keys was ever granted")
 	assert.Len(t, h.keys, max)
 	checkHeap(t, h)
+}
+
+// BenchmarkKeyCap measures what the cap adds to a lease call of a client
+// under the cap: admission and recording for 1 and 100 held keys, with
+// the two clock reads.
+func BenchmarkKeyCap(b *testing.B) {
+	r, err := ParseRules([]byte(rulesYAML))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, n := range []int{1, 100} {
+		b.Run(fmt.Sprintf("entries=%d", n), func(b *testing.B) {
+			h := newHeldKeys()
+			entries := make([]protocol.LeaseEntry, n)
+			out := make([]protocol.LeaseResult, n)
+			for i := range entries {
+				entries[i] = want(fmt.Sprintf("user:%d", i), 1)
+				out[i] = protocol.LeaseResult{Key: entries[i].Key, LeaseID: "l", Granted: 1, TTLMillis: 2000}
+			}
+			held := make([]*heldKey, 0, n)
+			for b.Loop() {
+				held, _ = h.admit(entries, time.Now().UnixNano(), DefaultMaxKeysPerClient, r.Policy(), held[:0])
+				h.finish(held, out, time.Now().UnixNano())
+			}
+		})
+	}
 }
