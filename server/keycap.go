@@ -64,9 +64,9 @@ func newHeldKeys() *heldKeys { return &heldKeys{keys: make(map[string]*heldKey)}
 // admit decides the entries of one call of a principal, before they reach
 // the engine. Entries that want no tokens are not tracked. An entry that
 // wants tokens is admitted when it settles a lease (it has a LeaseID), when
-// the principal holds its key, when fewer than the cap keys are held, or
-// when limited reports false for its key (no rule limits it: the engine
-// keeps no state for it); otherwise it is refused. admit appends to held,
+// the principal holds its key, when fewer than max keys are held, or when
+// no rule of policy matches its key (the engine keeps no state for it);
+// otherwise it is refused. admit appends to held,
 // for each entry, the *heldKey it referenced (nil when none) and returns
 // held with the positions in entries of the refused entries, in order (nil
 // when none). The caller must pass held to finish exactly once.
