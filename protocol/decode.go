@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"unicode/utf16"
+	"unicode/utf8"
 )
 
 // DecodeLeaseRequest decodes and validates the body of POST /v1/leases. On
-// failure it returns a *Problem: CodeInvalidJSON for a body that is not one
-// JSON object of the right shape, or the code of the failed validation.
+// failure it returns a *Problem: CodeBodyTooLarge for a body larger than
+// MaxBodyBytes, CodeInvalidUTF8 for a body that is not valid UTF-8 (or
+// escapes a lone surrogate), CodeInvalidJSON for a body that is not one JSON
+// object of the right shape, or the code of the failed validation.
 // Unknown fields are ignored, so that newer clients can talk to older
 // servers.
 func DecodeLeaseRequest(body []byte) (*LeaseRequest, error) {
@@ -37,9 +41,20 @@ func DecodeCheckRequest(body []byte) (*CheckRequest, error) {
 
 // decodeStrict decodes body, one JSON value and nothing after it but
 // whitespace, into v.
+//
+// The body must be valid UTF-8, and its strings must not escape a lone
+// UTF-16 surrogate: encoding/json would decode either silently into U+FFFD,
+// so that distinct keys (say "a\xff" and "a\xfe") would name one bucket, and
+// a key's UTF-8 check could never fail. Such a body is refused whole with
+// CodeInvalidUTF8, whose detail gives the byte offset of the first fault.
 func decodeStrict(body []byte, v any) error {
 	if len(body) > MaxBodyBytes {
 		return NewProblem(CodeBodyTooLarge, fmt.Sprintf("body is %d bytes; the most is %d", len(body), MaxBodyBytes))
+	}
+	if off := invalidUTF8(body); off >= 0 {
+		return NewProblem(CodeInvalidUTF8, fmt.Sprintf(
+			"body is not valid UTF-8: byte %#02x at offset %d starts no valid UTF-8 sequence; send keys and client_id as UTF-8 text",
+			body[off], off))
 	}
 	if len(bytes.TrimLeft(body, " \t\r\n")) == 0 {
 		return NewProblem(CodeInvalidJSON, "body is empty: send a JSON object")
@@ -49,5 +64,92 @@ func decodeStrict(body []byte, v any) error {
 	if err := json.Unmarshal(body, v); err != nil {
 		return NewProblem(CodeInvalidJSON, "body is not valid JSON for this endpoint: "+err.Error())
 	}
+	// The body is valid JSON now, which loneSurrogate relies on. A body
+	// without a backslash has no escape at all: the common case costs one
+	// IndexByte.
+	if bytes.IndexByte(body, '\\') >= 0 {
+		if off := loneSurrogate(body); off >= 0 {
+			return NewProblem(CodeInvalidUTF8, fmt.Sprintf(
+				"the escape %s at offset %d is a lone UTF-16 surrogate, which names no character: send the character as UTF-8, or escape it as a surrogate pair",
+				body[off:off+6], off))
+		}
+	}
 	return nil
+}
+
+// invalidUTF8 returns the offset of the first byte of body that does not
+// start a valid UTF-8 sequence (an overlong form and a UTF-8 encoded
+// surrogate are invalid too), or -1 when body is valid UTF-8.
+func invalidUTF8(body []byte) int {
+	if utf8.Valid(body) {
+		return -1
+	}
+	for i := 0; i < len(body); {
+		r, size := utf8.DecodeRune(body[i:])
+		if r == utf8.RuneError && size == 1 {
+			return i
+		}
+		i += size
+	}
+	return -1 // unreachable: utf8.Valid said otherwise
+}
+
+// loneSurrogate returns the offset of the first \uXXXX escape, inside a
+// string of the JSON text body, that names a UTF-16 surrogate without its
+// pair (a high surrogate not followed by an escaped low one, or a low one on
+// its own), or -1 when there is none. body must be valid JSON; loneSurrogate
+// does not panic on any other input, but its answer is then meaningless.
+func loneSurrogate(body []byte) int {
+	inString := false
+	for i := 0; i < len(body); i++ {
+		c := body[i]
+		if !inString {
+			inString = c == '"'
+			continue
+		}
+		switch c {
+		case '"':
+			inString = false
+		case '\\':
+			r, ok := escapedRune(body, i)
+			if !ok {
+				i++ // a one-character escape such as \" or \\
+				continue
+			}
+			if !utf16.IsSurrogate(r) {
+				i += 5
+				continue
+			}
+			if r < 0xdc00 { // a high surrogate: the low one must follow
+				if lo, ok := escapedRune(body, i+6); ok && 0xdc00 <= lo && lo <= 0xdfff {
+					i += 11
+					continue
+				}
+			}
+			return i
+		}
+	}
+	return -1
+}
+
+// escapedRune decodes the escape \uXXXX at body[i:], and reports whether
+// there is one.
+func escapedRune(body []byte, i int) (rune, bool) {
+	if i+6 > len(body) || body[i] != '\\' || body[i+1] != 'u' {
+		return 0, false
+	}
+	var r rune
+	for _, h := range body[i+2 : i+6] {
+		switch {
+		case '0' <= h && h <= '9':
+			r = r<<4 | rune(h-'0')
+		case 'a' <= h && h <= 'f':
+			r = r<<4 | rune(h-'a'+10)
+		case 'A' <= h && h <= 'F':
+			r = r<<4 | rune(h-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }

@@ -1,6 +1,8 @@
 package protocol
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -25,4 +27,101 @@ func TestDecodeStrict(t *testing.T) {
 	r, err := DecodeCheckRequest([]byte(" {\"keys\":[\"a\"]}\r\n\t "))
 	require.NoError(t, err, "whitespace around the object is fine")
 	assert.Equal(t, []string{"a"}, r.Keys)
+}
+
+// TestDecodeInvalidUTF8: a body with bytes that are not UTF-8, or a string
+// that escapes a lone surrogate, is refused with invalid_utf8 (422) naming
+// the offset of the first fault, by both decoders; it is never decoded with
+// U+FFFD in place of the fault.
+func TestDecodeInvalidUTF8(t *testing.T) {
+	const lease = `{"client_id":"c","leases":[{"key":"user:%s","want":1}]}`
+	const check = `{"keys":["user:%s"]}`
+	tests := []struct {
+		name   string
+		key    string // raw bytes of the key's text after "user:"
+		offset int    // of the first fault, from the start of the key's text
+		detail string // also in the detail
+	}{
+		{"0xff", "a\xffb", 1, "byte 0xff"},
+		{"0xfe", "\xfe", 0, "byte 0xfe"},
+		{"lone continuation byte", "a\x80", 1, "byte 0x80"},
+		{"truncated sequence", "\xe6\x97", 0, "byte 0xe6"},
+		{"overlong slash", "\xc0\xaf", 0, "byte 0xc0"},
+		{"overlong NUL", "\xe0\x80\x80", 0, "byte 0xe0"},
+		{"UTF-8 encoded high surrogate", "\xed\xa0\x80", 0, "byte 0xed"},
+		{"UTF-8 encoded low surrogate", "x\xed\xbf\xbf", 1, "byte 0xed"},
+		{"beyond U+10FFFF", "\xf4\x90\x80\x80", 0, "byte 0xf4"},
+		{"escaped lone high surrogate", `\ud800`, 0, `escape \ud800`},
+		{"escaped lone low surrogate", `é\uDC00`, 2, `escape \uDC00`},
+		{"escaped high surrogate before a non-surrogate", `\ud83d\u0041`, 0, `escape \ud83d`},
+		{"escaped high surrogates twice", `\ud83d\ud83d`, 0, `escape \ud83d`},
+		{"escaped pair then lone", `\ud83d\ude00\udc00`, 12, `escape \udc00`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, format := range []string{lease, check} {
+				body := []byte(fmt.Sprintf(format, tt.key))
+				off := strings.Index(format, "%s") + tt.offset
+				var err error
+				if format == lease {
+					_, err = DecodeLeaseRequest(body)
+				} else {
+					_, err = DecodeCheckRequest(body)
+				}
+				var p *Problem
+				require.ErrorAs(t, err, &p, "%q", body)
+				assert.Equal(t, CodeInvalidUTF8, p.Code)
+				assert.Equal(t, 422, p.Status)
+				assert.Equal(t, 422, p.Code.Status())
+				assert.Contains(t, p.Detail, fmt.Sprintf("offset %d", off), "%q", body)
+				assert.Contains(t, p.Detail, tt.detail)
+			}
+		})
+	}
+
+	// Valid text passes: multibyte characters as UTF-8 and as escapes
+	// (a surrogate pair included), and escapes that merely look like
+	// surrogates.
+	for key, want := range map[string]string{
+		"日本:ü":                             "user:日本:ü",
+		"😀":                                "user:😀",
+		`\u00e9\u65e5`:                     "user:é日",
+		`\ud83d\ude00`:                     "user:😀",
+		`\uD83D\uDE00x`:                    "user:😀x",
+		`\\ud800`:                          `user:\ud800`,
+		`\"\ud83d\ude00\\`:                 `user:"😀\`,
+		"\u00a0\u2028\U0010fffd":           "user:\u00a0\u2028\U0010fffd",
+		`\u0041\\\\\\ud800 \\\ud83d\ude00`: `user:A\\\ud800 \😀`,
+	} {
+		r, err := DecodeLeaseRequest([]byte(fmt.Sprintf(lease, key)))
+		require.NoError(t, err, "%q", key)
+		assert.Equal(t, want, r.Leases[0].Key)
+		c, err := DecodeCheckRequest([]byte(fmt.Sprintf(check, key)))
+		require.NoError(t, err, "%q", key)
+		assert.Equal(t, []string{want}, c.Keys)
+	}
+
+	// The UTF-8 check comes before JSON: invalid bytes anywhere, even
+	// outside a string, are invalid_utf8; a body too large stays
+	// body_too_large.
+	_, err := DecodeCheckRequest([]byte("{\"keys\":[\"a\"]}\xff"))
+	var p *Problem
+	require.ErrorAs(t, err, &p)
+	assert.Equal(t, CodeInvalidUTF8, p.Code)
+	assert.Contains(t, p.Detail, "offset 14")
+	_, err = DecodeCheckRequest(append(make([]byte, MaxBodyBytes), 0xff))
+	require.ErrorAs(t, err, &p)
+	assert.Equal(t, CodeBodyTooLarge, p.Code)
+	// Broken JSON with a lone surrogate escape is a JSON error.
+	_, err = DecodeCheckRequest([]byte(`{"keys":["\ud800"]`))
+	require.ErrorAs(t, err, &p)
+	assert.Equal(t, CodeInvalidJSON, p.Code)
+}
+
+func TestLoneSurrogateNeverPanics(t *testing.T) {
+	for _, s := range []string{`"\`, `"\u`, `"\ud8`, `"\ud800`, `"\ud800\`, `"\ud800\u`, `"\ud800\udc`, `\ud800`, `"\uzzzz"`} {
+		assert.NotPanics(t, func() { loneSurrogate([]byte(s)) }, s)
+	}
+	assert.Equal(t, 1, loneSurrogate([]byte(`"\ud800`)))
+	assert.Equal(t, -1, loneSurrogate([]byte(`\ud800`)), "outside a string")
 }

@@ -26,7 +26,10 @@
 // lease (which would break the accuracy bound) and no request waits for a
 // renewal. A client that ignores Slot gets the design's behaviour exactly.
 //
-// A per-entry [Problem] in [LeaseResult.Error] fails that entry alone. When no
+// A per-entry [Problem] in [LeaseResult.Error] fails that entry alone: for
+// example [CodeForbidden] for a key outside the client's patterns, or
+// [CodeTooManyKeys] for a new key of a client that holds as many keys
+// through the server as it may. When no
 // entry of a request succeeds, the server answers the status of the first
 // failure with a problem body that still carries the per-entry results in its
 // "leases" member, so a client can decode either answer into a LeaseResponse.
@@ -36,6 +39,13 @@
 // keys.
 //
 // # Limits
+//
+// A request body is UTF-8: a body with a byte that starts no valid UTF-8
+// sequence (overlong forms and encoded surrogates included), or whose strings
+// escape a lone UTF-16 surrogate, is refused whole with [CodeInvalidUTF8]
+// (422), whose detail names the byte offset of the first fault. It is never
+// decoded with U+FFFD in place of the fault, which would let distinct keys
+// share one bucket.
 //
 // A key is 1 to [MaxKeyBytes] bytes of valid UTF-8 without control characters.
 // A call carries at most [MaxEntries] entries or keys. Counts (want, used,

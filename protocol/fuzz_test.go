@@ -1,11 +1,13 @@
 package protocol
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"reflect"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // fuzzSeeds are bodies of both endpoints, valid and not, shared by the
@@ -30,6 +32,16 @@ var fuzzSeeds = []string{
 	`{} {}`,
 	``,
 	"{\"keys\":[\"\x7f\"]}",
+	// Not UTF-8, or lone surrogates: refused with invalid_utf8.
+	"{\"client_id\":\"c\",\"leases\":[{\"key\":\"user:\xff\",\"want\":1}]}",
+	"{\"client_id\":\"c\",\"leases\":[{\"key\":\"a\x80b\",\"want\":1}]}",
+	"{\"client_id\":\"c\xc0\xaf\",\"leases\":[{\"key\":\"a\",\"want\":1}]}",
+	"{\"keys\":[\"\xed\xa0\x80\"]}",
+	"{\"keys\":[\"\xe0\x80\x80\",\"\xf4\x90\x80\x80\"]}",
+	"{\"keys\":[\"ok\"]}\xfe",
+	`{"keys":["\ud83d\ude00","\ud83d","\udc00x"]}`,
+	`{"client_id":"c","leases":[{"key":"\\ud800\"\\","want":1}]}`,
+	"{\"keys\":[\"日本:ü\",\"\xef\xbf\xbd\",\"\\ufffd\"]}",
 	`{"client_id":"c","leases":[` + strings.Repeat(`{"key":"k","want":1},`, 20) + `{"key":"z","want":1}]}`,
 }
 
@@ -46,6 +58,27 @@ func checkProblem(t *testing.T, body []byte, err error) {
 	}
 }
 
+// checkText fails unless body, which decoded without error into strings
+// (keys and the client_id), is valid UTF-8 and every string is valid UTF-8
+// with no U+FFFD that the body did not send: a replacement character in a
+// decoded string means bytes or an escape were replaced, and two distinct
+// keys could share a bucket.
+func checkText(t *testing.T, body []byte, strs ...string) {
+	t.Helper()
+	if !utf8.Valid(body) {
+		t.Fatalf("accepted a body that is not UTF-8: %q", body)
+	}
+	sent := bytes.Contains(body, []byte("\uFFFD")) || bytes.Contains(bytes.ToLower(body), []byte(`\ufffd`))
+	for _, s := range strs {
+		if !utf8.ValidString(s) {
+			t.Fatalf("accepted %q: %q is not UTF-8", body, s)
+		}
+		if !sent && strings.ContainsRune(s, utf8.RuneError) {
+			t.Fatalf("accepted %q: %q has a U+FFFD the body did not send", body, s)
+		}
+	}
+}
+
 func FuzzDecodeLeaseRequest(f *testing.F) {
 	for _, s := range fuzzSeeds {
 		f.Add([]byte(s))
@@ -59,6 +92,11 @@ func FuzzDecodeLeaseRequest(f *testing.F) {
 		if err := req.Validate(); err != nil {
 			t.Fatalf("accepted %q but it does not validate: %v", body, err)
 		}
+		strs := []string{req.ClientID}
+		for _, e := range req.Leases {
+			strs = append(strs, e.Key, e.LeaseID)
+		}
+		checkText(t, body, strs...)
 		enc, err := json.Marshal(req)
 		if err != nil {
 			t.Fatalf("marshal %+v: %v", req, err)
@@ -89,6 +127,7 @@ func FuzzDecodeCheckRequest(f *testing.F) {
 		if c := req.CostOrDefault(); c < 0 || c > MaxCount {
 			t.Fatalf("accepted cost %d", c)
 		}
+		checkText(t, body, req.Keys...)
 		enc, err := json.Marshal(req)
 		if err != nil {
 			t.Fatalf("marshal %+v: %v", req, err)

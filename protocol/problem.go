@@ -17,6 +17,13 @@ type Code string
 const (
 	// CodeInvalidJSON: the body is not JSON of the expected shape (400).
 	CodeInvalidJSON Code = "invalid_json"
+	// CodeInvalidUTF8: the body is not valid UTF-8, or a JSON string in it
+	// escapes a lone UTF-16 surrogate (\ud800 to \udfff without its pair),
+	// which names no character. The detail gives the byte offset of the
+	// first fault. Such a body is refused rather than decoded with U+FFFD in
+	// place of the bad bytes, which would let distinct keys share a bucket
+	// (422).
+	CodeInvalidUTF8 Code = "invalid_utf8"
 	// CodeInvalidRequest: the request is well-formed JSON but incomplete,
 	// for example no entries (422).
 	CodeInvalidRequest Code = "invalid_request"
@@ -33,6 +40,11 @@ const (
 	CodeInvalidLeaseID Code = "invalid_lease_id"
 	// CodeTooManyEntries: more than MaxEntries entries or keys (413).
 	CodeTooManyEntries Code = "too_many_entries"
+	// CodeTooManyKeys: the client holds leases on as many distinct keys
+	// through this lease server as it may, and the entry asks for tokens on
+	// another key. The entry fails alone; the detail names the cap and how
+	// to raise it. Leases on other keys must expire first (429).
+	CodeTooManyKeys Code = "too_many_keys"
 	// CodeBodyTooLarge: the body is larger than MaxBodyBytes (413).
 	CodeBodyTooLarge Code = "body_too_large"
 	// CodeUnsupportedMediaType: the body is not application/json (415).
@@ -72,37 +84,55 @@ const (
 	CodeInternal Code = "internal"
 )
 
-var codeStatus = map[Code]int{
-	CodeInvalidJSON:          http.StatusBadRequest,
-	CodeInvalidRequest:       http.StatusUnprocessableEntity,
-	CodeInvalidKey:           http.StatusUnprocessableEntity,
-	CodeDuplicateKey:         http.StatusUnprocessableEntity,
-	CodeInvalidCount:         http.StatusUnprocessableEntity,
-	CodeInvalidClientID:      http.StatusUnprocessableEntity,
-	CodeInvalidLeaseID:       http.StatusUnprocessableEntity,
-	CodeTooManyEntries:       http.StatusRequestEntityTooLarge,
-	CodeBodyTooLarge:         http.StatusRequestEntityTooLarge,
-	CodeUnsupportedMediaType: http.StatusUnsupportedMediaType,
-	CodeUnauthorized:         http.StatusUnauthorized,
-	CodeForbidden:            http.StatusForbidden,
-	CodeNoRule:               http.StatusForbidden,
-	CodeUnknownLease:         http.StatusConflict,
-	CodeUsedExceedsGranted:   http.StatusUnprocessableEntity,
-	CodeCostExceedsBurst:     http.StatusUnprocessableEntity,
-	CodeTooManyLeases:        http.StatusTooManyRequests,
-	CodeNotFound:             http.StatusNotFound,
-	CodeMethodNotAllowed:     http.StatusMethodNotAllowed,
-	CodeStoreUnavailable:     http.StatusServiceUnavailable,
-	CodeShuttingDown:         http.StatusServiceUnavailable,
-	CodeInternal:             http.StatusInternalServerError,
+// codeInfo is the HTTP status and title of a code.
+type codeInfo struct {
+	status int
+	title  string
+}
+
+// codes is the table of every code of protocol v1: its status and title.
+var codes = map[Code]codeInfo{
+	CodeInvalidJSON:          {http.StatusBadRequest, "Malformed JSON body"},
+	CodeInvalidUTF8:          {http.StatusUnprocessableEntity, "Body is not valid UTF-8"},
+	CodeInvalidRequest:       {http.StatusUnprocessableEntity, "Invalid request"},
+	CodeInvalidKey:           {http.StatusUnprocessableEntity, "Invalid key"},
+	CodeDuplicateKey:         {http.StatusUnprocessableEntity, "Duplicate key"},
+	CodeInvalidCount:         {http.StatusUnprocessableEntity, "Invalid count"},
+	CodeInvalidClientID:      {http.StatusUnprocessableEntity, "Invalid client_id"},
+	CodeInvalidLeaseID:       {http.StatusUnprocessableEntity, "Invalid lease_id"},
+	CodeTooManyEntries:       {http.StatusRequestEntityTooLarge, "Too many entries"},
+	CodeTooManyKeys:          {http.StatusTooManyRequests, "Too many keys for this client"},
+	CodeBodyTooLarge:         {http.StatusRequestEntityTooLarge, "Request body too large"},
+	CodeUnsupportedMediaType: {http.StatusUnsupportedMediaType, "Unsupported media type"},
+	CodeUnauthorized:         {http.StatusUnauthorized, "Unauthorized"},
+	CodeForbidden:            {http.StatusForbidden, "Key not permitted for this client"},
+	CodeNoRule:               {http.StatusForbidden, "No rule matches the key"},
+	CodeUnknownLease:         {http.StatusConflict, "Unknown lease"},
+	CodeUsedExceedsGranted:   {http.StatusUnprocessableEntity, "Used exceeds granted"},
+	CodeCostExceedsBurst:     {http.StatusUnprocessableEntity, "Cost exceeds burst"},
+	CodeTooManyLeases:        {http.StatusTooManyRequests, "Too many open leases on the key"},
+	CodeNotFound:             {http.StatusNotFound, "Not found"},
+	CodeMethodNotAllowed:     {http.StatusMethodNotAllowed, "Method not allowed"},
+	CodeStoreUnavailable:     {http.StatusServiceUnavailable, "Store unavailable"},
+	CodeShuttingDown:         {http.StatusServiceUnavailable, "Server shutting down"},
+	CodeInternal:             {http.StatusInternalServerError, "Internal server error"},
 }
 
 // Status returns the HTTP status of the code, 500 for an unknown code.
 func (c Code) Status() int {
-	if s, ok := codeStatus[c]; ok {
-		return s
+	if info, ok := codes[c]; ok {
+		return info.status
 	}
 	return http.StatusInternalServerError
+}
+
+// Title returns the human-readable title of the code, "Error" for an
+// unknown code.
+func (c Code) Title() string {
+	if info, ok := codes[c]; ok {
+		return info.title
+	}
+	return "Error"
 }
 
 // Problem is an RFC 9457 problem detail. It implements error, so validation
@@ -135,57 +165,6 @@ func NewProblem(code Code, detail string) *Problem {
 		Detail: detail,
 		Code:   code,
 	}
-}
-
-// Title returns the human-readable title of the code.
-func (c Code) Title() string {
-	switch c {
-	case CodeInvalidJSON:
-		return "Malformed JSON body"
-	case CodeInvalidRequest:
-		return "Invalid request"
-	case CodeInvalidKey:
-		return "Invalid key"
-	case CodeDuplicateKey:
-		return "Duplicate key"
-	case CodeInvalidCount:
-		return "Invalid count"
-	case CodeInvalidClientID:
-		return "Invalid client_id"
-	case CodeInvalidLeaseID:
-		return "Invalid lease_id"
-	case CodeTooManyEntries:
-		return "Too many entries"
-	case CodeBodyTooLarge:
-		return "Request body too large"
-	case CodeUnsupportedMediaType:
-		return "Unsupported media type"
-	case CodeUnauthorized:
-		return "Unauthorized"
-	case CodeForbidden:
-		return "Key not permitted for this client"
-	case CodeNoRule:
-		return "No rule matches the key"
-	case CodeUnknownLease:
-		return "Unknown lease"
-	case CodeUsedExceedsGranted:
-		return "Used exceeds granted"
-	case CodeCostExceedsBurst:
-		return "Cost exceeds burst"
-	case CodeTooManyLeases:
-		return "Too many open leases on the key"
-	case CodeNotFound:
-		return "Not found"
-	case CodeMethodNotAllowed:
-		return "Method not allowed"
-	case CodeStoreUnavailable:
-		return "Store unavailable"
-	case CodeShuttingDown:
-		return "Server shutting down"
-	case CodeInternal:
-		return "Internal server error"
-	}
-	return "Error"
 }
 
 // Error formats the problem as "code (status): detail".

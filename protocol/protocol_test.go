@@ -151,7 +151,7 @@ func TestProblemJSON(t *testing.T) {
 	require.NoError(t, err)
 	assert.JSONEq(t, `{"type":"https://ratelease.dev/problems/unknown_lease","title":"Unknown lease","status":409,"detail":"lease x is not open","code":"unknown_lease"}`, string(b))
 	assert.Equal(t, "unknown_lease (409): lease x is not open", p.Error())
-	for code := range codeStatus {
+	for code := range codes {
 		assert.NotEqual(t, "Error", code.Title(), code)
 	}
 	assert.Equal(t, 500, Code("nope").Status())

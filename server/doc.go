@@ -14,7 +14,7 @@
 //
 //	POST /v1/leases   acquire, renew and return leases (protocol.LeaseRequest)
 //	POST /v1/check    one all-or-nothing decision (protocol.CheckRequest)
-//	GET  /v1/rules    the rules in force and what the caller may use (RulesResponse)
+//	GET  /v1/rules    the rules the caller's key patterns reach, and those patterns (RulesResponse)
 //	GET  /healthz     the process is alive
 //	GET  /readyz      the store answers and the server is not shutting down
 //	GET  /metrics     Prometheus metrics
@@ -42,6 +42,23 @@
 // settle another client's lease even by claiming its client_id. With no
 // clients, the API is open and every caller is AnonymousClient.
 //
+// # Keys per client
+//
+// Each server caps the distinct keys on which one client (a client name of
+// the rules file, or the anonymous client; all its processes together)
+// holds leases it granted: Options.MaxKeysPerClient, 100,000 by default,
+// the daemon's -max-keys-per-client. A key counts from a grant until the
+// latest expiry of the client's leases on it (the grant's time plus its
+// TTL), even when the lease is returned sooner, so a client that churns
+// through keys cannot escape the cap by returning leases. A lease entry
+// that asks for tokens on another key of a client at the cap fails alone
+// with code too_many_keys (429) and never reaches the store; settles (entries
+// with a lease_id), keys the client holds, and keys no rule limits are never
+// refused. The count is per lease server: each counts what it granted, so
+// behind N servers a client can hold up to N times the cap. The work per
+// call is proportional to its entries (a map and a min-heap of expiries
+// per client, emptied lazily; no scans).
+//
 // A server without clients refuses to listen on an address that is not
 // loopback unless Options.Insecure is set: leasing trusts its callers (a
 // caller can spend what it holds), so an open server belongs on loopback or
@@ -62,8 +79,11 @@
 // the rules (it swaps them on reload, with the engine, in one atomic step so
 // that a request sees one version of rules and clients) and it hooks the
 // engine's store calls for the store latency histogram. When the store does
-// not answer, /v1 calls get 503 store_unavailable with "Retry-After: 1" and
-// /readyz fails; nothing needs restarting when the store comes back. Any
+// not answer, /v1 calls get 503 store_unavailable with "Retry-After: 1"
+// once Options.StoreTimeout (800ms by default) has passed, so within a
+// second, and /readyz fails; nothing needs restarting when the store comes
+// back. (For a Redis store, set ContextTimeoutEnabled on the go-redis
+// client: see Options.StoreTimeout.) Any
 // other store error fails the call with 500 internal, and is logged at level
 // error with its cause.
 //

@@ -21,8 +21,16 @@ import (
 	"github.com/ratelease/ratelease/protocol"
 )
 
-// RulesResponse is the body of GET /v1/rules: the rules in force and what
-// the caller may do. It never carries the clients' token hashes.
+// RulesResponse is the body of GET /v1/rules: the rules in force that the
+// caller can reach, and what the caller may do. It never carries the
+// clients' token hashes.
+//
+// Rules are filtered by the caller's key patterns: a rule is listed only
+// when some valid key (see protocol.ValidateKey) matches both the rule's
+// pattern and one of the caller's, so a client does not learn the patterns
+// and limits of keys it may not use. A client whose patterns include "*"
+// (and the anonymous caller of a server without clients) sees every rule
+// that can match a key at all.
 type RulesResponse struct {
 	// Version is the hex SHA-256 of the rules file in force; it changes
 	// with every reload.
@@ -30,7 +38,8 @@ type RulesResponse struct {
 	// Default says what happens to keys that match no rule: "allow" or
 	// "deny".
 	Default leases.Default `json:"default"`
-	// Rules are the rules in file order, with defaults filled in.
+	// Rules are the rules the caller's key patterns can reach (see above),
+	// in file order, with defaults filled in.
 	Rules []RuleInfo `json:"rules"`
 	// Client is the caller's client name, AnonymousClient when the server
 	// has no clients configured.
@@ -336,9 +345,11 @@ func (s *Server) storeFailed(w http.ResponseWriter, r *http.Request, err error) 
 // handleLeases serves POST /v1/leases.
 //
 // Entries for keys outside the caller's patterns fail alone with
-// CodeForbidden and never reach the store. The lease owner is the client
-// name and the request's client_id, "name/client_id": client names cannot
-// contain '/', so no client can name another's leases.
+// CodeForbidden and never reach the store, and so do entries on new keys of
+// a caller that holds Options.MaxKeysPerClient keys, with CodeTooManyKeys.
+// The lease owner is the client name and the request's client_id,
+// "name/client_id": client names cannot contain '/', so no client can name
+// another's leases.
 func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state, who *client) {
 	body, ok := s.readBody(w, r)
 	if !ok {
@@ -368,10 +379,38 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 			idx = append(idx, i)
 		}
 	}
+	// held are the key-cap entries the permitted entries referenced (see
+	// keyCap), released or recorded by hk.finish.
+	var (
+		hk   *heldKeys
+		held []*heldKey
+	)
+	if hk = st.heldOf(who); hk != nil && len(permitted) > 0 {
+		var buf [8]*heldKey
+		switch n := len(permitted); {
+		case n <= len(buf):
+			held = buf[:0]
+		case n <= heldPoolCap:
+			p := heldPool.Get().(*[]*heldKey)
+			held = (*p)[:0]
+			defer heldPool.Put(p) // after finish, which clears held
+		default:
+			held = make([]*heldKey, 0, n)
+		}
+		var refused []int
+		held, refused = hk.admit(permitted, s.opts.Now().UnixNano(), s.opts.MaxKeysPerClient, st.rules.policy, held)
+		if refused != nil {
+			results, permitted, idx, held = s.refuseKeys(who, entries, results, permitted, idx, held, refused)
+		}
+		// Releases the references when the engine panics; a no-op after
+		// the finish below.
+		defer hk.finish(held, nil, 0)
+	}
 	if len(permitted) > 0 {
 		ctx, cancel := context.WithTimeout(r.Context(), s.opts.StoreTimeout)
 		out, rep, err := st.engine.Lease(ctx, leases.Owner{Client: who.name, Process: req.ClientID}, permitted)
 		cancel()
+		hk.finish(held, out, s.opts.Now().UnixNano())
 		if err != nil {
 			s.storeFailed(w, r, err)
 			return
@@ -456,6 +495,40 @@ func all(keys []string, ok func(string) bool) bool {
 	return !slices.ContainsFunc(keys, func(k string) bool { return !ok(k) })
 }
 
+// refuseKeys fails the permitted entries at the positions refused with
+// too_many_keys and takes them out of permitted, and of idx and held, which
+// it keeps aligned with permitted. It returns the new results, permitted,
+// idx and held.
+func (s *Server) refuseKeys(who *client, entries []protocol.LeaseEntry, results []protocol.LeaseResult,
+	permitted []protocol.LeaseEntry, idx []int, held []*heldKey, refused []int,
+) ([]protocol.LeaseResult, []protocol.LeaseEntry, []int, []*heldKey) {
+	if results == nil {
+		results = make([]protocol.LeaseResult, len(entries))
+	}
+	keep := make([]protocol.LeaseEntry, 0, len(permitted)-len(refused))
+	keepIdx := make([]int, 0, len(permitted)-len(refused))
+	n := 0 // held[:n] are the kept entries' references
+	for j, e := range permitted {
+		i := j
+		if idx != nil {
+			i = idx[j]
+		}
+		if len(refused) > 0 && refused[0] == j {
+			refused = refused[1:]
+			results[i] = protocol.LeaseResult{Key: e.Key, Slot: e.Slot, Error: protocol.NewProblem(protocol.CodeTooManyKeys, fmt.Sprintf(
+				"leases[%d]: client %q holds leases on %d keys through this lease server, the most it may, and key %q is not one of them: let leases on other keys expire, or raise the cap (rateleased -max-keys-per-client, server.Options.MaxKeysPerClient)",
+				i, who.name, s.opts.MaxKeysPerClient, e.Key))}
+			continue
+		}
+		keep = append(keep, e)
+		keepIdx = append(keepIdx, i)
+		held[n] = held[j]
+		n++
+	}
+	clear(held[n:]) // no stale reference for finish to release twice
+	return results, keep, keepIdx, held[:n]
+}
+
 func forbidden(who *client, key, where string) *protocol.Problem {
 	return protocol.NewProblem(protocol.CodeForbidden, fmt.Sprintf(
 		"%s: client %q may not use key %q: its key patterns are %q; change the client's keys in the rules file",
@@ -506,22 +579,33 @@ func retryAfterSeconds(ms int64) string {
 	return strconv.FormatInt(max(1, int64(math.Ceil(float64(ms)/1000))), 10)
 }
 
-// handleRules serves GET /v1/rules.
+// handleRules serves GET /v1/rules, listing the rules that the caller's key
+// patterns can reach (see RulesResponse).
 func (s *Server) handleRules(w http.ResponseWriter, r *http.Request, st *state, who *client) {
 	p := st.rules.policy
 	rules := p.Rules()
 	resp := RulesResponse{
 		Version: st.rules.Version(),
 		Default: p.Default(),
-		Rules:   make([]RuleInfo, len(rules)),
+		Rules:   make([]RuleInfo, 0, len(rules)),
 		Client:  who.name,
 		Keys:    who.keys,
 	}
 	if resp.Keys == nil {
 		resp.Keys = []string{"*"}
 	}
-	for i, rl := range rules {
-		resp.Rules[i] = RuleInfo{
+	scopes := make([][]globToken, len(resp.Keys))
+	for i, k := range resp.Keys {
+		scopes[i] = parseGlob(k)
+	}
+	for _, rl := range rules {
+		match := parseGlob(rl.Match)
+		if !slices.ContainsFunc(scopes, func(scope []globToken) bool {
+			return shortestCommonKey(match, scope) <= protocol.MaxKeyBytes
+		}) {
+			continue
+		}
+		resp.Rules = append(resp.Rules, RuleInfo{
 			Name:           rl.Name,
 			Match:          rl.Match,
 			Algorithm:      rl.Algorithm,
@@ -531,7 +615,7 @@ func (s *Server) handleRules(w http.ResponseWriter, r *http.Request, st *state, 
 			Burst:          rl.Burst,
 			LeaseTTL:       formatDuration(rl.LeaseTTL),
 			LeaseTTLMillis: rl.LeaseTTL.Milliseconds(),
-		}
+		})
 	}
 	writeJSON(w, http.StatusOK, resp)
 }

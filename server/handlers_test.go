@@ -300,6 +300,48 @@ func TestBadInput(t *testing.T) {
 	assert.Nil(t, ret.Error)
 }
 
+// TestInvalidUTF8 sends bodies that are not UTF-8, or that escape a lone
+// surrogate, to both endpoints: each gets 422 invalid_utf8 naming the
+// offset, and no bucket changes — in particular not the bucket of
+// "user:\uFFFD", which encoding/json would have decoded them into.
+func TestInvalidUTF8(t *testing.T) {
+	f := newFixture(t, rulesYAML, nil, Options{})
+	const replaced = "user:\uFFFD"
+	held := f.lease("", "holder", protocol.LeaseEntry{Key: replaced, Want: 10})[0]
+	require.EqualValues(t, 10, held.Granted)
+
+	for _, tt := range []struct {
+		name, key string
+	}{
+		{"0xff", "user:\xff"},
+		{"lone continuation byte", "user:\x80"},
+		{"overlong encoding", "user:\xc0\xaf"},
+		{"UTF-8 encoded surrogate", "user:\xed\xa0\x80"},
+		{"escaped lone surrogate", `user:\ud800`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			before := f.state(replaced)
+			for _, req := range []struct{ path, body string }{
+				{protocol.PathLeases, `{"client_id":"holder","leases":[{"key":"` + tt.key + `","want":5}]}`},
+				{protocol.PathCheck, `{"keys":["` + tt.key + `"],"cost":5}`},
+			} {
+				r := f.postJSON(req.path, "", req.body)
+				require.Equal(t, http.StatusUnprocessableEntity, r.status, "%s: body: %s", req.path, r.body)
+				p := r.problem(t)
+				assert.Equal(t, protocol.CodeInvalidUTF8, p.Code)
+				assert.Contains(t, p.Detail, fmt.Sprintf("offset %d", strings.Index(req.body, "user:")+len("user:")))
+			}
+			after := f.state(replaced)
+			assert.Equal(t, before.Outstanding, after.Outstanding, "outstanding changed")
+			assert.Equal(t, before.Leases, after.Leases, "open leases changed")
+			assert.InDelta(t, before.Level, after.Level, 1e-9, "level changed")
+		})
+	}
+	// A valid multibyte key is served.
+	res := f.lease("", "holder", protocol.LeaseEntry{Key: "user:日本ü", Want: 1})[0]
+	assert.EqualValues(t, 1, res.Granted)
+}
+
 func TestMaxBodyBytesOption(t *testing.T) {
 	f := newFixture(t, rulesYAML, nil, Options{MaxBodyBytes: 64})
 	r := f.postJSON(protocol.PathLeases, "", `{"client_id":"c","leases":[{"key":"user:1","want":1}],"x":"`+strings.Repeat("y", 64)+`"}`)
@@ -371,6 +413,15 @@ func TestRulesEndpoint(t *testing.T) {
 	assert.Equal(t, RuleInfo{Name: "tiny", Match: "tiny:*", Algorithm: leases.TokenBucket, Limit: 1,
 		Period: "1h", PeriodMillis: 3_600_000, Burst: 1, LeaseTTL: "2s", LeaseTTLMillis: 2000}, rr.Rules[1])
 
+	// beta may use user:* only, so it does not see tiny.
+	r = f.do(http.MethodGet, protocol.PathRules, betaToken, "", nil)
+	require.Equal(t, http.StatusOK, r.status)
+	rr = RulesResponse{}
+	require.NoError(t, json.Unmarshal(r.body, &rr))
+	assert.Equal(t, "beta", rr.Client)
+	require.Len(t, rr.Rules, 1)
+	assert.Equal(t, "per-user", rr.Rules[0].Name)
+
 	// Without clients, the caller is anonymous and may use every key.
 	open := newFixture(t, "", nil, Options{})
 	r = open.do(http.MethodGet, protocol.PathRules, "", "", nil)
@@ -379,6 +430,55 @@ func TestRulesEndpoint(t *testing.T) {
 	assert.Equal(t, AnonymousClient, rr.Client)
 	assert.Equal(t, []string{"*"}, rr.Keys)
 	assert.Empty(t, rr.Rules)
+}
+
+// TestRulesFilteredByScopes: GET /v1/rules lists only the rules that some
+// key the caller may use can match.
+func TestRulesFilteredByScopes(t *testing.T) {
+	const (
+		narrowToken = "narrow-token"
+		apiToken    = "api-token"
+		allToken    = "all-token"
+	)
+	rules := `
+default: deny
+rules:
+  - {name: per-user, match: "user:*", limit: 100, period: 1s}
+  - {name: one-char-user, match: "user:?", limit: 10, period: 1s}
+  - {name: search, match: "api:search", limit: 5, period: 1s}
+  - {name: admin-anything, match: "*:admin", limit: 1, period: 1s}
+  - {name: literal-star, match: "api:\\*", limit: 1, period: 1s}
+  - {name: tiny, match: "tiny:*", limit: 1, period: 1h}
+clients:
+  - {name: narrow, token_sha256: "` + sha(narrowToken) + `", keys: ["user:4?"]}
+  - {name: api, token_sha256: "` + sha(apiToken) + `", keys: ["api:s*", "x:admin"]}
+  - {name: all, token_sha256: "` + sha(allToken) + `", keys: ["*"]}
+`
+	f := newFixture(t, rules, nil, Options{})
+	for _, tt := range []struct {
+		token string
+		want  []string
+	}{
+		// user:4? reaches user:* (user:42) but not user:? (one character
+		// after the colon) nor *:admin (user:4 plus one character is never
+		// "…:admin").
+		{narrowToken, []string{"per-user"}},
+		// api:s* reaches api:search, and *:admin through api:s…:admin;
+		// x:admin reaches *:admin too. Not api:\* (a literal star, which
+		// api:s* does not start with).
+		{apiToken, []string{"search", "admin-anything"}},
+		{allToken, []string{"per-user", "one-char-user", "search", "admin-anything", "literal-star", "tiny"}},
+	} {
+		r := f.do(http.MethodGet, protocol.PathRules, tt.token, "", nil)
+		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+		var rr RulesResponse
+		require.NoError(t, json.Unmarshal(r.body, &rr))
+		names := []string{}
+		for _, rl := range rr.Rules {
+			names = append(names, rl.Name)
+		}
+		assert.Equal(t, tt.want, names, "client %s", rr.Client)
+	}
 }
 
 func TestFormatDuration(t *testing.T) {

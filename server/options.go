@@ -19,13 +19,18 @@ const (
 	// changes when Options.ReloadInterval is zero.
 	DefaultReloadInterval = 500 * time.Millisecond
 	// DefaultStoreTimeout bounds one request's store calls when
-	// Options.StoreTimeout is zero.
-	DefaultStoreTimeout = 2 * time.Second
+	// Options.StoreTimeout is zero. It leaves a fifth of a second for the
+	// rest of the request, so that while the store hangs a call is answered
+	// 503 within one second (see Options.StoreTimeout).
+	DefaultStoreTimeout = 800 * time.Millisecond
 	// DefaultShutdownTimeout is how long Run waits for in-flight requests
 	// when Options.ShutdownTimeout is zero.
 	DefaultShutdownTimeout = 10 * time.Second
 	// ReadyTimeout bounds the store ping of GET /readyz.
 	ReadyTimeout = time.Second
+	// DefaultMaxKeysPerClient is the cap on the keys one client may hold
+	// leases on through one server when Options.MaxKeysPerClient is zero.
+	DefaultMaxKeysPerClient = 100_000
 )
 
 // Registry is where a Server registers its metrics and what GET /metrics
@@ -83,8 +88,16 @@ type Options struct {
 	MaxBodyBytes int64
 
 	// StoreTimeout bounds the store calls of one request, so that a hung
-	// store answers 503 rather than holding the caller. Zero means
+	// store answers 503 rather than holding the caller: the request's
+	// context for the store expires after StoreTimeout, and the call is then
+	// answered 503 store_unavailable with "Retry-After: 1". Zero means
 	// DefaultStoreTimeout.
+	//
+	// The bound holds only when the store gives up at its context's
+	// deadline. The memory store never blocks; a Redis store does when its
+	// go-redis client has ContextTimeoutEnabled set (without it go-redis
+	// ignores deadlines on reads and writes, and a hung Redis holds the
+	// call for its ReadTimeout and every retry). rateleased sets it.
 	StoreTimeout time.Duration
 
 	// DrainDelay is how long Run keeps serving after its context is
@@ -107,6 +120,29 @@ type Options struct {
 	// has stopped accepting connections (after DrainDelay), before it
 	// closes the remaining connections. Zero means DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
+
+	// MaxKeysPerClient caps the distinct keys on which one client (an
+	// authenticated client name, or the anonymous client of a server
+	// without clients, whatever the client_id) holds leases granted by this
+	// server, so that no client can make the store keep state for keys
+	// without bound. A key counts from the grant of a lease on it until the
+	// latest of its leases' expiries (the grant's time plus its TTL), even
+	// when the lease was returned sooner. The count is per lease server:
+	// each server counts the leases it granted, so behind N servers a
+	// client may hold up to N times the cap.
+	//
+	// A lease entry that asks for tokens on a key the client does not hold
+	// while it holds the cap fails alone with code too_many_keys (429) and
+	// never reaches the store; the other entries of the call are served.
+	// Entries that settle a lease (with a lease_id), entries on keys the
+	// client holds, and keys no rule limits (they keep no state) are never
+	// refused. Zero means DefaultMaxKeysPerClient; a negative value means
+	// no cap.
+	MaxKeysPerClient int
+
+	// Now returns the current time, for the expiries of MaxKeysPerClient.
+	// Nil means time.Now; tests set it to drive expiries.
+	Now func() time.Time
 }
 
 // withDefaults validates o and fills in the defaults.
@@ -134,6 +170,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.ShutdownTimeout <= 0 {
 		o.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if o.MaxKeysPerClient == 0 {
+		o.MaxKeysPerClient = DefaultMaxKeysPerClient
+	}
+	if o.Now == nil {
+		o.Now = time.Now
 	}
 	return o, nil
 }

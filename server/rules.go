@@ -69,9 +69,10 @@ type Rules struct {
 // client is one client of the rules file, and the authenticated identity
 // of a request.
 type client struct {
-	name string
-	hash [sha256.Size]byte
-	keys []string // glob patterns of the keys it may use; nil: every key
+	index int // position in Rules.clients; -1 for anonymous
+	name  string
+	hash  [sha256.Size]byte
+	keys  []string // glob patterns of the keys it may use; nil: every key
 }
 
 // ParseRules decodes and validates a rules file. Errors wrap
@@ -157,6 +158,7 @@ func compileClients(cfgs []ClientConfig) ([]client, error) {
 				return nil, fail(fmt.Sprintf("keys[%d]", j), "%q: %v", k, err)
 			}
 		}
+		cl.index = len(out)
 		cl.name = c.Name
 		cl.keys = append([]string(nil), c.Keys...)
 		out = append(out, cl)
@@ -218,7 +220,7 @@ func (r *Rules) authenticate(token string) *client {
 
 // anonymous is the caller of every request when the rules configure no
 // clients: it may use every key.
-var anonymous = &client{name: AnonymousClient}
+var anonymous = &client{index: -1, name: AnonymousClient}
 
 // may reports whether the client may use key. A client without key
 // patterns (anonymous) may use every key.

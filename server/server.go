@@ -49,6 +49,20 @@ type Server struct {
 type state struct {
 	rules  *Rules
 	engine *leases.Engine
+
+	// held are the keys each client of rules holds (Options.MaxKeysPerClient),
+	// in the order of rules.clients, and anonHeld the anonymous client's;
+	// nil when there is no cap.
+	held     []*heldKeys
+	anonHeld *heldKeys
+}
+
+// heldOf returns the keys who holds, nil when there is no cap.
+func (st *state) heldOf(who *client) *heldKeys {
+	if who.index < 0 {
+		return st.anonHeld
+	}
+	return st.held[who.index]
 }
 
 // New returns a Server. It reads the rules file when Options.RulesPath is
@@ -108,8 +122,29 @@ func (s *Server) setRules(r *Rules) {
 		Policy:      r.policy,
 		OnStoreCall: s.metrics.observeStore,
 	})
-	s.state.Store(&state{rules: r, engine: e})
+	st := &state{rules: r, engine: e}
+	if s.opts.MaxKeysPerClient >= 0 {
+		// Carry the clients' keys over, by name; a removed client's are
+		// dropped.
+		prev := s.state.Load()
+		byName := map[string]*heldKeys{}
+		st.anonHeld = newHeldKeys()
+		if prev != nil {
+			for i := range prev.rules.clients {
+				byName[prev.rules.clients[i].name] = prev.held[i]
+			}
+			st.anonHeld = prev.anonHeld
+		}
+		st.held = make([]*heldKeys, len(r.clients))
+		for i := range r.clients {
+			if st.held[i] = byName[r.clients[i].name]; st.held[i] == nil {
+				st.held[i] = newHeldKeys()
+			}
+		}
+	}
+	s.state.Store(st)
 	s.metrics.rulesLoaded.Set(float64(len(r.policy.Rules())))
+
 }
 
 // Run serves HTTP/1.1 and unencrypted HTTP/2 (h2c, with prior knowledge) on

@@ -9,15 +9,17 @@
 // Every flag takes its default from an environment variable when that is
 // set:
 //
-//	-listen            RATELEASED_LISTEN            address to listen on (default 127.0.0.1:8080)
-//	-rules             RATELEASED_RULES             rules file; empty: no rules, every key unlimited
-//	-redis             RATELEASED_REDIS             redis:// or rediss:// URL; empty: memory store
-//	-redis-cluster     RATELEASED_REDIS_CLUSTER     the -redis URL names a Redis Cluster
-//	-insecure          RATELEASED_INSECURE          allow a non-loopback address without clients
-//	-log-level         RATELEASED_LOG_LEVEL         debug, info, warn or error (default info)
-//	-log-format        RATELEASED_LOG_FORMAT        text or json (default text)
-//	-drain-delay       RATELEASED_DRAIN_DELAY       keep serving this long after SIGTERM, /readyz failing (default 0)
-//	-shutdown-timeout  RATELEASED_SHUTDOWN_TIMEOUT  grace period for in-flight requests (default 10s)
+//	-listen               RATELEASED_LISTEN               address to listen on (default 127.0.0.1:8080)
+//	-rules                RATELEASED_RULES                rules file; empty: no rules, every key unlimited
+//	-redis                RATELEASED_REDIS                redis:// or rediss:// URL; empty: memory store
+//	-redis-cluster        RATELEASED_REDIS_CLUSTER        the -redis URL names a Redis Cluster
+//	-insecure             RATELEASED_INSECURE             allow a non-loopback address without clients
+//	-log-level            RATELEASED_LOG_LEVEL            debug, info, warn or error (default info)
+//	-log-format           RATELEASED_LOG_FORMAT           text or json (default text)
+//	-drain-delay          RATELEASED_DRAIN_DELAY          keep serving this long after SIGTERM, /readyz failing (default 0)
+//	-shutdown-timeout     RATELEASED_SHUTDOWN_TIMEOUT     grace period for in-flight requests (default 10s)
+//	-store-timeout        RATELEASED_STORE_TIMEOUT        bound on one request's Redis calls (default 800ms)
+//	-max-keys-per-client  RATELEASED_MAX_KEYS_PER_CLIENT  keys one client may hold leases on through this server (default 100000; negative: no cap)
 //
 // The server reloads the rules file when it changes. SIGINT or SIGTERM
 // shuts it down gracefully: GET /readyz answers 503 at once; the server
@@ -26,6 +28,21 @@
 // in-flight requests -shutdown-timeout to finish, and exits 0. A second
 // signal kills it at once. A startup error (a bad rules file, say) is
 // logged and it exits 1; a bad flag or environment variable exits 2.
+//
+// When Redis does not answer (down, or hung: connections open but nothing
+// answers), every call gets 503 store_unavailable with "Retry-After: 1"
+// within -store-timeout plus a few milliseconds, so within 1s at the
+// default, and /readyz fails; the server recovers by itself when Redis
+// answers again. The Redis client honours the request's deadline
+// (go-redis ContextTimeoutEnabled) in every step: dial, handshake, read,
+// write, retries and waiting for a pooled connection.
+//
+// At start, rateleased checks the Redis configuration (every master of a
+// cluster) and logs a warning when maxmemory-policy is not noeviction (an
+// evicted bucket forgets its open leases) or when neither RDB snapshots nor
+// AOF are on (a restart forgets them all): either can let one extra burst
+// through. When CONFIG is refused, as managed Redis services do, it logs at
+// level info that it could not check. It never fails the start for this.
 //
 // For a cluster URL, list every seed node as an addr parameter:
 // redis://host1:6379?addr=host2:6379&addr=host3:6379.

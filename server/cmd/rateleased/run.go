@@ -21,31 +21,83 @@ import (
 	"github.com/ratelease/ratelease/server"
 )
 
-// failFastTimeout is the dial, read and write timeout of Redis calls unless
-// the URL sets them.
+// failFastTimeout is the dial, read, write and pool timeout of Redis calls
+// unless the URL sets them.
 const failFastTimeout = 500 * time.Millisecond
 
-// failFast sets the Redis timeouts and retries the URL leaves out to values
-// that fail within about a second: a lease server that cannot reach Redis
+// failFastMaxBackoff is the longest pause between two tries of a Redis call
+// unless the URL sets max_retry_backoff.
+const failFastMaxBackoff = 100 * time.Millisecond
+
+// redisFailFast points at the fields of a redis.Options or a
+// redis.ClusterOptions that apply sets: the two types share the fields but
+// no interface.
+type redisFailFast struct {
+	dial, read, write, pool, maxBackoff *time.Duration
+	retries, dialerRetries              *int
+	contextTimeout                      *bool
+}
+
+func clientFailFast(o *redis.Options) redisFailFast {
+	return redisFailFast{
+		dial: &o.DialTimeout, read: &o.ReadTimeout, write: &o.WriteTimeout, pool: &o.PoolTimeout,
+		maxBackoff: &o.MaxRetryBackoff, retries: &o.MaxRetries, dialerRetries: &o.DialerRetries,
+		contextTimeout: &o.ContextTimeoutEnabled,
+	}
+}
+
+func clusterFailFast(o *redis.ClusterOptions) redisFailFast {
+	return redisFailFast{
+		dial: &o.DialTimeout, read: &o.ReadTimeout, write: &o.WriteTimeout, pool: &o.PoolTimeout,
+		maxBackoff: &o.MaxRetryBackoff, retries: &o.MaxRetries, dialerRetries: &o.DialerRetries,
+		contextTimeout: &o.ContextTimeoutEnabled,
+	}
+}
+
+// apply makes Redis calls fail fast: a lease server that cannot reach Redis
 // should answer 503 quickly, so that clients move to another server or to
-// their fallback instead of waiting. The URL's own dial_timeout,
-// read_timeout, write_timeout and max_retries win.
+// their fallback instead of waiting.
+//
+// The bound itself is the server's -store-timeout: every store call of a
+// request runs under a context that expires then, and apply sets
+// ContextTimeoutEnabled, always, so that go-redis gives up at that deadline
+// whatever it is doing (dialing, the connection handshake, writing, reading,
+// waiting for a pooled connection or between retries). Without it go-redis
+// ignores deadlines on reads and writes, and a Redis that accepts
+// connections but does not answer (a stopped process, a full machine) held a
+// call for a read timeout per try: 1.5 to 2.2 s were measured.
+//
+// Within that bound, the parameters the URL leaves out get: a dial, read,
+// write and pool timeout of failFastTimeout, no retry, failFastMaxBackoff
+// between dial attempts at most, and one dial attempt. No retry, because a
+// store call is a Lua script: one whose answer timed out may have run, and
+// running it again applies it twice (a refund twice gives back tokens never
+// taken; see leases.RedisStore). A call that fails is answered 503, and the
+// client retries it with the next server, as it would any failure. The
+// URL's own dial_timeout, read_timeout, write_timeout, pool_timeout,
+// max_retries, max_retry_backoff and (for a cluster) dialer_retries win.
 //
 // It takes the options redis.ParseURL or redis.ParseClusterURL returned,
 // before the client applies its defaults: there a parameter the URL leaves
 // out is zero, while a duration the URL sets is positive, or -1 for one set
 // to 0 or less (no timeout). max_retries=0 is zero too, which go-redis also
-// takes as "the default", so it gets 1 here; max_retries=-1 disables
-// retries.
-func failFast(dial, read, write *time.Duration, retries *int) {
-	for _, d := range []*time.Duration{dial, read, write} {
+// takes as "the default": it means no retry here, like max_retries=-1.
+func (f redisFailFast) apply() {
+	for _, d := range []*time.Duration{f.dial, f.read, f.write, f.pool} {
 		if *d == 0 {
 			*d = failFastTimeout
 		}
 	}
-	if *retries == 0 {
-		*retries = 1
+	if *f.maxBackoff == 0 {
+		*f.maxBackoff = failFastMaxBackoff
 	}
+	if *f.retries == 0 {
+		*f.retries = -1
+	}
+	if *f.dialerRetries == 0 {
+		*f.dialerRetries = 1
+	}
+	*f.contextTimeout = true
 }
 
 // errUsage is wrapped by the errors of bad flags or environment variables.
@@ -62,6 +114,8 @@ type config struct {
 	logFormat       string
 	drainDelay      time.Duration
 	shutdownTimeout time.Duration
+	storeTimeout    time.Duration
+	maxKeys         int
 }
 
 // run is the daemon: it parses args (without the program name), taking flag
@@ -94,14 +148,16 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv, err := server.New(server.Options{
-		Registry:        reg,
-		Store:           store,
-		RulesPath:       cfg.rules,
-		ListenAddr:      cfg.listen,
-		Insecure:        cfg.insecure,
-		Logger:          log,
-		DrainDelay:      cfg.drainDelay,
-		ShutdownTimeout: cfg.shutdownTimeout,
+		Registry:         reg,
+		Store:            store,
+		RulesPath:        cfg.rules,
+		ListenAddr:       cfg.listen,
+		Insecure:         cfg.insecure,
+		Logger:           log,
+		DrainDelay:       cfg.drainDelay,
+		ShutdownTimeout:  cfg.shutdownTimeout,
+		StoreTimeout:     cfg.storeTimeout,
+		MaxKeysPerClient: cfg.maxKeys,
 	})
 	if err != nil {
 		return err
@@ -145,25 +201,23 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger) (leases.Store,
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("-redis (with -redis-cluster): %w: want redis://host:port?addr=host2:port", err)
 		}
-		failFast(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries)
-		if opts.DialerRetries == 0 { // unless the URL sets dialer_retries
-			opts.DialerRetries = 1
-		}
+		clusterFailFast(opts).apply()
 		rdb, addr = redis.NewClusterClient(opts), strings.Join(opts.Addrs, ",")
 	} else {
 		opts, err := redis.ParseURL(cfg.redisURL)
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("-redis: %w: want redis://[user:password@]host:port/db or rediss://…", err)
 		}
-		failFast(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries)
-		opts.DialerRetries = 1 // a redis:// URL cannot set it
+		clientFailFast(opts).apply()
 		rdb, addr = redis.NewClient(opts), opts.Addr
 	}
 	// The server starts even when Redis is down: /readyz fails and calls
 	// get 503 until it answers, and then it recovers by itself.
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	if err := rdb.Ping(pctx).Err(); err != nil {
-		log.Warn("redis does not answer yet: serving 503 until it does", "redis", addr, "err", err)
+		log.Warn("redis does not answer yet: serving 503 until it does; its maxmemory-policy and persistence are not checked", "redis", addr, "err", err)
+	} else {
+		checkRedisConfig(ctx, rdb, log)
 	}
 	cancel()
 	s := leases.NewRedisStore(rdb, leases.RedisOptions{})
@@ -212,6 +266,19 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 		return d
 	}
 
+	integer := func(name string, def int) int {
+		v := env(name)
+		if v == "" {
+			return def
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			envErrs = append(envErrs, fmt.Errorf("%s=%q: want a whole number", name, v))
+			return def
+		}
+		return n
+	}
+
 	var cfg config
 	var level, format string
 	fs.StringVar(&cfg.listen, "listen", str("RATELEASED_LISTEN", "127.0.0.1:8080"),
@@ -228,6 +295,10 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 		"log `level`: debug, info, warn or error (env RATELEASED_LOG_LEVEL)")
 	fs.StringVar(&format, "log-format", str("RATELEASED_LOG_FORMAT", "text"),
 		"log `format`: text or json (env RATELEASED_LOG_FORMAT)")
+	fs.DurationVar(&cfg.storeTimeout, "store-timeout", duration("RATELEASED_STORE_TIMEOUT", server.DefaultStoreTimeout),
+		"bound on the store (Redis) calls of one request: while Redis does not answer, calls get 503 with Retry-After within this plus a few ms, so within 1s at the default (env RATELEASED_STORE_TIMEOUT)")
+	fs.IntVar(&cfg.maxKeys, "max-keys-per-client", integer("RATELEASED_MAX_KEYS_PER_CLIENT", server.DefaultMaxKeysPerClient),
+		"most distinct keys one client may hold leases on through this server (each server counts its own grants; a key counts until its lease's expiry, even if returned); a lease entry on another key fails with 429 too_many_keys; negative: no cap (env RATELEASED_MAX_KEYS_PER_CLIENT)")
 	fs.DurationVar(&cfg.drainDelay, "drain-delay", duration("RATELEASED_DRAIN_DELAY", 0),
 		"on SIGTERM, keep serving this long with /readyz answering 503, so that load balancers stop sending traffic, before refusing new connections; 0: refuse them at once (env RATELEASED_DRAIN_DELAY)")
 	fs.DurationVar(&cfg.shutdownTimeout, "shutdown-timeout", duration("RATELEASED_SHUTDOWN_TIMEOUT", server.DefaultShutdownTimeout),
@@ -259,6 +330,12 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 	}
 	if cfg.shutdownTimeout <= 0 {
 		return config{}, usageError(fs, fmt.Errorf("-shutdown-timeout %v: want a positive duration", cfg.shutdownTimeout))
+	}
+	if cfg.maxKeys == 0 {
+		return config{}, usageError(fs, errors.New("-max-keys-per-client 0: want a positive number, or a negative one for no cap"))
+	}
+	if cfg.storeTimeout <= 0 {
+		return config{}, usageError(fs, fmt.Errorf("-store-timeout %v: want a positive duration", cfg.storeTimeout))
 	}
 	if cfg.redisCluster && cfg.redisURL == "" {
 		return config{}, usageError(fs, errors.New("-redis-cluster needs -redis with the cluster's URL"))

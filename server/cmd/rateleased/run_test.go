@@ -12,8 +12,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -186,9 +188,16 @@ func TestRunWithRedis(t *testing.T) {
 	require.NoError(t, d.stop(t))
 }
 
-// TestRunRedisDownFailsFast: with Redis stopped, the daemon's fail-fast
-// Redis settings answer 503 well within the server's store timeout (2s)
-// and the client's patience.
+// redisDownBound is the documented time within which a call is answered
+// 503 while Redis does not answer (README, "When things fail"), and
+// redisDownSlack what a loaded CI machine may add to it.
+const (
+	redisDownBound = time.Second
+	redisDownSlack = 250 * time.Millisecond
+)
+
+// TestRunRedisDownFailsFast: with Redis stopped (connections refused), the
+// daemon answers 503 within the documented bound.
 func TestRunRedisDownFailsFast(t *testing.T) {
 	rs := redistest.Start(t)
 	d := startDaemon(t, map[string]string{"RATELEASED_REDIS": rs.URL()}, "-rules", "../../../examples/rules.yaml")
@@ -204,36 +213,139 @@ func TestRunRedisDownFailsFast(t *testing.T) {
 		elapsed := time.Since(start)
 		require.Equal(t, http.StatusServiceUnavailable, status, "body: %s", resp)
 		assert.Contains(t, string(resp), string(protocol.CodeStoreUnavailable))
-		assert.Less(t, elapsed, 1500*time.Millisecond, "503 comes fast")
+		assert.LessOrEqual(t, elapsed, redisDownBound+redisDownSlack, "503 within the documented bound")
 		t.Logf("503 after %v", elapsed.Round(time.Millisecond))
 	}
 	require.NoError(t, d.stop(t))
 }
 
+// TestRunRedisHangs: with the redis-server process stopped by SIGSTOP, so
+// that connections open but nothing answers, every POST /v1/leases and POST
+// /v1/check is answered 503 with Retry-After within the documented bound,
+// /readyz fails, and once the process continues the server serves again by
+// itself.
+func TestRunRedisHangs(t *testing.T) {
+	rs := redistest.Start(t)
+	pid := redisPID(t, rs)
+	d := startDaemon(t, map[string]string{"RATELEASED_REDIS": rs.URL()}, "-rules", "../../../examples/rules.yaml")
+	base := "http://" + d.addr
+	lease := `{"client_id":"c","leases":[{"key":"user:1","want":1}]}`
+	check := `{"keys":["user:2"]}`
+	status, resp := post(t, base+protocol.PathLeases, "", lease)
+	require.Equal(t, http.StatusOK, status, "body: %s", resp)
+
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) // before redistest kills it
+	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
+
+	for i := range 3 {
+		for _, c := range []struct{ path, body string }{{protocol.PathLeases, lease}, {protocol.PathCheck, check}} {
+			start := time.Now()
+			r := postResponse(t, base+c.path, c.body)
+			elapsed := time.Since(start)
+			t.Logf("call %d, %s: %d after %v", i, c.path, r.StatusCode, elapsed.Round(time.Millisecond))
+			require.Equal(t, http.StatusServiceUnavailable, r.StatusCode, "%s: body: %s", c.path, r.body)
+			assert.Equal(t, "1", r.Header.Get("Retry-After"), c.path)
+			assert.Contains(t, string(r.body), string(protocol.CodeStoreUnavailable), c.path)
+			assert.LessOrEqual(t, elapsed, redisDownBound+redisDownSlack, "%s: 503 within the documented bound", c.path)
+		}
+	}
+	start := time.Now()
+	ready := get(t, base+protocol.PathReadyz)
+	t.Logf("/readyz: %d after %v", ready.StatusCode, time.Since(start).Round(time.Millisecond))
+	assert.Equal(t, http.StatusServiceUnavailable, ready.StatusCode, "body: %s", ready.body)
+
+	require.NoError(t, syscall.Kill(pid, syscall.SIGCONT))
+	require.Eventually(t, func() bool {
+		return postResponse(t, base+protocol.PathLeases, lease).StatusCode == http.StatusOK
+	}, 10*time.Second, 20*time.Millisecond, "the server serves again once Redis answers")
+	assert.Equal(t, http.StatusOK, get(t, base+protocol.PathReadyz).StatusCode)
+	require.NoError(t, d.stop(t))
+}
+
+// redisPID returns the process id of the redis-server of rs, as INFO
+// server reports it.
+func redisPID(t *testing.T, rs *redistest.Server) int {
+	t.Helper()
+	info := rs.Client(t).InfoMap(context.Background(), "server")
+	require.NoError(t, info.Err())
+	pid, err := strconv.Atoi(info.Item("Server", "process_id"))
+	require.NoError(t, err, "INFO server process_id")
+	require.Positive(t, pid)
+	return pid
+}
+
+// httpResponse is a buffered HTTP response.
+type httpResponse struct {
+	*http.Response
+	body []byte
+}
+
+// postResponse posts body as JSON to url, on a connection of its own.
+func postResponse(t *testing.T, url, body string) httpResponse {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	return send(t, req)
+}
+
+// get sends GET url on a connection of its own.
+func get(t *testing.T, url string) httpResponse {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+	return send(t, req)
+}
+
+func send(t *testing.T, req *http.Request) httpResponse {
+	t.Helper()
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return httpResponse{Response: resp, body: b}
+}
+
 func TestFailFast(t *testing.T) {
 	opts, err := redis.ParseURL("redis://127.0.0.1:6379/0")
 	require.NoError(t, err)
-	failFast(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries)
+	clientFailFast(opts).apply()
 	assert.Equal(t, failFastTimeout, opts.DialTimeout)
 	assert.Equal(t, failFastTimeout, opts.ReadTimeout)
 	assert.Equal(t, failFastTimeout, opts.WriteTimeout)
-	assert.Equal(t, 1, opts.MaxRetries)
+	assert.Equal(t, failFastTimeout, opts.PoolTimeout)
+	assert.Equal(t, failFastMaxBackoff, opts.MaxRetryBackoff)
+	assert.Equal(t, -1, opts.MaxRetries, "a store script is never retried: it may have run")
+	assert.Equal(t, 1, opts.DialerRetries)
+	assert.True(t, opts.ContextTimeoutEnabled)
 
-	// The URL's values win, a disabled timeout (0: -1 once parsed) included.
-	opts, err = redis.ParseURL("redis://127.0.0.1:6379/0?dial_timeout=3s&read_timeout=0&write_timeout=2&max_retries=-1")
+	// The URL's values win, a disabled timeout (0: -1 once parsed) included;
+	// the context deadline is honoured whatever the URL says.
+	opts, err = redis.ParseURL("redis://127.0.0.1:6379/0?dial_timeout=3s&read_timeout=0&write_timeout=2&max_retries=-1&pool_timeout=4s&max_retry_backoff=1s")
 	require.NoError(t, err)
-	failFast(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries)
+	clientFailFast(opts).apply()
 	assert.Equal(t, 3*time.Second, opts.DialTimeout)
 	assert.Equal(t, time.Duration(-1), opts.ReadTimeout)
 	assert.Equal(t, 2*time.Second, opts.WriteTimeout)
+	assert.Equal(t, 4*time.Second, opts.PoolTimeout)
+	assert.Equal(t, time.Second, opts.MaxRetryBackoff)
 	assert.Equal(t, -1, opts.MaxRetries)
+	assert.True(t, opts.ContextTimeoutEnabled)
 
-	copts, err := redis.ParseClusterURL("redis://127.0.0.1:7000?addr=127.0.0.1:7001&read_timeout=1s&max_retries=4")
+	copts, err := redis.ParseClusterURL("redis://127.0.0.1:7000?addr=127.0.0.1:7001&read_timeout=1s&max_retries=4&dialer_retries=3")
 	require.NoError(t, err)
-	failFast(&copts.DialTimeout, &copts.ReadTimeout, &copts.WriteTimeout, &copts.MaxRetries)
+	clusterFailFast(copts).apply()
 	assert.Equal(t, failFastTimeout, copts.DialTimeout)
 	assert.Equal(t, time.Second, copts.ReadTimeout)
+	assert.Equal(t, failFastTimeout, copts.WriteTimeout)
+	assert.Equal(t, failFastTimeout, copts.PoolTimeout)
+	assert.Equal(t, failFastMaxBackoff, copts.MaxRetryBackoff)
 	assert.Equal(t, 4, copts.MaxRetries)
+	assert.Equal(t, 3, copts.DialerRetries)
+	assert.True(t, copts.ContextTimeoutEnabled)
 }
 
 func TestExitCode(t *testing.T) {
@@ -294,7 +406,7 @@ func TestRunListenError(t *testing.T) {
 }
 
 func TestParseFlags(t *testing.T) {
-	defaults := config{listen: "127.0.0.1:8080", logLevel: slog.LevelInfo, logFormat: "text", shutdownTimeout: server.DefaultShutdownTimeout}
+	defaults := config{listen: "127.0.0.1:8080", logLevel: slog.LevelInfo, logFormat: "text", shutdownTimeout: server.DefaultShutdownTimeout, storeTimeout: server.DefaultStoreTimeout, maxKeys: server.DefaultMaxKeysPerClient}
 	tests := []struct {
 		name    string
 		args    []string
@@ -310,16 +422,19 @@ func TestParseFlags(t *testing.T) {
 				"RATELEASED_REDIS": "redis://h:1/0", "RATELEASED_REDIS_CLUSTER": "true",
 				"RATELEASED_INSECURE": "1", "RATELEASED_LOG_LEVEL": "debug",
 				"RATELEASED_LOG_FORMAT": "json", "RATELEASED_SHUTDOWN_TIMEOUT": "3s",
-				"RATELEASED_DRAIN_DELAY": "5s",
+				"RATELEASED_DRAIN_DELAY": "5s", "RATELEASED_STORE_TIMEOUT": "300ms",
+				"RATELEASED_MAX_KEYS_PER_CLIENT": "500",
 			},
 			want: config{listen: "127.0.0.1:9999", rules: "r.yaml", redisURL: "redis://h:1/0", redisCluster: true,
-				insecure: true, logLevel: slog.LevelDebug, logFormat: "json", drainDelay: 5 * time.Second, shutdownTimeout: 3 * time.Second},
+				insecure: true, logLevel: slog.LevelDebug, logFormat: "json", drainDelay: 5 * time.Second, shutdownTimeout: 3 * time.Second,
+				storeTimeout: 300 * time.Millisecond, maxKeys: 500},
 		},
 		{
 			name: "flags override the environment",
-			args: []string{"-listen", "127.0.0.1:1", "-insecure=false", "-log-level", "WARN", "-shutdown-timeout", "1s", "-drain-delay", "0"},
-			env:  map[string]string{"RATELEASED_LISTEN": "127.0.0.1:9999", "RATELEASED_INSECURE": "true", "RATELEASED_LOG_LEVEL": "debug", "RATELEASED_DRAIN_DELAY": "5s"},
-			want: config{listen: "127.0.0.1:1", logLevel: slog.LevelWarn, logFormat: "text", shutdownTimeout: time.Second},
+			args: []string{"-listen", "127.0.0.1:1", "-insecure=false", "-log-level", "WARN", "-shutdown-timeout", "1s", "-drain-delay", "0", "-store-timeout", "2s", "-max-keys-per-client", "-1"},
+			env: map[string]string{"RATELEASED_LISTEN": "127.0.0.1:9999", "RATELEASED_INSECURE": "true", "RATELEASED_LOG_LEVEL": "debug", "RATELEASED_DRAIN_DELAY": "5s", "RATELEASED_STORE_TIMEOUT": "1s",
+				"RATELEASED_MAX_KEYS_PER_CLIENT": "7"},
+			want: config{listen: "127.0.0.1:1", logLevel: slog.LevelWarn, logFormat: "text", shutdownTimeout: time.Second, storeTimeout: 2 * time.Second, maxKeys: -1},
 		},
 		{name: "drain delay", args: []string{"-drain-delay", "15s"}, want: func() config { c := defaults; c.drainDelay = 15 * time.Second; return c }()},
 		{name: "bad boolean in env", env: map[string]string{"RATELEASED_INSECURE": "yes please"}, wantErr: "RATELEASED_INSECURE"},
@@ -328,6 +443,10 @@ func TestParseFlags(t *testing.T) {
 		{name: "bad log format", args: []string{"-log-format", "xml"}, wantErr: "-log-format"},
 		{name: "zero shutdown timeout", args: []string{"-shutdown-timeout", "0s"}, wantErr: "-shutdown-timeout"},
 		{name: "negative drain delay", args: []string{"-drain-delay", "-1s"}, wantErr: "-drain-delay"},
+		{name: "zero store timeout", args: []string{"-store-timeout", "0"}, wantErr: "-store-timeout"},
+		{name: "zero max keys", args: []string{"-max-keys-per-client", "0"}, wantErr: "-max-keys-per-client"},
+		{name: "bad max keys in env", env: map[string]string{"RATELEASED_MAX_KEYS_PER_CLIENT": "lots"}, wantErr: "RATELEASED_MAX_KEYS_PER_CLIENT"},
+		{name: "bad store timeout in env", env: map[string]string{"RATELEASED_STORE_TIMEOUT": "fast"}, wantErr: "RATELEASED_STORE_TIMEOUT"},
 		{name: "bad drain delay in env", env: map[string]string{"RATELEASED_DRAIN_DELAY": "later"}, wantErr: "RATELEASED_DRAIN_DELAY"},
 		{name: "cluster without URL", args: []string{"-redis-cluster"}, wantErr: "-redis-cluster"},
 		{name: "unknown flag", args: []string{"-nope"}, wantErr: "nope"},
@@ -354,6 +473,8 @@ func TestParseFlags(t *testing.T) {
 	require.ErrorIs(t, err, flag.ErrHelp)
 	assert.Contains(t, out.String(), "RATELEASED_REDIS")
 	assert.Contains(t, out.String(), "RATELEASED_DRAIN_DELAY")
+	assert.Contains(t, out.String(), "RATELEASED_STORE_TIMEOUT")
+	assert.Contains(t, out.String(), "RATELEASED_MAX_KEYS_PER_CLIENT")
 }
 
 func TestRunBadRedisURL(t *testing.T) {

@@ -1,0 +1,280 @@
+package client
+
+import (
+	"context"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/ratelease/ratelease/protocol"
+)
+
+// maxDirectCalls is the most calls carrying direct takes in flight at once.
+// A decision that finds them all busy joins the next call, sent as soon as
+// one returns, with every decision that arrived meanwhile: the calls
+// coalesce decisions under load, and a decision alone is sent at once.
+const maxDirectCalls = 4
+
+// directReq is one decision waiting for a direct take: n tokens from every
+// key, all or nothing.
+type directReq struct {
+	states []*keyState
+	n      int64
+	done   chan struct{} // closed when res or err is set
+	res    protocol.CheckResponse
+	err    error // no server answered
+	sent   int64 // client clock when its call was sent
+}
+
+// directQueue coalesces the direct takes of the process. Its fields are
+// guarded by mu.
+type directQueue struct {
+	mu       sync.Mutex
+	pending  []*directReq
+	inflight int
+}
+
+// takeDirect decides states by one direct take at a lease server, sent at
+// once or with the next call when maxDirectCalls are in flight. It waits for
+// the answer, or until ctx ends or the client closes.
+func (c *Client) takeDirect(ctx context.Context, n int64, states []*keyState) Decision {
+	req := &directReq{states: states, n: n, done: make(chan struct{})}
+	c.direct.mu.Lock()
+	c.direct.pending = append(c.direct.pending, req)
+	var batch []*directReq
+	if c.direct.inflight < maxDirectCalls {
+		batch = c.direct.pending
+		c.direct.pending = nil
+		c.direct.inflight++
+	}
+	c.direct.mu.Unlock()
+	if batch != nil {
+		go c.sendDirect(batch)
+	}
+	select {
+	case <-req.done:
+	case <-ctx.Done():
+		// The take may still happen at the server: its tokens are then
+		// lost to utilization, never to accuracy.
+		return Decision{Source: SourceDirect, RetryAfter: c.cfg.SettleInterval}
+	case <-c.stopped:
+		return Decision{Source: SourceClosed}
+	}
+	return c.applyDirect(req)
+}
+
+// sendDirect makes the calls for batch, then for whatever queued meanwhile.
+func (c *Client) sendDirect(batch []*directReq) {
+	for batch != nil {
+		c.callDirect(batch)
+		c.direct.mu.Lock()
+		batch = c.direct.pending
+		c.direct.pending = nil
+		if batch == nil {
+			c.direct.inflight--
+		}
+		c.direct.mu.Unlock()
+	}
+}
+
+// callDirect sends the takes of batch, at most protocol.MaxEntries keys a
+// call, and completes every request.
+func (c *Client) callDirect(batch []*directReq) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*c.cfg.RequestTimeout+2*c.cfg.MaxRetryWait)
+	defer cancel()
+	for len(batch) > 0 {
+		keys := 0
+		end := 0
+		for end < len(batch) && (end == 0 || keys+len(batch[end].states) <= protocol.MaxEntries) {
+			keys += len(batch[end].states)
+			end++
+		}
+		chunk := batch[:end]
+		batch = batch[end:]
+		req := &protocol.LeaseRequest{ClientID: c.cfg.ClientID, Takes: make([]protocol.CheckRequest, len(chunk))}
+		for i, r := range chunk {
+			req.Takes[i].Keys = make([]string, len(r.states))
+			for j, ks := range r.states {
+				req.Takes[i].Keys[j] = ks.key
+			}
+			req.Takes[i].Cost = &chunk[i].n
+		}
+		sent := c.nanos()
+		resp, err := c.http.lease(ctx, req)
+		now := c.nanos()
+		if err != nil {
+			c.directFailed(now)
+			c.noteServerError(err)
+		} else {
+			c.directAnswered()
+		}
+		for i, r := range chunk {
+			r.sent = sent
+			if err != nil {
+				r.err = err
+			} else {
+				r.res = resp.Takes[i]
+			}
+			close(r.done)
+		}
+	}
+}
+
+// directFailed records that no server answered a direct call: until the
+// backoff ends, direct decisions go to the fallback without a call.
+func (c *Client) directFailed(now int64) {
+	c.online.Store(false)
+	c.directMu.Lock()
+	c.directBackoff = min(max(2*c.directBackoff, int64(c.cfg.SettleInterval)), int64(c.cfg.MaxRetryWait))
+	c.directRetryAt.Store(now + c.directBackoff)
+	c.directMu.Unlock()
+}
+
+// directAnswered records that a server answered a direct call.
+func (c *Client) directAnswered() {
+	c.directMu.Lock()
+	c.directBackoff = 0
+	c.directRetryAt.Store(0)
+	c.directMu.Unlock()
+	if !c.online.Swap(true) {
+		c.cfg.Logger.Info("ratelease: lease servers answer again")
+	}
+}
+
+// applyDirect turns the answer to a direct take into a decision and keeps
+// what it taught about the keys: their rules, denials and demand.
+func (c *Client) applyDirect(r *directReq) Decision {
+	now := c.nanos()
+	if r.err != nil {
+		return c.fallbackAll(r.n, r.states)
+	}
+	res := &r.res
+	if p := res.Error; p != nil {
+		switch p.Code {
+		case protocol.CodeForbidden, protocol.CodeNoRule:
+			// Refused: deny locally for a while, then ask again (the rules
+			// or permissions may change).
+			for _, ks := range r.states {
+				ks.refused.Store(true)
+				ks.extendDenial(now + int64(max(time.Second, c.cfg.Horizon)))
+			}
+			c.cfg.Logger.Warn("ratelease: server refused a key", "keys", keysOf(r.states), "code", p.Code, "detail", p.Detail)
+		default:
+			c.cfg.Logger.Error("ratelease: direct take failed", "keys", keysOf(r.states), "code", p.Code, "detail", p.Detail)
+		}
+		return Decision{Source: SourceDenied}
+	}
+	for i, ks := range r.states {
+		kr := &res.Keys[i]
+		ks.lastDirect.Store(now)
+		if kr.Unlimited {
+			ks.setUnlimited(now + int64(c.cfg.Horizon))
+			continue
+		}
+		ks.refused.Store(false)
+		ks.unlimited.Store(false)
+		ks.learn(kr.Limit, kr.PeriodMillis, kr.Burst, kr.LeaseTTLMillis)
+		if !kr.Allowed && kr.RetryAfterMillis > 0 && !res.Allowed {
+			// This key denied: it is denied locally until its bucket can
+			// serve again, without a call. Keys that would have allowed are
+			// not held back.
+			ks.extendDenial(r.sent + kr.RetryAfterMillis*int64(time.Millisecond))
+		}
+	}
+	if !res.Allowed {
+		wait := time.Duration(res.RetryAfterMillis) * time.Millisecond
+		return Decision{Source: SourceDirect, RetryAfter: wait}
+	}
+	c.directOK.Add(r.n)
+	remaining := int64(-1)
+	for i, ks := range r.states {
+		if res.Keys[i].Unlimited {
+			continue
+		}
+		if remaining < 0 || res.Keys[i].Remaining < remaining {
+			remaining = res.Keys[i].Remaining
+		}
+		if c.admitted(ks, r.n, now) {
+			c.promote(ks)
+		}
+	}
+	return Decision{Allowed: true, Source: SourceDirect, Remaining: max(remaining, 0)}
+}
+
+func keysOf(states []*keyState) []string {
+	keys := make([]string, len(states))
+	for i, ks := range states {
+		keys[i] = ks.key
+	}
+	return keys
+}
+
+// admitted adds n tokens admitted directly to the key's demand estimate and
+// reports whether the key should now be leased: whether this process was
+// admitted at least Config.LeaseMinTokens over one lease TTL.
+//
+// The estimate is an event-driven average of the admitted rate with a time
+// constant of one lease TTL: each admission decays it by e^(−Δt/TTL) and
+// adds n/TTL. Admitted, not asked: on a key whose bucket this process
+// shares with many, its demand may be high while its share is small, and a
+// lease of a share that small would only hold tokens the others need.
+func (c *Client) admitted(ks *keyState, n int64, now int64) bool {
+	ttl := ks.leaseTTL.Load()
+	if ttl <= 0 || ks.leasing.Load() {
+		return false
+	}
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	tau := float64(ttl)
+	if ks.rateAt != 0 {
+		ks.rate *= math.Exp(-float64(now-ks.rateAt) / tau)
+	}
+	ks.rate += float64(n) / tau // tokens per ns
+	ks.rateAt = now
+	return ks.rate*tau >= float64(c.cfg.LeaseMinTokens)
+}
+
+// directRate returns the key's admitted rate, tokens per second, as the
+// direct path last estimated it.
+func (ks *keyState) directRate() float64 {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	return ks.rate * float64(time.Second)
+}
+
+// promote moves a key to leases: the settle loop takes it over.
+func (c *Client) promote(ks *keyState) {
+	if ks.leasing.Swap(true) {
+		return
+	}
+	ks.need.Store(true)
+	c.promoMu.Lock()
+	c.promoted = append(c.promoted, ks)
+	c.promoMu.Unlock()
+	c.wake()
+}
+
+// fallbackAll decides every key by the fallback, all or nothing.
+func (c *Client) fallbackAll(n int64, states []*keyState) Decision {
+	var buf [4]spent
+	done := buf[:0]
+	for _, ks := range states {
+		d, sp := c.fallback(n, ks)
+		if !d.Allowed {
+			c.undo(n, done)
+			return d
+		}
+		done = append(done, sp)
+	}
+	return Decision{Allowed: true, Source: SourceFallback}
+}
+
+// noteServerError reports a call that no server answered: logged, and
+// passed to Config.OnServerError.
+func (c *Client) noteServerError(err error) {
+	c.cfg.Logger.Warn("ratelease: no lease server answered; open leases serve until their deadlines, then the fallback applies",
+		"error", err, "fallback", c.cfg.Fallback.String())
+	if c.cfg.OnServerError != nil {
+		c.cfg.OnServerError(err)
+	}
+}
