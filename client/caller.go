@@ -119,10 +119,10 @@ func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, erro
 	return false, nil
 }
 
-// lease sends one lease request and returns the validated results, one per
-// entry. It fails with ErrServerRefused, ErrServerResponse, a transport
-// error or ctx's error.
-func (h *caller) lease(ctx context.Context, req *protocol.LeaseRequest) ([]protocol.LeaseResult, error) {
+// lease sends one lease request and returns the validated response: one
+// result per lease entry and one per take. It fails with ErrServerRefused,
+// ErrServerResponse, a transport error or ctx's error.
+func (h *caller) lease(ctx context.Context, req *protocol.LeaseRequest) (*protocol.LeaseResponse, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("client: encode lease request: %w", err)
@@ -137,7 +137,7 @@ func (h *caller) lease(ctx context.Context, req *protocol.LeaseRequest) ([]proto
 	if h.cfg.Token != "" {
 		r.Header.Set("Authorization", "Bearer "+h.cfg.Token)
 	}
-	var results []protocol.LeaseResult
+	var results *protocol.LeaseResponse
 	r.SetResponseHandler(func(resp *http.Response) error {
 		res, err := decodeLeaseResponse(resp, req)
 		if err != nil {
@@ -160,7 +160,7 @@ func (h *caller) lease(ctx context.Context, req *protocol.LeaseRequest) ([]proto
 
 // decodeLeaseResponse reads a lease server's answer. A 4xx problem that
 // carries per-entry results (every entry failed) is an answer too.
-func decodeLeaseResponse(resp *http.Response, req *protocol.LeaseRequest) ([]protocol.LeaseResult, error) {
+func decodeLeaseResponse(resp *http.Response, req *protocol.LeaseRequest) (*protocol.LeaseResponse, error) {
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("read response: %w", err)
@@ -179,7 +179,7 @@ func decodeLeaseResponse(resp *http.Response, req *protocol.LeaseRequest) ([]pro
 		if err := json.Unmarshal(data, &p); err != nil || p.Code == "" {
 			return nil, permanent{fmt.Errorf("%w: HTTP %d: %s", ErrServerRefused, resp.StatusCode, bytes.TrimSpace(data[:min(len(data), 200)]))}
 		}
-		if len(p.Leases) == 0 {
+		if len(p.Leases) == 0 || len(req.Takes) > 0 {
 			return nil, permanent{fmt.Errorf("%w: %w", ErrServerRefused, &p)}
 		}
 		out.Leases = p.Leases
@@ -189,7 +189,47 @@ func decodeLeaseResponse(resp *http.Response, req *protocol.LeaseRequest) ([]pro
 	if err := validateResults(req, out.Leases); err != nil {
 		return nil, err
 	}
-	return out.Leases, nil
+	if err := validateTakes(req, out.Takes); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// validateTakes checks that a server's take results answer req's takes, so
+// that a lying server cannot make the client admit what it did not decide.
+func validateTakes(req *protocol.LeaseRequest, res []protocol.CheckResponse) error {
+	if len(res) != len(req.Takes) {
+		return fmt.Errorf("%w: %d take results for %d takes", ErrServerResponse, len(res), len(req.Takes))
+	}
+	for i := range res {
+		t, r := &req.Takes[i], &res[i]
+		if r.Error != nil {
+			if r.Allowed {
+				return fmt.Errorf("%w: take %d allowed with an error", ErrServerResponse, i)
+			}
+			continue
+		}
+		if len(r.Keys) != len(t.Keys) {
+			return fmt.Errorf("%w: take %d: %d key results for %d keys", ErrServerResponse, i, len(r.Keys), len(t.Keys))
+		}
+		for j := range r.Keys {
+			k := &r.Keys[j]
+			switch {
+			case k.Key != t.Keys[j]:
+				return fmt.Errorf("%w: take %d answers key %q for %q", ErrServerResponse, i, k.Key, t.Keys[j])
+			case r.Allowed && !k.Allowed:
+				return fmt.Errorf("%w: take %d allowed although key %q denied", ErrServerResponse, i, k.Key)
+			case k.RetryAfterMillis < 0 || k.RetryAfterMillis > int64(24*time.Hour/time.Millisecond):
+				return fmt.Errorf("%w: take %d key %q: retry_after_ms out of range", ErrServerResponse, i, k.Key)
+			case k.Burst < 0 || k.Limit < 0 || k.PeriodMillis < 0 || k.LeaseTTLMillis < 0 || k.LeaseTTLMillis > int64(time.Hour/time.Millisecond):
+				return fmt.Errorf("%w: take %d key %q: rule out of range", ErrServerResponse, i, k.Key)
+			}
+		}
+		if r.RetryAfterMillis < 0 || r.RetryAfterMillis > int64(24*time.Hour/time.Millisecond) {
+			return fmt.Errorf("%w: take %d: retry_after_ms out of range", ErrServerResponse, i)
+		}
+	}
+	return nil
 }
 
 // validateResults checks that a server's results answer req and are

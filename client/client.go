@@ -33,6 +33,10 @@ const (
 	SourceDenied
 	// SourceClosed: the client is closed.
 	SourceClosed
+	// SourceDirect: a lease server decided this request alone, by a direct
+	// take (one call, coalesced with the process's other decisions in
+	// flight): the key holds no lease in this process.
+	SourceDirect
 )
 
 // String returns the source's name.
@@ -50,6 +54,8 @@ func (s Source) String() string {
 		return "denied"
 	case SourceClosed:
 		return "closed"
+	case SourceDirect:
+		return "direct"
 	}
 	return fmt.Sprintf("Source(%d)", uint8(s))
 }
@@ -81,6 +87,9 @@ type Stats struct {
 	ServerErrors int64
 	// FallbackDecisions counts requests decided by the fallback.
 	FallbackDecisions int64
+	// DirectDecisions counts requests sent to a lease server as direct
+	// takes (allowed or not).
+	DirectDecisions int64
 	// KeysHeld is the number of keys holding a lease now; at most
 	// Config.MaxKeys.
 	KeysHeld int
@@ -138,6 +147,18 @@ type Client struct {
 	denied       atomic.Int64
 	fallbacks    atomic.Int64
 	forgottenUse atomic.Int64 // Allowed of keys no longer held
+	directOK     atomic.Int64 // tokens allowed by direct takes
+	directs      atomic.Int64 // decisions sent as direct takes
+
+	direct        directQueue
+	directMu      sync.Mutex   // guards directBackoff
+	directBackoff int64        // ns; doubles while no server answers a direct call
+	directRetryAt atomic.Int64 // client clock: no direct call before this while offline
+
+	promoMu  sync.Mutex
+	promoted []*keyState // keys moved to leases, for the loop to take over
+
+	run loopState // owned by the settle loop
 }
 
 // New returns a Client and starts its settle loop. It does not contact a
@@ -186,7 +207,9 @@ func (c *Client) state(key string) *keyState {
 			c.keys.CompareAndDelete(key, ks)
 			continue
 		}
-		v, _ := c.keys.LoadOrStore(key, newKeyState(key))
+		ks := newKeyState(key)
+		ks.lastDirect.Store(c.nanos())
+		v, _ := c.keys.LoadOrStore(key, ks)
 		return v.(*keyState)
 	}
 }
@@ -200,14 +223,15 @@ func (c *Client) Allow(ctx context.Context, keys ...string) Decision {
 // AllowN reports whether n requests' worth may happen now for every key,
 // spending n tokens of each: all of them or none.
 //
-// A key with a live lease is decided locally, without a lock. A key never
-// seen waits for its first lease at most Config.ColdStartTimeout (or until
-// ctx ends) and is then decided by Config.Fallback. A key whose lease ran
-// out is denied at once (Source SourceLease) while the settle loop fetches
-// the next batch: Allow waits on the network for a key it never saw, never
-// otherwise. A key a server denied is denied locally until the
-// server's retry_after, without a network call. Invalid keys, or n < 1, are
-// denied with Source SourceDenied.
+// A key with a live lease is decided locally, without a lock. Any other key
+// is decided by a direct take at a lease server (Source SourceDirect): one
+// call, sent at once and coalesced with the process's other decisions in
+// flight, so the decision waits about one round trip (at most until ctx
+// ends). A key a server denied is denied locally until its bucket can serve
+// again (the server's retry_after), without a call. Config.Fallback decides
+// only while no server answers. Keys move to leases by themselves once this
+// process is admitted enough of them (Config.LeaseMinTokens). Invalid keys,
+// or n < 1, are denied with Source SourceDenied.
 func (c *Client) AllowN(ctx context.Context, n int64, keys ...string) Decision {
 	if n < 1 || n > protocol.MaxCount || len(keys) == 0 {
 		c.denied.Add(1)
@@ -222,13 +246,13 @@ func (c *Client) AllowN(ctx context.Context, n int64, keys ...string) Decision {
 		}
 		states = append(states, c.state(k))
 	}
-	return c.decide(ctx, n, states, c.cfg.ColdStartTimeout)
+	return c.decide(ctx, n, states)
 }
 
 // Wait blocks until one request may happen for every key, spending one
-// token of each, or until ctx ends. A key never seen waits for its first
-// lease as long as ctx allows. It returns ctx's error, an error matching
-// ErrRateLimited when ctx would end before the wait is over, or ErrClosed.
+// token of each, or until ctx ends. It returns ctx's error, an error
+// matching ErrRateLimited when ctx would end before the wait is over, or
+// ErrClosed.
 func (c *Client) Wait(ctx context.Context, keys ...string) error {
 	return c.WaitN(ctx, 1, keys...)
 }
@@ -249,7 +273,7 @@ func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		d := c.decide(ctx, n, states, -1)
+		d := c.decide(ctx, n, states)
 		if d.Allowed {
 			return nil
 		}
@@ -286,18 +310,21 @@ type spent struct {
 	ks *keyState
 }
 
-// decide spends n tokens from each key, all or nothing. coldWait bounds the
-// wait for a lease; negative means until ctx ends.
-func (c *Client) decide(ctx context.Context, n int64, states []*keyState, coldWait time.Duration) Decision {
+// decide spends n tokens from each key, all or nothing: from live leases
+// first, then by one direct take for the keys no lease could serve.
+func (c *Client) decide(ctx context.Context, n int64, states []*keyState) Decision {
 	var buf [4]spent
 	done := buf[:0]
+	var dbuf [4]*keyState
+	direct := dbuf[:0]
 	d := Decision{Allowed: true, Source: SourceLease, Remaining: -1}
+	var now int64
 	for i, ks := range states {
 		if ks.dead.Load() {
 			ks = c.state(ks.key)
 			states[i] = ks
 		}
-		if ks.unlimited.Load() && !ks.paused.Load() {
+		if ks.unlimited.Load() && !ks.paused.Load() && c.unlimitedLive(ks) {
 			if d.Source == SourceLease && d.Remaining < 0 {
 				d.Source = SourceUnlimited
 			}
@@ -312,18 +339,53 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, coldWa
 			}
 			continue
 		}
-		kd, sp := c.slow(ctx, n, ks, coldWait)
-		if !kd.Allowed {
+		// No live lease can serve this key.
+		if now == 0 {
+			now = c.nanos()
+		}
+		ks.unserved.Add(n)
+		if c.closing.Load() {
+			c.undo(n, done)
+			return Decision{Source: SourceClosed}
+		}
+		du := ks.denyUntil.Load()
+		if du > now {
 			c.undo(n, done)
 			c.denied.Add(1)
-			return kd
+			if ks.refused.Load() {
+				return Decision{Source: SourceDenied, RetryAfter: time.Duration(du - now)}
+			}
+			return Decision{Source: SourceRetryAfter, RetryAfter: time.Duration(du - now)}
 		}
-		done = append(done, sp)
-		if kd.Source != SourceLease || d.Source == SourceUnlimited {
-			d.Source = kd.Source
+		if ks.paused.Load() {
+			ks.paused.Store(false) // a DenyFor that has run out
 		}
-		if kd.Source == SourceLease && (d.Remaining < 0 || kd.Remaining < d.Remaining) {
-			d.Remaining = kd.Remaining
+		if ks.leasing.Load() {
+			// Its lease ran out or has not come yet: the loop fetches the
+			// next; this request is decided directly meanwhile.
+			ks.need.Store(true)
+			c.wake()
+		}
+		direct = append(direct, ks)
+	}
+	if len(direct) > 0 {
+		var dd Decision
+		if c.online.Load() || c.probe(now) {
+			c.directs.Add(1)
+			dd = c.takeDirect(ctx, n, direct)
+		} else {
+			dd = c.offline(n, direct, now)
+		}
+		if !dd.Allowed {
+			c.undo(n, done)
+			c.denied.Add(1)
+			return dd
+		}
+		if d.Source != SourceUnlimited || dd.Source != SourceDirect || d.Remaining >= 0 {
+			d.Source = dd.Source
+		}
+		if dd.Source == SourceDirect && (d.Remaining < 0 || dd.Remaining < d.Remaining) {
+			d.Remaining = dd.Remaining
 		}
 	}
 	for _, s := range done {
@@ -337,6 +399,34 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, coldWa
 	return d
 }
 
+// probe reports whether this decision, made while no server answers, may
+// try the servers: one decision per backoff period does, and waits for the
+// answer; the others are decided offline meanwhile.
+func (c *Client) probe(now int64) bool {
+	at := c.directRetryAt.Load()
+	return now >= at && c.directRetryAt.CompareAndSwap(at, now+int64(c.cfg.MaxRetryWait)+2*int64(c.cfg.RequestTimeout))
+}
+
+// offline decides keys while no server answers: a key whose spent-out
+// lease is still ours until its deadline is denied until then (the fallback
+// never adds to a lease's tokens), the others by Config.Fallback.
+func (c *Client) offline(n int64, states []*keyState, now int64) Decision {
+	for _, ks := range states {
+		if dl := ks.deadline.Load(); now < dl {
+			return Decision{Source: SourceLease, RetryAfter: time.Duration(dl - now)}
+		}
+	}
+	return c.fallbackAll(n, states)
+}
+
+// unlimitedLive reports whether an unlimited key may still be allowed
+// without asking: a key learned unlimited by a direct take is asked again
+// once its expiry passes (the rules may have changed).
+func (c *Client) unlimitedLive(ks *keyState) bool {
+	exp := ks.unlimitedExp.Load()
+	return exp == 0 || c.nanos() < exp
+}
+
 func (c *Client) undo(n int64, done []spent) {
 	for _, s := range done {
 		switch {
@@ -346,84 +436,6 @@ func (c *Client) undo(n int64, done []spent) {
 			s.r.Cancel()
 			s.ks.fallbackOK.Add(-n)
 		}
-	}
-}
-
-// slow decides one key that has no lease able to serve n tokens.
-func (c *Client) slow(ctx context.Context, n int64, ks *keyState, coldWait time.Duration) (Decision, spent) {
-	var timeout <-chan time.Time
-	for {
-		if c.closing.Load() {
-			return Decision{Source: SourceClosed}, spent{}
-		}
-		if ks.dead.Load() {
-			ks = c.state(ks.key) // forgotten meanwhile: start afresh
-		}
-		ch := ks.waitCh()
-		now := c.nanos()
-		du := ks.denyUntil.Load()
-		if ks.paused.Load() && du <= now {
-			ks.paused.Store(false) // a DenyFor that has run out
-		}
-		if ks.unlimited.Load() && du <= now {
-			return Decision{Allowed: true, Source: SourceUnlimited}, spent{ks: ks}
-		}
-		if l := ks.active.Load(); l != nil && l.spend(n, c) {
-			return Decision{Allowed: true, Source: SourceLease, Remaining: l.left()}, spent{l: l, ks: ks}
-		}
-		if du > now {
-			ks.unserved.Add(n)
-			if ks.refused.Load() {
-				return Decision{Source: SourceDenied, RetryAfter: time.Duration(du - now)}, spent{}
-			}
-			return Decision{Source: SourceRetryAfter, RetryAfter: time.Duration(du - now)}, spent{}
-		}
-		ks.need.Store(true)
-		if !c.online.Load() {
-			ks.unserved.Add(n)
-			if dl := ks.deadline.Load(); now < dl {
-				// No server answers, but the spent-out lease is ours
-				// until its deadline: the fallback starts after it, so
-				// that it never adds to a lease's tokens.
-				return Decision{Source: SourceLease, RetryAfter: time.Duration(dl - now)}, spent{}
-			}
-			// The fallback decides now; the loop keeps asking in the
-			// background.
-			return c.fallback(n, ks)
-		}
-		c.wake()
-		if coldWait >= 0 && ks.deadline.Load() != 0 {
-			if l := ks.active.Load(); l != nil && l.left() > 0 {
-				continue // a lease arrived meanwhile
-			}
-			// Not a cold key: its lease ran out and the loop is asking for
-			// the next. Allow does not wait for the network then; the
-			// request is denied, and counts as demand for the next batch.
-			ks.unserved.Add(n)
-			return Decision{Source: SourceLease, RetryAfter: c.cfg.SettleInterval}, spent{}
-		}
-		if timeout == nil && coldWait >= 0 {
-			t := time.NewTimer(coldWait)
-			defer t.Stop()
-			timeout = t.C
-		}
-		select {
-		case <-ch:
-			continue
-		case <-timeout:
-		case <-ctx.Done():
-			ks.unserved.Add(n)
-			return Decision{Source: SourceLease, RetryAfter: c.cfg.SettleInterval}, spent{}
-		case <-c.stopped:
-			return Decision{Source: SourceClosed}, spent{}
-		}
-		ks.unserved.Add(n)
-		if c.nanos() < ks.deadline.Load() {
-			// The lease ran out and its renewal is slow, but a server
-			// answers: the fallback must not add tokens of its own.
-			return Decision{Source: SourceLease, RetryAfter: c.cfg.SettleInterval}, spent{}
-		}
-		return c.fallback(n, ks)
 	}
 }
 
@@ -505,8 +517,9 @@ func (c *Client) Stats() Stats {
 		ServerCalls:       c.http.calls.Load(),
 		ServerErrors:      c.http.failures.Load(),
 		FallbackDecisions: c.fallbacks.Load(),
+		DirectDecisions:   c.directs.Load(),
 		Online:            c.online.Load(),
-		Allowed:           c.forgottenUse.Load(),
+		Allowed:           c.forgottenUse.Load() + c.directOK.Load(),
 		KeysHeld:          int(c.activeKeys.Load()),
 		MaxKeysHeld:       int(c.maxActive.Load()),
 	}

@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -34,52 +35,90 @@ func newClient(t *testing.T, cfg client.Config) *client.Client {
 	return c
 }
 
-func TestAllowLeaseLocally(t *testing.T) {
+// leaseKey decides key until a lease decides it: a key starts with direct
+// takes and moves to leases once the process is admitted
+// Config.LeaseMinTokens of it over a lease TTL. It returns the tokens it
+// was allowed.
+func leaseKey(t *testing.T, c *client.Client, key string) int {
+	t.Helper()
+	allowed := 0
+	require.Eventually(t, func() bool {
+		d := c.Allow(context.Background(), key)
+		if d.Allowed {
+			allowed++
+		}
+		return d.Source == client.SourceLease
+	}, 5*time.Second, time.Millisecond, "key %q never leased", key)
+	return allowed
+}
+
+func TestDirectThenLeased(t *testing.T) {
 	srv := leasetest.Start(t, rules, leasetest.Options{})
-	c := newClient(t, client.Config{Servers: []string{srv.URL()}})
+	c := newClient(t, client.Config{Servers: []string{srv.URL()}, LeaseMinTokens: 4})
 	ctx := context.Background()
 
 	d := c.Allow(ctx, "user:1")
 	require.True(t, d.Allowed, "%+v", d)
-	assert.Equal(t, client.SourceLease, d.Source)
-	calls := c.Stats().ServerCalls
-	assert.EqualValues(t, 1, calls, "the first Allow leased a batch")
-	for range 5 {
-		require.True(t, c.Allow(ctx, "user:1").Allowed)
-	}
-	assert.Equal(t, calls, c.Stats().ServerCalls, "spent locally, no call")
-
+	assert.Equal(t, client.SourceDirect, d.Source, "a cold key is decided by a direct take")
+	assert.EqualValues(t, 99, d.Remaining, "the bucket's remaining tokens, not a lease's")
 	st := c.Stats()
-	assert.EqualValues(t, 6, st.Allowed)
+	assert.EqualValues(t, 1, st.ServerCalls, "one call decided it")
+	assert.EqualValues(t, 1, st.DirectDecisions)
+	assert.Zero(t, st.KeysHeld, "one decision leases nothing")
+
+	// Four admissions within a lease TTL move the key to leases.
+	allowed := 1 + leaseKey(t, c, "user:1")
+	calls := c.Stats().ServerCalls
+	for range 5 {
+		d := c.Allow(ctx, "user:1")
+		require.True(t, d.Allowed)
+		require.Equal(t, client.SourceLease, d.Source)
+		allowed++
+	}
+	st = c.Stats()
+	assert.Equal(t, calls, st.ServerCalls, "spent locally, no call")
+	assert.EqualValues(t, allowed, st.Allowed)
 	assert.Equal(t, 1, st.KeysHeld)
 	assert.True(t, st.Online)
+	assert.Zero(t, st.FallbackDecisions)
 
-	// A key that matches no rule under default allow is unlimited.
+	// A key that matches no rule under default allow is unlimited: the
+	// first decision learns it, the next are local.
+	d = c.Allow(ctx, "other:1")
+	assert.True(t, d.Allowed)
+	calls = c.Stats().ServerCalls
 	d = c.Allow(ctx, "other:1")
 	assert.True(t, d.Allowed)
 	assert.Equal(t, client.SourceUnlimited, d.Source)
+	assert.Equal(t, calls, c.Stats().ServerCalls)
 }
 
-func TestColdStartSharesOneRequest(t *testing.T) {
+// TestDirectDecisionsCoalesce: concurrent decisions on cold keys share
+// calls: one call carries every decision in flight when it is sent.
+func TestDirectDecisionsCoalesce(t *testing.T) {
 	srv := leasetest.Start(t, rules, leasetest.Options{})
-	c := newClient(t, client.Config{Servers: []string{srv.URL()}, InitialBatch: 50})
+	c := newClient(t, client.Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1000})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	allowed := 0
-	for range 20 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if c.Allow(context.Background(), "user:cold").Allowed {
+	start := make(chan struct{})
+	for i := range 40 {
+		wg.Go(func() {
+			<-start
+			if c.Allow(context.Background(), fmt.Sprint("user:cold", i%8)).Allowed {
 				mu.Lock()
 				allowed++
 				mu.Unlock()
 			}
-		}()
+		})
 	}
+	close(start)
 	wg.Wait()
-	assert.Equal(t, 20, allowed)
-	assert.LessOrEqual(t, c.Stats().ServerCalls, int64(2), "concurrent first calls share the lease request")
+	assert.Equal(t, 40, allowed)
+	st := c.Stats()
+	assert.EqualValues(t, 40, st.DirectDecisions)
+	assert.Less(t, st.ServerCalls, int64(40), "concurrent decisions share calls")
+	t.Logf("40 concurrent decisions in %d calls", st.ServerCalls)
 }
 
 func TestDeniedLocallyUntilRetryAfter(t *testing.T) {
@@ -129,12 +168,10 @@ func TestCloseReturnsTokens(t *testing.T) {
 func testCloseReturnsTokens(t *testing.T, store leases.Store) {
 	noLeaks(t)
 	srv := leasetest.Start(t, rules, leasetest.Options{Store: store})
-	c, err := client.New(client.Config{Servers: []string{srv.URL()}, InitialBatch: 40})
+	c, err := client.New(client.Config{Servers: []string{srv.URL()}, InitialBatch: 40, LeaseMinTokens: 1})
 	require.NoError(t, err)
 	ctx := context.Background()
-	for range 3 {
-		require.True(t, c.Allow(ctx, "user:close").Allowed)
-	}
+	used := leaseKey(t, c, "user:close")
 	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 100, Period: time.Second, Burst: 100, LeaseTTL: 2 * time.Second}
 	st, err := store.State(ctx, "user:close", b)
 	require.NoError(t, err)
@@ -145,7 +182,7 @@ func testCloseReturnsTokens(t *testing.T, store leases.Store) {
 	require.NoError(t, err)
 	assert.Zero(t, st.Outstanding, "Close returned every unused token")
 	assert.Zero(t, st.Leases)
-	assert.InDelta(t, 97, st.Level, 1.5, "3 used, the rest back (plus refill)")
+	assert.InDelta(t, 100-used, st.Level, 1.5, "what was used is gone, the rest is back (plus refill)")
 
 	d := c.Allow(ctx, "user:close")
 	assert.False(t, d.Allowed)

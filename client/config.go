@@ -66,10 +66,20 @@ type Config struct {
 	// such keys are denied.
 	DefaultSafeRate float64
 
-	// ColdStartTimeout is how long Allow waits for the first lease of a key
-	// before it decides by the fallback. Wait is bounded by its context
-	// instead. Default 50ms.
+	// ColdStartTimeout is not used.
+	//
+	// Deprecated: a key without a live lease is decided by a direct take,
+	// which waits for its answer (about one round trip) and never for a
+	// lease; the fallback decides only while no server answers. Bound a
+	// decision with its context.
 	ColdStartTimeout time.Duration
+	// LeaseMinTokens moves a key to leases once this process is admitted at
+	// least this many of its tokens over one lease TTL (an average of its
+	// direct decisions); below that each decision is a direct take. A
+	// leased key returns to direct takes when a lease is not spent from by
+	// its renewal point, or its demand over a lease TTL falls below half
+	// this. Default 8; 1 leases a key after its first decision.
+	LeaseMinTokens int64
 	// SettleInterval is the tick of the background settle loop: at each
 	// tick, one call carries every key that needs settling. Default 10ms.
 	SettleInterval time.Duration
@@ -101,8 +111,9 @@ type Config struct {
 	HTTPClient *http.Client
 	// Logger receives the client's logs; nil discards them.
 	Logger *slog.Logger
-	// OnServerError, when set, is called from the settle loop after a call
-	// to the lease servers failed on every server.
+	// OnServerError, when set, is called after a call to the lease servers
+	// failed on every server, from the settle loop or from a direct call's
+	// goroutine; it must not block.
 	OnServerError func(err error)
 }
 
@@ -143,12 +154,14 @@ func (c *Config) withDefaults() (Config, error) {
 			*d = v
 		}
 	}
-	def(&cfg.ColdStartTimeout, 50*time.Millisecond)
 	def(&cfg.SettleInterval, 10*time.Millisecond)
 	def(&cfg.Horizon, time.Second)
 	def(&cfg.IdleTimeout, 30*time.Second)
 	def(&cfg.RequestTimeout, time.Second)
 	def(&cfg.MaxRetryWait, time.Second)
+	if cfg.LeaseMinTokens <= 0 {
+		cfg.LeaseMinTokens = 8
+	}
 	if cfg.InitialBatch <= 0 {
 		cfg.InitialBatch = 10
 	}

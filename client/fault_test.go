@@ -56,9 +56,9 @@ func countSources(c *client.Client, key string, d time.Duration) map[client.Sour
 func TestServerStoppedMidRun(t *testing.T) {
 	noLeaks(t)
 	srv := leasetest.Start(t, faultRules, leasetest.Options{})
-	c := newClient(t, client.Config{Servers: []string{srv.URL()}, InitialBatch: 100, RequestTimeout: 200 * time.Millisecond, MaxRetryWait: 50 * time.Millisecond})
+	c := newClient(t, client.Config{Servers: []string{srv.URL()}, InitialBatch: 100, RequestTimeout: 200 * time.Millisecond, MaxRetryWait: 50 * time.Millisecond, LeaseMinTokens: 1})
 	ctx := context.Background()
-	require.Equal(t, client.SourceLease, c.Allow(ctx, "f:1").Source)
+	leaseKey(t, c, "f:1")
 
 	srv.Stop()
 	// The open lease serves first (its tokens are ours until its deadline).
@@ -93,7 +93,7 @@ func TestFailover(t *testing.T) {
 	c := newClient(t, client.Config{Servers: []string{dead, srv.URL()}})
 	d := c.Allow(context.Background(), "f:2")
 	assert.True(t, d.Allowed)
-	assert.Equal(t, client.SourceLease, d.Source)
+	assert.Equal(t, client.SourceDirect, d.Source)
 	assert.EqualValues(t, 2, c.Stats().ServerCalls, "one failed attempt, then the other server")
 	assert.EqualValues(t, 0, c.Stats().ServerErrors)
 }

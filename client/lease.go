@@ -4,6 +4,7 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/time/rate"
 )
@@ -116,6 +117,16 @@ type keyState struct {
 	ready    chan struct{} // closed and replaced when the key's state changes
 	fallback *rate.Limiter // FallbackSafeRate limiter, under mu
 
+	// Direct decisions and leasing; atomics, written by any goroutine.
+	leasing      atomic.Bool  // the key is leased: the settle loop keeps its leases
+	lastDirect   atomic.Int64 // client clock of the last direct decision, or of creation
+	unlimitedExp atomic.Int64 // client clock: a key a direct take found unlimited is asked again then; 0: never
+	leaseTTL     atomic.Int64 // ns: the rule's lease TTL, from any answer
+	ruleBurst    atomic.Int64 // the rule's burst, from any answer
+	ruleFill     atomic.Int64 // ns the rule's bucket takes to fill, from any answer
+	rate         float64      // tokens admitted directly per ns (an average over a lease TTL), under mu
+	rateAt       int64        // client clock of rate, under mu
+
 	// Owned by the settle loop.
 	slots          [2]*lease // open leases by slot (active or frozen, not yet returned)
 	returnUsed     [2]int64  // used count of a frozen lease awaiting return
@@ -124,7 +135,7 @@ type keyState struct {
 	ewma           float64   // demand, tokens per second
 	lastUsed       int64     // used+denied total at the last tick
 	lastActive     int64     // client clock when demand was last seen
-	unlimitedUntil int64     // recheck an unlimited key after this
+	demote         bool      // return every lease and go back to direct decisions
 	burst          int64
 	fill           int64 // ns the bucket takes to fill (burst / rate)
 	ttl            int64 // ns, last lease TTL
@@ -159,4 +170,36 @@ func (ks *keyState) usedTotal() int64 {
 		n += l.granted - l.left()
 	}
 	return n
+}
+
+// extendDenial denies the key locally until until, unless it already is
+// for longer.
+func (ks *keyState) extendDenial(until int64) {
+	for {
+		cur := ks.denyUntil.Load()
+		if cur >= until || ks.denyUntil.CompareAndSwap(cur, until) {
+			return
+		}
+	}
+}
+
+// setUnlimited records that no rule limits the key, until exp (client
+// clock), when it is asked again.
+func (ks *keyState) setUnlimited(exp int64) {
+	ks.unlimitedExp.Store(exp)
+	ks.unlimited.Store(true)
+}
+
+// learn records the key's rule from an answer: limit tokens per period,
+// bucket size burst, lease TTL.
+func (ks *keyState) learn(limit, periodMillis, burst, ttlMillis int64) {
+	if ttlMillis > 0 {
+		ks.leaseTTL.Store(ttlMillis * int64(time.Millisecond))
+	}
+	if burst > 0 {
+		ks.ruleBurst.Store(burst)
+	}
+	if limit > 0 && periodMillis > 0 {
+		ks.ruleFill.Store(int64(float64(burst) / float64(limit) * float64(periodMillis) * float64(time.Millisecond)))
+	}
 }

@@ -43,8 +43,7 @@ func (l *Limiter) Keys() []string { return append([]string(nil), l.keys...) }
 
 // Allow reports whether one request may happen now, spending one token of
 // each key. With a live lease it is decided by one atomic operation per key;
-// otherwise as Client.Allow decides (it waits, up to
-// Config.ColdStartTimeout, only for a key's first lease).
+// otherwise as Client.Allow decides (a direct take: about one round trip).
 func (l *Limiter) Allow() bool {
 	if len(l.states) == 1 {
 		if ls := l.states[0].Load().active.Load(); ls != nil && ls.spend(1, l.c) {
@@ -59,8 +58,8 @@ func (l *Limiter) AllowN(n int64) bool {
 	return l.Decide(context.Background(), n).Allowed
 }
 
-// Decide is AllowN with the full Decision, waiting for a first lease at
-// most until ctx ends or Config.ColdStartTimeout.
+// Decide is AllowN with the full Decision; a direct take waits at most
+// until ctx ends.
 func (l *Limiter) Decide(ctx context.Context, n int64) Decision {
 	if l.err != nil || n < 1 || n > protocol.MaxCount {
 		l.c.denied.Add(1)
@@ -68,7 +67,7 @@ func (l *Limiter) Decide(ctx context.Context, n int64) Decision {
 	}
 	var buf [4]*keyState
 	states := l.resolve(buf[:0])
-	return l.c.decide(ctx, n, states, l.c.cfg.ColdStartTimeout)
+	return l.c.decide(ctx, n, states)
 }
 
 // Wait blocks until one request may happen for every key, as Client.Wait.

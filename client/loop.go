@@ -42,6 +42,16 @@ const (
 	ewmaTauUp = 100 * time.Millisecond
 )
 
+// loopState is owned by the settle loop goroutine.
+type loopState struct {
+	// leased are the keys the loop keeps leases for: promoted by the direct
+	// path, dropped once demoted or forgotten with no lease left. The loop
+	// scans only these at each tick.
+	leased map[*keyState]struct{}
+	// lastSweep is when the direct keys were last swept for idleness.
+	lastSweep int64
+}
+
 // loop is the settle loop: it keeps time for the leases (deadlines), sizes
 // and sends renewals, returns idle keys' tokens and applies the answers. It
 // is the only goroutine that writes a key's loop-owned fields.
@@ -53,6 +63,7 @@ func (c *Client) loop() {
 	inflight := 0
 	var retryAt, backoff int64
 	last := c.nanos()
+	c.run.leased = make(map[*keyState]struct{})
 	for {
 		select {
 		case <-c.stop:
@@ -70,6 +81,11 @@ func (c *Client) loop() {
 		now := c.nanos()
 		dt := now - last
 		last = now
+		c.takePromoted()
+		if now-c.run.lastSweep >= int64(time.Second) {
+			c.run.lastSweep = now
+			c.sweepDirect(now)
+		}
 		items := c.scan(now, dt, inflight < maxCalls && now >= retryAt)
 		if len(items) > 0 {
 			inflight++
@@ -100,16 +116,55 @@ func (c *Client) send(ctx context.Context, items []pending) callResult {
 			r.err = err // the chunks before this one were answered
 			return r
 		}
-		r.res = append(r.res, res...)
+		r.res = append(r.res, res.Leases...)
 	}
 	return r
+}
+
+// takePromoted moves the keys the direct path promoted into the loop's
+// set.
+func (c *Client) takePromoted() {
+	c.promoMu.Lock()
+	keys := c.promoted
+	c.promoted = nil
+	c.promoMu.Unlock()
+	for _, ks := range keys {
+		if !ks.dead.Load() {
+			c.run.leased[ks] = struct{}{}
+			if ks.ewma <= 0 {
+				// Start the demand average where the direct path left it.
+				ks.ewma = ks.directRate()
+			}
+		}
+	}
+}
+
+// sweepDirect forgets the keys decided directly that saw no decision for
+// Config.IdleTimeout.
+func (c *Client) sweepDirect(now int64) {
+	c.keys.Range(func(_, v any) bool {
+		ks := v.(*keyState)
+		if _, leased := c.run.leased[ks]; !leased && !ks.leasing.Load() && now-ks.lastDirect.Load() >= int64(c.cfg.IdleTimeout) {
+			c.forgetKey(ks)
+		}
+		return true
+	})
 }
 
 // want sizes the next batch of a key: its demand over the horizon, at most
 // half a lease TTL's worth and the bucket size.
 func (c *Client) want(ks *keyState) int64 {
+	if ks.burst <= 0 {
+		ks.burst = ks.ruleBurst.Load()
+	}
+	if ks.fill <= 0 {
+		ks.fill = ks.ruleFill.Load()
+	}
+	if ks.ttl <= 0 {
+		ks.ttl = ks.leaseTTL.Load()
+	}
 	if ks.ewma <= 0 {
-		return c.cfg.InitialBatch
+		return min(c.cfg.InitialBatch, max(1, ks.burst/4))
 	}
 	h := c.cfg.Horizon
 	if ks.ttl > 0 && time.Duration(ks.ttl/2) < h {
@@ -124,7 +179,8 @@ func (c *Client) want(ks *keyState) int64 {
 	w := int64(math.Ceil(ks.ewma * h.Seconds()))
 	w = max(1, min(w, c.cfg.MaxBatch))
 	if ks.burst > 0 {
-		w = min(w, ks.burst)
+		// Never a whole bucket for one process: a quarter at most.
+		w = min(w, max(1, ks.burst/4))
 	}
 	return w
 }
@@ -166,8 +222,7 @@ func (c *Client) scan(now, dt int64, collect bool) []pending {
 	var items []pending
 	alpha := 1 - math.Exp(-float64(dt)/float64(ewmaTau))
 	alphaUp := 1 - math.Exp(-float64(dt)/float64(ewmaTauUp))
-	c.keys.Range(func(_, v any) bool {
-		ks := v.(*keyState)
+	for ks := range c.run.leased {
 		// Deadlines: a lease past its deadline is dead; past half its TTL
 		// every spend reads the clock.
 		if l := ks.active.Load(); l != nil {
@@ -207,26 +262,45 @@ func (c *Client) scan(now, dt int64, collect bool) []pending {
 			ks.lastActive = now
 		}
 		if !collect || ks.inflight {
-			return true
+			continue
 		}
 		if ks.lastAsk != 0 && now-ks.lastAsk < int64(c.cfg.SettleInterval) && !ks.forget {
 			// At most one call per key per tick: a key that keeps running
 			// out asks for more once a tick, not once a request.
-			return true
+			continue
 		}
 		if p, ok := c.plan(ks, now, active); ok {
 			ks.inflight = true
 			ks.lastAsk = now
 			items = append(items, p...)
 		}
-		return true
-	})
+	}
 	return items
 }
 
 // plan returns the entries one key needs now, if any.
 func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) {
 	idle := now-ks.lastActive >= int64(c.cfg.IdleTimeout)
+	if !ks.demote && !ks.forget && active != nil && c.shouldDemote(ks, active, now) {
+		ks.demote = true
+	}
+	if ks.demote && !ks.forget && !c.closing.Load() {
+		// Back to direct decisions: return every lease, keep the key.
+		if active != nil && c.clearActive(ks, active) {
+			ks.returnUsed[active.slot] = ks.closeLease(active)
+		}
+		var out []pending
+		for s, l := range ks.slots {
+			if l != nil {
+				out = append(out, pending{ks: ks, slot: s, settling: l, used: ks.returnUsed[s]})
+			}
+		}
+		if len(out) == 0 {
+			c.demoted(ks)
+			return nil, false
+		}
+		return out, true
+	}
 	if idle || ks.forget || c.closing.Load() {
 		// Return everything and forget the key.
 		ks.forget = true
@@ -254,12 +328,6 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 	}
 	denied := ks.denyUntil.Load() > now
 	switch {
-	case ks.unlimited.Load():
-		if now >= ks.unlimitedUntil && !denied {
-			// Ask again now and then: the rules may have changed.
-			ks.unlimitedUntil = now + int64(c.cfg.Horizon)
-			return []pending{entry(0, c.cfg.InitialBatch)}, true
-		}
 	case active != nil:
 		left := active.left()
 		if !denied && left == 0 {
@@ -299,11 +367,41 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 	return out, len(out) > 0
 }
 
+// shouldDemote reports whether a leased key should return to direct
+// decisions: its lease was not spent from by its renewal point (idle costs
+// nothing: the lease is returned, not renewed), or its demand over a lease
+// TTL fell below half of Config.LeaseMinTokens.
+func (c *Client) shouldDemote(ks *keyState, active *lease, now int64) bool {
+	if now < active.halfway {
+		return false
+	}
+	if active.left() == active.granted && ks.denyUntil.Load() <= now {
+		return true
+	}
+	return ks.ttl > 0 && ks.ewma*time.Duration(ks.ttl).Seconds() < float64(c.cfg.LeaseMinTokens)/2
+}
+
+// demoted finishes a key's return to direct decisions once it holds no
+// lease.
+func (c *Client) demoted(ks *keyState) {
+	ks.demote = false
+	ks.need.Store(false)
+	ks.ewma = 0
+	ks.mu.Lock()
+	ks.rate, ks.rateAt = 0, 0
+	ks.mu.Unlock()
+	ks.lastDirect.Store(c.nanos())
+	delete(c.run.leased, ks)
+	ks.leasing.Store(false)
+	ks.notify()
+}
+
 // forgetKey drops a key that holds no lease.
 func (c *Client) forgetKey(ks *keyState) {
 	if ks.dead.Swap(true) {
 		return
 	}
+	delete(c.run.leased, ks)
 	c.keys.CompareAndDelete(ks.key, ks)
 	c.forgottenUse.Add(ks.usedTotal() + ks.unlimitedOK.Load() + ks.fallbackOK.Load())
 	ks.notify()
@@ -335,11 +433,9 @@ func (c *Client) apply(r callResult, retryAt, backoff *int64) {
 	// Back off: a tick, doubling up to MaxRetryWait.
 	*backoff = min(max(2**backoff, int64(c.cfg.SettleInterval)), int64(c.cfg.MaxRetryWait))
 	*retryAt = now + *backoff
-	c.cfg.Logger.Warn("ratelease: no lease server answered; open leases serve until their deadlines, then the fallback applies",
-		"error", r.err, "fallback", c.cfg.Fallback.String(), "retry_in", time.Duration(*backoff))
-	if c.cfg.OnServerError != nil {
-		c.cfg.OnServerError(r.err)
-	}
+	// Direct decisions go to the fallback until then, without a call each.
+	c.directRetryAt.Store(*retryAt)
+	c.noteServerError(r.err)
 	for _, p := range failed {
 		if p.want > 0 {
 			p.ks.notify() // waiters decide by the fallback now
@@ -367,12 +463,11 @@ func (c *Client) makeRoom(items []pending, res []protocol.LeaseResult) {
 // (keys in skip excepted) and forgets those keys.
 func (c *Client) evict(n int, skip map[*keyState]bool) {
 	var held []*keyState
-	c.keys.Range(func(_, v any) bool {
-		if ks := v.(*keyState); !skip[ks] && ks.active.Load() != nil {
+	for ks := range c.run.leased {
+		if !skip[ks] && ks.active.Load() != nil {
 			held = append(held, ks)
 		}
-		return true
-	})
+	}
 	slices.SortFunc(held, func(a, b *keyState) int { return cmp.Compare(a.lastActive, b.lastActive) })
 	for _, ks := range held[:min(n, len(held))] {
 		if l := ks.active.Load(); l != nil && c.clearActive(ks, l) {
@@ -397,6 +492,11 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 			if p.want > 0 {
 				ks.need.Store(true) // ask again without the lease ID
 			}
+		case protocol.CodeTooManyLeases:
+			// The key has as many leases as the server allows: decide it
+			// directly.
+			ks.demote = true
+			c.cfg.Logger.Warn("ratelease: server allows no more leases on key; deciding it directly", "key", ks.key, "detail", res.Error.Detail)
 		case protocol.CodeForbidden, protocol.CodeNoRule:
 			// Refused: deny locally for a while, then ask again (the
 			// rules or permissions may change).
@@ -430,6 +530,7 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		}
 		ks.safeRate.Store(math.Float64bits(cur))
 	}
+	ks.learn(res.Limit, res.PeriodMillis, res.Burst, res.TTLMillis)
 	ks.burst = res.Burst
 	if res.Limit > 0 && res.PeriodMillis > 0 {
 		ks.fill = int64(float64(res.Burst) / float64(res.Limit) * float64(res.PeriodMillis) * float64(time.Millisecond))
@@ -438,8 +539,9 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		ks.ttl = res.TTLMillis * int64(time.Millisecond)
 	}
 	if res.Unlimited {
-		ks.unlimited.Store(true)
-		ks.unlimitedUntil = now + int64(max(c.cfg.Horizon, time.Duration(ks.ttl)))
+		// No rule: allowed locally until asked again, directly.
+		ks.setUnlimited(now + int64(max(c.cfg.Horizon, time.Duration(ks.ttl))))
+		ks.demote = true
 		ks.need.Store(false)
 		if old := c.setActive(ks, nil); old != nil {
 			ks.returnUsed[old.slot] = ks.closeLease(old)
