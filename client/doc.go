@@ -1,6 +1,7 @@
 // Package client is the Go SDK of ratelease: global rate limits decided
 // locally, in nanoseconds, from tokens leased in batches from the lease
-// servers.
+// servers where a key's local demand makes a batch worthwhile, and by one
+// coalesced call per decision where it does not.
 //
 //	c, err := client.New(client.Config{Servers: []string{"http://10.0.0.1:8080", "http://10.0.0.2:8080"}})
 //	if err != nil { ... }
@@ -13,7 +14,40 @@
 // The package imports protocol but neither leases nor server, so a service
 // that embeds it does not link the lease server.
 //
-// # How a decision is made
+// # Direct or leased
+//
+// Each key is decided, per process, in one of two ways.
+//
+// Direct: a key starts here. A decision is a direct take at a lease server
+// (the tokens taken outright, all or nothing across its keys, no lease left
+// open), sent at once and coalesced with the decisions of the process in
+// flight at that moment: at most four calls carrying takes are in flight,
+// and a decision that finds them busy goes in the next call with every
+// decision that arrived meanwhile. A decision waits about one round trip.
+// The answer teaches the client the key's rule; a denial comes with the
+// time the key's bucket needs to serve again, and the key is denied
+// locally until then, without a call. This is the right mode for the keys
+// the mission cares most about — per-user limits whose requests a load
+// balancer spreads over many processes, so that each process sees a few per
+// second of each user: a lease there would hold tokens the other processes
+// need, and renewing it would cost more calls than the decisions it saves.
+//
+// Leased: once this process is admitted at least Config.LeaseMinTokens
+// (default 8) of a key over one lease TTL — admitted, not asked: a process
+// whose share of a saturated key is small gains nothing from a lease — the
+// settle loop takes the key over and leases it batches sized to its demand
+// (below). A lease not spent from by its renewal point is returned, not
+// renewed, and the key goes back to direct decisions; so does a key whose
+// demand over a lease TTL falls below half the threshold, and a key the
+// server refuses more leases on (too_many_leases). An idle key costs no
+// call and holds no token. While a leased key's lease has run out and its
+// next one is not in yet, its decisions are direct takes.
+//
+// The fallback (Config.Fallback) decides only while no server answers: a
+// slow answer is waited for, because a fallback decision made while the
+// servers are deciding too adds to the limit.
+//
+// # Spending a lease
 //
 // Each key holds at most one active lease: a batch of tokens granted by a
 // server, valid until a deadline that the client counts from the moment it
@@ -29,26 +63,27 @@
 // settle loop checks every lease first thing after a pause. This is the
 // one place the client relaxes the design's "tokens left at the deadline
 // are not spent": a clock read on every spend would cost more than the
-// rest of the hot path. A key never seen waits for its first
-// lease at most Config.ColdStartTimeout; concurrent callers share one
-// request. A grant of zero comes with retry_after, and the key is then
-// denied locally until that time: excess requests cost no network call.
+// rest of the hot path. A grant of zero comes with retry_after, and the key
+// is then denied locally until that time: excess requests cost no network
+// call.
 //
 // # The settle loop
 //
-// One goroutine keeps time for the leases and, at each tick
-// (Config.SettleInterval), sends one call that carries every key needing
-// work: a lease with about a quarter left or past half its TTL is renewed; a
+// One goroutine keeps time for the leases of the leased keys (it never
+// visits a direct key, so a process may decide millions of keys directly
+// at no cost to the loop) and, at each tick (Config.SettleInterval), sends
+// one call that carries every key needing work: a lease with about a quarter left or past half its TTL is renewed; a
 // spent-out lease is settled and replaced in one step; idle keys
 // (Config.IdleTimeout) and the least recently used keys beyond
 // Config.MaxKeys are returned and forgotten. The batch asked for is the
 // key's demand (tokens used plus tokens asked for in vain, averaged so that
 // it follows a rise within about 100 ms and a fall within about a second)
 // over Config.Horizon, but at most half a lease TTL's worth, and at most a
-// quarter of the time the bucket takes to fill: tokens held in a lease count
-// as taken from the bucket until spent, so on a shared key big batches would
-// leave the bucket idle. A key asks at most once per tick, and a key whose
-// lease ran out is denied (not delayed) until its next batch arrives.
+// quarter of the time the bucket takes to fill, and never more than a
+// quarter of the bucket: tokens held in a lease count as taken from the
+// bucket until spent, so on a shared key big batches would leave the bucket
+// idle, and the first process to come must not take a small bucket whole.
+// A key asks at most once per tick.
 //
 // Renewal is double-buffered. The protocol lets a client hold one lease per
 // key in each of two slots (protocol.LeaseEntry.Slot, an addition to the
@@ -71,7 +106,7 @@
 // server that answers garbage, impossible grants (more than asked, another
 // key), 5xx or nothing counts as failed. While no server answers, open
 // leases keep serving until their deadlines; after that Config.Fallback
-// decides: FallbackSafeRate (the default) limits each key with a local
+// decides, and one decision per backoff period tries the servers again: FallbackSafeRate (the default) limits each key with a local
 // x/time/rate limiter at the last safe_rate a server gave, the rule's rate
 // divided by the clients holding the key, so the fleet stays near the limit;
 // FallbackOpen allows everything; FallbackClosed denies everything. When a

@@ -128,18 +128,18 @@ type keyState struct {
 	rateAt       int64        // client clock of rate, under mu
 
 	// Owned by the settle loop.
-	slots          [2]*lease // open leases by slot (active or frozen, not yet returned)
-	returnUsed     [2]int64  // used count of a frozen lease awaiting return
-	inflight       bool      // an entry for this key is in the call in flight
-	lastAsk        int64     // client clock when the key was last in a call
-	ewma           float64   // demand, tokens per second
-	lastUsed       int64     // used+denied total at the last tick
-	lastActive     int64     // client clock when demand was last seen
-	demote         bool      // return every lease and go back to direct decisions
-	burst          int64
-	fill           int64 // ns the bucket takes to fill (burst / rate)
-	ttl            int64 // ns, last lease TTL
-	forget         bool  // return everything and drop the key
+	slots      [2]*lease // open leases by slot (active or frozen, not yet returned)
+	returnUsed [2]int64  // used count of a frozen lease awaiting return
+	inflight   bool      // an entry for this key is in the call in flight
+	lastAsk    int64     // client clock when the key was last in a call
+	ewma       float64   // demand, tokens per second
+	lastUsed   int64     // used+denied total at the last tick
+	lastActive int64     // client clock when demand was last seen
+	demote     bool      // return every lease and go back to direct decisions
+	burst      int64
+	fill       int64 // ns the bucket takes to fill (burst / rate)
+	ttl        int64 // ns, last lease TTL
+	forget     bool  // return everything and drop the key
 }
 
 func newKeyState(key string) *keyState {
