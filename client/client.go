@@ -151,8 +151,7 @@ type Client struct {
 	directs      atomic.Int64 // decisions sent as direct takes
 
 	direct        directQueue
-	directMu      sync.Mutex   // guards directBackoff
-	directBackoff int64        // ns; doubles while no server answers a direct call
+	directBackoff atomic.Int64 // ns; doubles while no server answers a direct call
 	directRetryAt atomic.Int64 // client clock: no direct call before this while offline
 
 	promoMu  sync.Mutex
@@ -360,9 +359,22 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState) Decisi
 		if ks.paused.Load() {
 			ks.paused.Store(false) // a DenyFor that has run out
 		}
+		if ks.leasing.Load() && ks.deadline.Load() != 0 && c.online.Load() {
+			// Its lease ran out: the loop fetches the next batch, and the
+			// request is denied until it comes (it counts as demand for
+			// the batch). Deciding it directly instead would cost a call
+			// per request on exactly the keys whose demand exceeds their
+			// share, and would take tokens outside the fair share that
+			// leases keep.
+			ks.need.Store(true)
+			c.wake()
+			c.undo(n, done)
+			c.denied.Add(1)
+			return Decision{Source: SourceLease, RetryAfter: c.cfg.SettleInterval}
+		}
 		if ks.leasing.Load() {
-			// Its lease ran out or has not come yet: the loop fetches the
-			// next; this request is decided directly meanwhile.
+			// Promoted, its first lease not in yet: decided directly
+			// meanwhile.
 			ks.need.Store(true)
 			c.wake()
 		}
@@ -404,7 +416,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState) Decisi
 // answer; the others are decided offline meanwhile.
 func (c *Client) probe(now int64) bool {
 	at := c.directRetryAt.Load()
-	return now >= at && c.directRetryAt.CompareAndSwap(at, now+int64(c.cfg.MaxRetryWait)+2*int64(c.cfg.RequestTimeout))
+	return now >= at && c.directRetryAt.CompareAndSwap(at, now+max(int64(c.cfg.SettleInterval), c.directBackoff.Load()))
 }
 
 // offline decides keys while no server answers: a key whose spent-out

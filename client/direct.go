@@ -121,21 +121,19 @@ func (c *Client) callDirect(batch []*directReq) {
 }
 
 // directFailed records that no server answered a direct call: until the
-// backoff ends, direct decisions go to the fallback without a call.
+// backoff ends, direct decisions go to the fallback without a call (one
+// decision per backoff period probes the servers).
 func (c *Client) directFailed(now int64) {
 	c.online.Store(false)
-	c.directMu.Lock()
-	c.directBackoff = min(max(2*c.directBackoff, int64(c.cfg.SettleInterval)), int64(c.cfg.MaxRetryWait))
-	c.directRetryAt.Store(now + c.directBackoff)
-	c.directMu.Unlock()
+	b := min(max(2*c.directBackoff.Load(), int64(c.cfg.SettleInterval)), int64(c.cfg.MaxRetryWait))
+	c.directBackoff.Store(b)
+	c.directRetryAt.Store(now + b)
 }
 
 // directAnswered records that a server answered a direct call.
 func (c *Client) directAnswered() {
-	c.directMu.Lock()
-	c.directBackoff = 0
+	c.directBackoff.Store(0)
 	c.directRetryAt.Store(0)
-	c.directMu.Unlock()
 	if !c.online.Swap(true) {
 		c.cfg.Logger.Info("ratelease: lease servers answer again")
 	}
