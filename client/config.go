@@ -87,8 +87,9 @@ type Config struct {
 	// its recent demand (an EWMA) times Horizon, at most half the lease
 	// TTL's worth. Default 1s.
 	Horizon time.Duration
-	// InitialBatch is the batch asked for a key with no demand history.
-	// Default 10.
+	// InitialBatch is the least first batch of a key that moves to leases
+	// (its demand measured so far may lag). Default 10. A batch is never
+	// more than a quarter of the key's bucket.
 	InitialBatch int64
 	// MaxBatch caps any batch asked for. Default protocol.MaxCount (the
 	// server caps a grant by the bucket size anyway).

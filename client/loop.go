@@ -132,8 +132,11 @@ func (c *Client) takePromoted() {
 		if !ks.dead.Load() {
 			c.run.leased[ks] = struct{}{}
 			if ks.ewma <= 0 {
-				// Start the demand average where the direct path left it.
-				ks.ewma = ks.directRate()
+				// Start the demand average where the direct path left it,
+				// but at InitialBatch over the horizon at least: the
+				// direct estimate averages over a whole lease TTL and
+				// lags a demand that just rose.
+				ks.ewma = max(ks.directRate(), float64(c.cfg.InitialBatch)/c.cfg.Horizon.Seconds())
 			}
 		}
 	}
