@@ -333,15 +333,20 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 	switch {
 	case active != nil:
 		left := active.left()
-		if !denied && left == 0 {
+		if left == 0 {
 			// Spent out: nothing is lost by closing it now, so settle it
-			// and take the next lease in one step, in its own slot. (Kept
-			// open, its spent tokens would count as outstanding and hold
-			// the bucket until it expired.)
+			// and take the next lease in one step, in its own slot; while
+			// the key is denied, settle it alone. (Kept open, its spent
+			// tokens would count as outstanding and cap the bucket's
+			// refill for everyone until it expired.)
 			if c.clearActive(ks, active) {
 				used := ks.closeLease(active)
 				ks.returnUsed[active.slot] = used
-				return []pending{{ks: ks, slot: active.slot, want: c.want(ks), settling: active, used: used}}, true
+				want := c.want(ks)
+				if denied {
+					want = 0
+				}
+				return []pending{{ks: ks, slot: active.slot, want: want, settling: active, used: used}}, true
 			}
 			return nil, false
 		}

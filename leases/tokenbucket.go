@@ -29,11 +29,12 @@ import (
 // hand out a second burst at once). Then:
 //
 //	grant:   g ≤ min(want, L, fair share); L −= g; O += g
-//	fair share (when the key is shared): max(1, burst/h) per lease, and
-//	         ⌊rate·(now − vt)/h + max(0, ⌊L − burst/4⌋)⌋, where vt, the
-//	         owner's share clock, advances by h/rate per token granted and
-//	         never lags more than burst/rate behind now; h = clients × the
-//	         processes of the owner's client (see holders)
+//	fair share (when the key is shared): a batch of min(want, max(1,
+//	         burst/h)), granted whole once both the level and
+//	         rate·(now − vt)/h + max(0, ⌊L − burst/4⌋) cover it, else
+//	         nothing; vt, the owner's share clock, advances by h/rate per
+//	         token granted and never lags more than burst/rate behind now;
+//	         h = clients × the processes of the owner's client (holders)
 //	settle:  O −= G; L += G − u
 //	take:    n ≤ L; L −= n
 //
@@ -386,21 +387,27 @@ func (s *tbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 			return LeaseOutcome{Err: ErrTooManyLeases, Expired: o.Expired}
 		}
 	}
-	var shareWait int64 // µs until this owner's fair share reaches a token
+	var shareWait int64 // µs until this owner's fair share reaches its batch
 	var share float64   // tokens of fair share available to owner
 	var base float64    // owner's share clock
 	shared := false     // the fair share applied
+	need := int64(1)    // the least grant worth making
 	if op.Want > 0 {
 		g := op.Want
 		if h > 1 {
-			// Fair share: at most burst/h per lease, and at most the
+			// Fair share: a batch of at most burst/h per lease, once the
 			// owner's share of the refill since its share clock, plus
-			// whatever the bucket holds above a quarter full. An owner
-			// that asks often gets small grants, one that asks rarely
-			// finds a quarter of the bucket kept for it, and no share is
-			// wasted.
+			// whatever the bucket holds above a quarter full, covers it.
+			// Until then nothing, and a retry_after for when it will: an
+			// owner that asks every tick of a saturated key gets one fair
+			// batch per burst/rate instead of a token or two per call, so
+			// the calls a saturated key costs are set by its refill, its
+			// holders and its bucket (about h·rate/burst per second), not
+			// by the clients' ticks. One that asks rarely finds a quarter
+			// of the bucket kept for it, and no share is wasted.
 			base = s.shareBase(owner, float64(now)-float64(b.Burst)/b.ratePerMicro())
 			g = min(g, max(1, b.Burst/int64(h)))
+			need = (g + 1) / 2
 			share = float64(b.ratePerMicro()*(float64(now)-base)) / float64(h)
 			spare := 0.0
 			if reserve := float64(b.Burst) / 4; s.level > reserve {
@@ -408,9 +415,11 @@ func (s *tbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 			}
 			capf := share + spare
 			g = min(g, int64(math.Floor(capf)))
-			if g < 1 {
-				// Too soon: the owner's share has not reached a token.
-				shareWait = int64(math.Ceil(float64((1-capf)*float64(h)) / b.ratePerMicro()))
+			if g < need {
+				// Too soon: the owner's share has not reached half its
+				// batch.
+				g = 0
+				shareWait = int64(math.Ceil(float64((float64(need)-capf)*float64(h)) / b.ratePerMicro()))
 			}
 			shared = true
 		}
@@ -418,7 +427,12 @@ func (s *tbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 		if s.level > 0 {
 			avail = int64(math.Floor(s.level + epsilon))
 		}
-		g = min(g, avail)
+		if avail < g {
+			g = avail
+			if g < need {
+				g = 0 // half a batch at least, or nothing until the bucket holds it
+			}
+		}
 		if g > 0 {
 			s.level -= float64(g)
 			s.open(&openLease{ref: ref, member: member(owner, op.Slot), id: op.NewLeaseID, granted: g, expiry: now + b.LeaseTTL.Microseconds()})
@@ -433,7 +447,7 @@ func (s *tbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 			o.LeaseID = op.NewLeaseID
 			o.TTL = b.LeaseTTL
 		} else {
-			o.RetryAfter = max(s.retryAfter(b, 1, now), microsToRetry(shareWait))
+			o.RetryAfter = max(s.retryAfter(b, float64(need), now), microsToRetry(shareWait))
 			if !s.holdsSlot(ref) {
 				// A waiter holds a lease of nothing for one TTL, so that
 				// the others' fair share counts it while it waits.

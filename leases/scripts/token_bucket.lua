@@ -513,32 +513,39 @@ if want > 0 then
   local share, base = 0, 0
   local share_wait = 0
   local shared = false
+  local need = 1
   local floor = now - burst / rate
   if h > 1 then
-    -- Fair share: at most burst/h per lease, and at most the owner's share
-    -- of the refill since its share clock, plus whatever the bucket holds
-    -- above a quarter full (0 when it asks again too soon).
+    -- Fair share: a batch of at most burst/h per lease, once the owner's
+    -- share of the refill since its share clock, plus whatever the bucket
+    -- holds above a quarter full, covers it; until then nothing, and a
+    -- retry_after for when it will (see tokenbucket.go).
     base = floor
     local vt = tonumber(redis.call('ZSCORE', S, owner))
     if vt and vt > floor then base = vt end
     local fair = math.floor(burst / h)
     if fair < 1 then fair = 1 end
     if fair < g then g = fair end
+    need = math.floor((g + 1) / 2)
     share = rate * (now - base) / h
     local spare = 0
     if level > burst / 4 then spare = math.floor(level - burst / 4) end
     local capf = share + spare
     local cap = math.floor(capf)
     if cap < g then g = cap end
-    if g < 1 then
-      -- Too soon: the owner's share has not reached a token.
-      share_wait = math.ceil((1 - capf) * h / rate)
+    if g < need then
+      -- Too soon: the owner's share has not reached half its batch.
+      g = 0
+      share_wait = math.ceil((need - capf) * h / rate)
     end
     shared = true
   end
   local avail = 0
   if level > 0 then avail = math.floor(level + eps) end
-  if avail < g then g = avail end
+  if avail < g then
+    g = avail
+    if g < need then g = 0 end -- half a batch at least, or nothing until the bucket holds it
+  end
   if g > 0 then
     level = level - g
     local e = now + ttl
@@ -560,7 +567,7 @@ if want > 0 then
     end
     granted = g
   else
-    retry = retry_after(1)
+    retry = retry_after(need)
     if share_wait > 0 then
       local ms = math.floor((share_wait + 999) / 1000)
       if ms > retry then retry = ms end

@@ -306,10 +306,12 @@ func testFairShare(t *testing.T, f *fixture) {
 	assert.EqualValues(t, 33, c.Granted, "three holders: burst/3")
 	assert.Equal(t, 3, c.Holders)
 	// a renews: three holders, 7 tokens left. a has no share clock yet (it
-	// was alone when granted), so its share is the burst cap, and the
-	// bucket limits it.
+	// was alone when granted), so its share covers the burst cap of 33; but
+	// the bucket holds 7, less than half that batch: nothing, until 10
+	// more have refilled (100 ms at 100/s).
 	a2 := f.lease("a/1", "hot", b, 100, a.LeaseID, 10)
-	assert.EqualValues(t, 7, a2.Granted)
+	assert.Zero(t, a2.Granted, "half a fair batch (17) or nothing")
+	assert.Equal(t, 100*time.Millisecond, a2.RetryAfter)
 	assert.Equal(t, 3, a2.Holders)
 
 	// The cap never goes below one token.
@@ -322,38 +324,36 @@ func testFairShare(t *testing.T, f *fixture) {
 }
 
 func testShareClock(t *testing.T, f *fixture) {
-	// 100 tokens/s, burst 100, two owners.
+	// 100 tokens/s, burst 100, two owners: a fair batch is burst/2 = 50,
+	// granted once the share covers half of it (25) at least.
 	b := bucket(100, time.Second, 100, 10*time.Second)
 	a := f.lease("a/1", "k", b, 1, "", 0)
 	require.EqualValues(t, 1, a.Granted, "alone: no share")
 	// b's share clock starts burst/rate (1 s) behind, so its share is
-	// 100/s · 1 s / 2 holders = 50; the bucket holds 99, and the per-lease
-	// cap is burst/2 = 50.
+	// 100/s · 1 s / 2 holders = 50; the bucket holds 99.
 	b1 := f.lease("b/1", "k", b, 100, "", 0)
 	require.EqualValues(t, 50, b1.Granted)
-	// At once again: no share left, but the bucket (49) holds 24 above a
-	// quarter full, which anyone may take, and which costs no share.
+	// At once again: no share left, and the bucket (49) holds 24 above a
+	// quarter full, which anyone may take: one short of half a batch, so
+	// nothing until b's share is one token (2 holders / 100 per s = 20 ms).
 	b2 := f.lease("b/1", "k", b, 100, b1.LeaseID, 50)
-	assert.EqualValues(t, 24, b2.Granted)
-	// And again: nothing above a quarter, no share: nothing, until b's
-	// share is one token (2 holders / 100 per s = 20 ms).
-	b3 := f.lease("b/1", "k", b, 100, b2.LeaseID, 24)
-	assert.Zero(t, b3.Granted)
-	assert.Equal(t, 20*time.Millisecond, b3.RetryAfter)
-	// a, whose share is fresh, takes 20 of the 25 left.
-	require.EqualValues(t, 20, f.lease("a/1", "k", b, 20, a.LeaseID, 1).Granted)
-	// 20 ms later b has one token of share.
+	assert.Zero(t, b2.Granted)
+	assert.Equal(t, 20*time.Millisecond, b2.RetryAfter)
+	// 20 ms later: 1 token of share and 26 above a quarter full.
 	f.clock.Advance(20 * time.Millisecond)
-	b4 := f.lease("b/1", "k", b, 100, "", 0)
-	assert.EqualValues(t, 1, b4.Granted)
-	// Fractions are kept: 30 ms later is 1.5 tokens of share, 1 granted...
-	f.clock.Advance(30 * time.Millisecond)
-	b5 := f.lease("b/1", "k", b, 100, b4.LeaseID, 1)
-	assert.EqualValues(t, 1, b5.Granted)
-	// ...and the half left over makes 10 ms later worth one more.
-	f.clock.Advance(10 * time.Millisecond)
-	b6 := f.lease("b/1", "k", b, 100, b5.LeaseID, 1)
-	assert.EqualValues(t, 1, b6.Granted)
+	b3 := f.lease("b/1", "k", b, 100, "", 0)
+	assert.EqualValues(t, 27, b3.Granted)
+	// And again at once: no share, nothing above a quarter: half a batch
+	// of share takes 25 · 2 / 100 per s = 500 ms.
+	b4 := f.lease("b/1", "k", b, 100, b3.LeaseID, 27)
+	assert.Zero(t, b4.Granted)
+	assert.Equal(t, 500*time.Millisecond, b4.RetryAfter)
+	// a, whose share is fresh, takes 20 of the 24 left.
+	require.EqualValues(t, 20, f.lease("a/1", "k", b, 20, a.LeaseID, 1).Granted)
+	// 500 ms later b's share is 25 and the bucket holds 4 + 50.
+	f.clock.Advance(500 * time.Millisecond)
+	b5 := f.lease("b/1", "k", b, 100, "", 0)
+	assert.EqualValues(t, 50, b5.Granted, "its share (25) and the spare above a quarter (29) make a full batch")
 }
 
 func testSlots(t *testing.T, f *fixture) {
@@ -434,13 +434,15 @@ func testRetryAfterLeases(t *testing.T, f *fixture) {
 	f.clock.Advance(100 * time.Millisecond)
 	d := f.lease("b/1", "k", b, 5, "", 0)
 	assert.Zero(t, d.Granted)
-	// a's lease ends at 500 ms, and the first token refills 1 ms later: no
+	// b, one of two holders, wants at least half its fair batch of 5: 3
+	// tokens. a's lease ends at 500 ms, and 3 tokens refill 3 ms later: no
 	// refill is banked while the lease holds the whole burst.
-	assert.Equal(t, 401*time.Millisecond, d.RetryAfter)
+	assert.Equal(t, 403*time.Millisecond, d.RetryAfter)
 	f.clock.Advance(400 * time.Millisecond)
 	z := f.lease("b/1", "k", b, 5, "", 0)
 	assert.Zero(t, z.Granted, "the lease ends now, and nothing has refilled since")
 	assert.Equal(t, 1, z.Expired)
+	// b is alone now: one token is worth a grant.
 	assert.Equal(t, time.Millisecond, z.RetryAfter)
 	f.clock.Advance(time.Millisecond)
 	g := f.lease("b/1", "k", b, 5, "", 0)
@@ -488,8 +490,8 @@ func testRuleChange(t *testing.T, f *fixture) {
 	o := f.lease("b/1", "k", small, 5, "", 0)
 	assert.Zero(t, o.Granted)
 	// The old lease ends at 1 s; the bucket then refills from empty at
-	// 10/s: the first token at 1.1 s.
-	assert.Equal(t, 1100*time.Millisecond, o.RetryAfter)
+	// 10/s: half of b's fair batch (3 of 5) at 1.3 s.
+	assert.Equal(t, 1300*time.Millisecond, o.RetryAfter)
 	f.clock.Advance(time.Second)
 	o = f.lease("b/1", "k", small, 5, "", 0)
 	assert.Zero(t, o.Granted, "no refill while the old lease held more than the new burst")
@@ -641,12 +643,13 @@ func testUnsettledExpiry(t *testing.T, f *fixture) {
 	f.clock.Advance(time.Millisecond)
 	d := f.lease("b/1", "k", b, 100, "", 0)
 	require.Zero(t, d.Granted)
-	// a's lease ends at 2000 ms; one token refills 1 ms later.
-	assert.Equal(t, 2000*time.Millisecond, d.RetryAfter)
+	// a's lease ends at 2000 ms; half of b's fair batch (25 of 50) has
+	// refilled 25 ms later.
+	assert.Equal(t, 2024*time.Millisecond, d.RetryAfter)
 
 	// a spends its 100 at 1998 ms (it may: its deadline is 2000 ms) and
-	// never settles. b asks at retry_after, then again at 2005 ms.
-	f.clock.Advance(d.RetryAfter)
+	// never settles. b asks at 2001 ms, then again at 2005 ms.
+	f.clock.Advance(2000 * time.Millisecond)
 	g1 := f.lease("b/1", "k", b, 100, "", 0)
 	assert.Equal(t, 1, g1.Expired, "a's lease expired unsettled")
 	assert.EqualValues(t, 1, g1.Granted, "1 ms of refill since the expiry")
