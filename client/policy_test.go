@@ -1,0 +1,117 @@
+package client
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// policyClient returns a client whose policy functions the tests call with
+// times they choose; it never contacts its (unused) server.
+func policyClient(t *testing.T, cfg Config) *Client {
+	t.Helper()
+	cfg.Servers = []string{"http://127.0.0.1:9"}
+	c, err := New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = c.Close(ctx)
+	})
+	return c
+}
+
+// TestWantSizing: a batch is the demand over the horizon, at most half a
+// lease TTL's worth, a quarter of the time the bucket takes to fill, a
+// quarter of the bucket and MaxBatch.
+func TestWantSizing(t *testing.T) {
+	c := policyClient(t, Config{Horizon: time.Second, InitialBatch: 10, MaxBatch: 1_000})
+	for _, tc := range []struct {
+		name  string
+		ewma  float64 // tokens/s
+		ttl   time.Duration
+		fill  time.Duration
+		burst int64
+		want  int64
+	}{
+		{"no history: InitialBatch", 0, 2 * time.Second, time.Second, 1000, 10},
+		{"no history, small bucket: a quarter of it", 0, 2 * time.Second, time.Second, 8, 2},
+		{"demand over the horizon", 100, 10 * time.Second, 100 * time.Second, 100_000, 100},
+		{"half a lease TTL", 100, time.Second, 100 * time.Second, 100_000, 50},
+		{"a quarter of the fill time", 100, 10 * time.Second, 2 * time.Second, 100_000, 50},
+		{"a quarter of the bucket", 1000, 10 * time.Second, 100 * time.Second, 400, 100},
+		{"MaxBatch", 1e6, 10 * time.Second, 100 * time.Second, 1e9, 1000},
+		{"at least one", 0.001, 10 * time.Second, 100 * time.Second, 100, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ks := newKeyState("k")
+			ks.ewma, ks.ttl, ks.fill, ks.burst = tc.ewma, int64(tc.ttl), int64(tc.fill), tc.burst
+			assert.Equal(t, tc.want, c.want(ks))
+		})
+	}
+}
+
+// TestPromotion: a key moves to leases once this process was admitted
+// LeaseMinTokens over one lease TTL (an average decaying with the TTL),
+// not before, and not from admissions spread thinner than that.
+func TestPromotion(t *testing.T) {
+	c := policyClient(t, Config{LeaseMinTokens: 8})
+	sec := int64(time.Second)
+
+	ks := newKeyState("dense")
+	ks.leaseTTL.Store(2 * sec)
+	promoted := -1
+	for i := range 20 {
+		// 20 admissions 10 ms apart: 8 within far less than a TTL.
+		if c.admitted(ks, 1, int64(i)*10*int64(time.Millisecond)) && promoted < 0 {
+			promoted = i
+		}
+	}
+	// Eight admissions in 70 ms have decayed a little below 8 tokens per
+	// TTL; the ninth crosses.
+	assert.Equal(t, 8, promoted)
+
+	sparse := newKeyState("sparse")
+	sparse.leaseTTL.Store(2 * sec)
+	for i := range 100 {
+		// One admission a second: about 2 per TTL, never 8.
+		require.False(t, c.admitted(sparse, 1, int64(i)*sec), "admission %d", i)
+	}
+
+	unknown := newKeyState("no rule learned")
+	assert.False(t, c.admitted(unknown, 1000, 0), "no lease TTL known: no lease")
+}
+
+// TestDemotion: at its renewal point a lease nobody spent from is
+// returned, and so is one whose key's demand over a TTL fell below half
+// of LeaseMinTokens; a lease in use is kept.
+func TestDemotion(t *testing.T) {
+	c := policyClient(t, Config{LeaseMinTokens: 8})
+	ms := int64(time.Millisecond)
+	newLease := func(granted, left int64) *lease {
+		l := &lease{granted: granted, halfway: 1000 * ms, deadline: 2000 * ms}
+		l.remaining.Store(left)
+		return l
+	}
+	for _, tc := range []struct {
+		name   string
+		l      *lease
+		ewma   float64 // tokens/s
+		now    int64
+		demote bool
+	}{
+		{"before its renewal point", newLease(10, 10), 0, 999 * ms, false},
+		{"unspent at its renewal point", newLease(10, 10), 100, 1000 * ms, true},
+		{"in use, demand high", newLease(10, 3), 100, 1000 * ms, false},
+		{"in use, demand fallen", newLease(10, 9), 1, 1000 * ms, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ks := newKeyState("k")
+			ks.ttl, ks.ewma = 2000*ms, tc.ewma
+			assert.Equal(t, tc.demote, c.shouldDemote(ks, tc.l, tc.now))
+		})
+	}
+}
