@@ -5,9 +5,10 @@
 // 10 ms slot. The tests merge the slots and check the bound
 // burst + rate·W for every window, fairness, many keys, and the bound under
 // faults: a daemon killed, every daemon stopped, Redis stopped, a client
-// paused, and a client cut off from the servers (behind a blackhole proxy)
-// whose lease of the whole bucket expires unsettled, spent to its last
-// token, while the others wait on retry_after for that expiry.
+// paused, and a client that vanishes after leasing the whole bucket (one
+// simulated in the test process, speaking the wire protocol itself), whose
+// lease expires unsettled, spent to its last token just before its
+// deadline, while the others wait on retry_after for that expiry.
 //
 // The default scenarios run in `make test` (about a minute and a half on
 // two cores); `make e2e-long` runs them three times longer. Subpackages hold the

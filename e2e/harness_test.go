@@ -122,10 +122,6 @@ type load struct {
 	proc *e2eproc.Process
 	out  string
 	res  *result
-	// cutOff is set for a client cut off from the servers: its Close may
-	// fail (the final settle cannot reach a server), which waitLoads then
-	// logs instead of failing the test.
-	cutOff bool
 }
 
 // result is loadgen's JSON output.
@@ -165,13 +161,7 @@ func waitLoads(t *testing.T, loads []*load, timeout time.Duration) {
 		require.NoError(t, err)
 		l.res = &result{}
 		require.NoError(t, json.Unmarshal(data, l.res))
-		if l.cutOff {
-			if l.res.CloseError != "" {
-				t.Logf("%s (cut off): Close: %s", l.name, l.res.CloseError)
-			}
-		} else {
-			require.Empty(t, l.res.CloseError, "loadgen %s: Close", l.name)
-		}
+		require.Empty(t, l.res.CloseError, "loadgen %s: Close", l.name)
 		require.Equal(t, slot.Milliseconds(), l.res.SlotMs, "loadgen %s: slot grid", l.name)
 		t.Logf("%-10s requested %6d admitted %6d denied %6d sources %v calls %d fallback %d maxkeys %d",
 			l.name, l.res.Requested, l.res.Admitted, l.res.Denied, l.res.BySource, l.res.Stats.ServerCalls, l.res.Stats.FallbackDecisions, l.res.Stats.MaxKeysHeld)
