@@ -10,6 +10,16 @@
 // lease expires unsettled, spent to its last token just before its
 // deadline, while the others wait on retry_after for that expiry.
 //
+// TestPerUserFleet is the per-user workload: four loadgens stand for app
+// servers behind a round-robin load balancer and issue their shares of one
+// global arrival schedule (Zipf over 2,000 users, 1,200 arrivals a second,
+// arrival i to process i mod 4), so that each user's few requests a second
+// reach every process. Besides each user's bound, it replays the schedule
+// against one exact token bucket per user and bounds the admissions lost
+// (and made beyond it), asserts that no fallback decided while the servers
+// were healthy, and logs Redis commands and lease-server calls per
+// decision.
+//
 // The default scenarios run in `make test` (about a minute and a half on
 // two cores); `make e2e-long` runs them three times longer. Subpackages hold the
 // helpers: redistest (real redis-server processes), leasetest (in-process
