@@ -77,7 +77,7 @@ func TestFairness(t *testing.T) {
 	checkBound(t, "fair:hot", merge(loads, "fair:hot", allSlots), rate, burst)
 }
 
-// TestManyKeys: 10,000 user:* keys with Zipf-distributed demand from 4
+// TestManyKeys: 10,000 many:* keys with Zipf-distributed demand from 4
 // clients that may each hold at most 1,000 keys. Every key's bound holds,
 // and no client ever holds more than MaxKeys keys.
 func TestManyKeys(t *testing.T) {
@@ -86,7 +86,7 @@ func TestManyKeys(t *testing.T) {
 	const maxKeys = 1000
 	var loads []*load
 	for i := range 4 {
-		loads = append(loads, &load{name: fmt.Sprint("zipf", i), args: []string{"-servers", c.servers(i % 3), "-keys", "10000", "-prefix", "user:", "-zipf-s", "1.1", "-rate", "1500", "-duration", d.String(), "-max-keys", fmt.Sprint(maxKeys), "-seed", fmt.Sprint(i + 1), "-fallback", "closed", "-workers", "8"}})
+		loads = append(loads, &load{name: fmt.Sprint("zipf", i), args: []string{"-servers", c.servers(i % 3), "-keys", "10000", "-prefix", "many:", "-zipf-s", "1.1", "-rate", "1500", "-duration", d.String(), "-max-keys", fmt.Sprint(maxKeys), "-seed", fmt.Sprint(i + 1), "-fallback", "closed", "-workers", "8"}})
 	}
 	startLoads(t, loads)
 	waitLoads(t, loads, d+60*time.Second)
@@ -101,19 +101,18 @@ func TestManyKeys(t *testing.T) {
 	}
 	t.Logf("%d distinct keys admitted", len(keys))
 	require.Greater(t, len(keys), 1000, "the demand reached many keys")
-	const userRate, userBurst = 20.0, 20
 	hot := ""
 	var hotN int64
 	for k := range keys {
 		ss := merge(loads, k, allSlots)
-		checkBound(t, k, ss, userRate, userBurst)
+		checkBound(t, k, ss, manyRate, manyBurst)
 		if n := total(ss); n > hotN {
 			hot, hotN = k, n
 		}
 	}
-	logWindows(t, "hottest key "+hot, merge(loads, hot, allSlots), userRate, userBurst)
+	logWindows(t, "hottest key "+hot, merge(loads, hot, allSlots), manyRate, manyBurst)
 	// The hottest key is limited, not starved.
-	assert.GreaterOrEqual(t, float64(hotN), 0.9*userRate*d.Seconds())
+	assert.GreaterOrEqual(t, float64(hotN), 0.9*manyRate*d.Seconds())
 }
 
 // TestKillServer: kill -9 one of the three servers mid-run. No caller sees

@@ -15,17 +15,29 @@
 //	loadgen -key cut:hot -phases 1ms@1000,1849ms@0 -rate 5000 -duration 3s
 //
 // asks once at the start, then nothing until 1.85 s, then 5000 times a
-// second: a client that holds a lease and spends it all at once near its
-// end. -initial-batch sets the batch the SDK asks for a key with no demand
-// history. Slots are counted from -start-unix-ms, so that
-// every process of a test uses the same slot grid. When ctx ends (the
-// command cancels it on SIGTERM or SIGINT) the run stops early; the result
-// is written either way.
+// second. -initial-batch sets the batch the SDK asks for a key with no
+// demand history. Slots are counted from -start-unix-ms, so that
+// every process of a test uses the same slot grid.
+//
+// With -schedule-seed the demand is one global arrival schedule (Schedule:
+// Poisson arrivals at -rate over -duration, keys drawn as with -keys) shared
+// by -procs processes behind a round-robin load balancer: each generates the
+// same schedule and issues only its own share (Share), arrival i going to
+// process i mod -procs, each at its scheduled time after -start-unix-ms.
+// Every arrival of the share is decided, however late, so that a test can
+// replay the whole schedule against an exact bucket:
+//
+//	loadgen -keys 2000 -rate 1200 -duration 8s -schedule-seed 7 -procs 4 -proc 1 \
+//	    -start-unix-ms 1700000000000 -out result.json
+//
+// When ctx ends (the command cancels it on SIGTERM or SIGINT) the run stops
+// early; the result is written either way.
 package loadgen
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -61,10 +73,12 @@ type Result struct {
 	// FallbackSlots is Slots for the requests the fallback admitted.
 	FallbackSlots map[string][][3]int64 `json:"fallback_slots"`
 	// BySource counts admitted requests by client.Source.
-	BySource   map[string]int64 `json:"by_source"`
-	Stats      client.Stats     `json:"stats"`
-	CloseError string           `json:"close_error,omitempty"`
-	Elapsed    time.Duration    `json:"elapsed_ns"`
+	BySource map[string]int64 `json:"by_source"`
+	// Schedule is set with -schedule-seed.
+	Schedule   *ScheduleRun  `json:"schedule,omitempty"`
+	Stats      client.Stats  `json:"stats"`
+	CloseError string        `json:"close_error,omitempty"`
+	Elapsed    time.Duration `json:"elapsed_ns"`
 }
 
 type options struct {
@@ -86,6 +100,9 @@ type options struct {
 	seed        uint64
 	phases      []phase
 	initial     int64
+	schedSeed   uint64
+	procs       int
+	proc        int
 }
 
 // phase is a stretch of the demand schedule: rate requests per second for
@@ -161,6 +178,9 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.Uint64Var(&o.seed, "seed", 1, "random seed for key choice")
 	phases := fs.String("phases", "", "demand schedule before -rate applies: comma-separated duration@rate phases, e.g. 1ms@1000,1.8s@0")
 	fs.Int64Var(&o.initial, "initial-batch", 0, "client InitialBatch: the batch asked for a key with no demand history (0: the SDK default)")
+	fs.Uint64Var(&o.schedSeed, "schedule-seed", 0, "issue a share of the global arrival schedule of this seed (0: no schedule); -rate is the schedule's total rate")
+	fs.IntVar(&o.procs, "procs", 1, "with -schedule-seed: the processes sharing the schedule round-robin")
+	fs.IntVar(&o.proc, "proc", 0, "with -schedule-seed: this process's number, 0 to -procs-1")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -198,6 +218,16 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("-zipf-s %g: want > 1", o.zipfS)
 	case o.initial < 0:
 		return o, fmt.Errorf("-initial-batch %d: want 0 or more", o.initial)
+	case o.procs < 1 || o.procs > 1024:
+		return o, fmt.Errorf("-procs %d: want 1 to 1024", o.procs)
+	case o.proc < 0 || o.proc >= o.procs:
+		return o, fmt.Errorf("-proc %d: want 0 to -procs-1 (%d)", o.proc, o.procs-1)
+	case o.schedSeed != 0 && o.keys == 0:
+		return o, errors.New("-schedule-seed needs -keys")
+	case o.schedSeed != 0 && len(o.phases) > 0:
+		return o, errors.New("-schedule-seed and -phases exclude each other")
+	case o.schedSeed != 0 && o.rate*o.duration.Seconds() > 10_000_000:
+		return o, fmt.Errorf("-rate %g over -duration %v: a schedule of more than 10,000,000 arrivals", o.rate, o.duration)
 	}
 	return o, nil
 }
@@ -284,23 +314,49 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return func() string { return names[z.Uint64()] }
 	}
 
+	// With a schedule, this process's share of it.
+	var share []Arrival
+	var sched *ScheduleRun
+	if o.schedSeed != 0 {
+		all := Schedule(o.schedSeed, o.rate, o.duration, o.keys, o.zipfS)
+		share = Share(all, o.procs, o.proc)
+		sched = &ScheduleRun{Arrivals: len(all), Share: len(share), Digest: Digest(all)}
+	}
+
+	// decideCtx bounds the decisions: the run without a schedule; with one,
+	// every arrival of the share is decided however late it comes, so only
+	// ctx (a signal) ends them early.
 	runCtx, cancel := context.WithTimeout(ctx, o.duration)
 	defer cancel()
+	decideCtx := runCtx
+	if sched != nil {
+		decideCtx = ctx
+	}
 	var requested, admitted, denied atomic.Int64
-	work := make(chan struct{}, 1024)
+	var lagMu sync.Mutex
+	var lags []time.Duration // how late scheduled decisions began
+	work := make(chan job, 1024)
 	var wg sync.WaitGroup
 	for w := range o.workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			pick := newPicker(rand.New(rand.NewPCG(o.seed, uint64(w))))
-			for range work {
-				if runCtx.Err() != nil {
+			for j := range work {
+				if decideCtx.Err() != nil {
 					continue // the run is over: drain without deciding
 				}
-				key := pick()
+				key := j.key
+				if key == "" {
+					key = pick()
+				}
 				before := time.Now()
-				d := c.Allow(runCtx, key)
+				if !j.at.IsZero() {
+					lagMu.Lock()
+					lags = append(lags, before.Sub(j.at))
+					lagMu.Unlock()
+				}
+				d := c.Allow(decideCtx, key)
 				requested.Add(1)
 				if d.Allowed {
 					admitted.Add(1)
@@ -311,37 +367,19 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			}
 		}()
 	}
-	// Pacing: issue what is due every millisecond. A process that was
-	// paused (SIGSTOP) does not catch up on more than 10 ms of the demand
-	// it missed (at rates under 100/s, 10 ms is less than one request, and
-	// it catches up in full).
 	start := time.Now()
-	var issued int64
-	tick := time.NewTicker(time.Millisecond)
-loop:
-	for {
-		select {
-		case <-runCtx.Done():
-			break loop
-		case now := <-tick.C:
-			d, cur := demand(o.phases, o.rate, now.Sub(start))
-			due := int64(d)
-			if lag := due - issued; float64(lag) > cur/100 && cur >= 100 {
-				issued = due - int64(cur/100)
-			}
-			for ; issued < due; issued++ {
-				select {
-				case work <- struct{}{}:
-				case <-runCtx.Done():
-					break loop
-				}
-			}
-		}
+	if sched != nil {
+		sched.Ready = start.Sub(origin)
+		issueShare(ctx, work, share, origin, names)
+	} else {
+		pace(runCtx, work, o.phases, o.rate, start)
 	}
-	tick.Stop()
 	close(work)
 	wg.Wait()
 	elapsed := time.Since(start)
+	if sched != nil {
+		sched.LagP50, sched.LagP99, sched.LagMax = lagStats(lags)
+	}
 
 	closeCtx, cancelClose := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancelClose()
@@ -353,6 +391,7 @@ loop:
 		Admitted:    admitted.Load(),
 		Denied:      denied.Load(),
 		BySource:    rec.sources,
+		Schedule:    sched,
 		Elapsed:     elapsed,
 	}
 	res.Stats = c.Stats()
@@ -377,4 +416,64 @@ loop:
 		return fmt.Errorf("write result: %w", err)
 	}
 	return nil
+}
+
+// job is one request to decide: for key, or for a key the worker picks when
+// key is empty. at is its scheduled time; zero without a schedule.
+type job struct {
+	key string
+	at  time.Time
+}
+
+// pace issues the demand (phases, then rate) from start until ctx ends,
+// what is due every millisecond. A process that was paused (SIGSTOP) does
+// not catch up on more than 10 ms of the demand it missed (at rates under
+// 100/s, 10 ms is less than one request, and it catches up in full).
+func pace(ctx context.Context, work chan<- job, phases []phase, rate float64, start time.Time) {
+	var issued int64
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			d, cur := demand(phases, rate, now.Sub(start))
+			due := int64(d)
+			if lag := due - issued; float64(lag) > cur/100 && cur >= 100 {
+				issued = due - int64(cur/100)
+			}
+			for ; issued < due; issued++ {
+				select {
+				case work <- job{}:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}
+}
+
+// issueShare issues each arrival of share at its scheduled time after
+// origin (at once when that time has passed), until the share ends or ctx
+// does.
+func issueShare(ctx context.Context, work chan<- job, share []Arrival, origin time.Time, names []string) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for _, a := range share {
+		at := origin.Add(a.At)
+		if wait := time.Until(at); wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+				return
+			}
+		}
+		select {
+		case work <- job{key: names[a.Key], at: at}:
+		case <-ctx.Done():
+			return
+		}
+	}
 }

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"math"
 	"testing"
 	"time"
 
@@ -86,4 +88,77 @@ rules:
 	// Three keys of burst 10 and 50/s over half a second: at most 3·(10+25).
 	assert.LessOrEqual(t, res.Admitted, int64(3*(10+50*time.Since(start).Seconds())))
 	assert.Empty(t, res.CloseError)
+}
+
+func TestScheduleParseErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"-procs", "0"},
+		{"-procs", "2", "-proc", "2"},
+		{"-proc", "-1"},
+		{"-schedule-seed", "1"},
+		{"-schedule-seed", "1", "-keys", "5", "-phases", "1s@10"},
+		{"-schedule-seed", "1", "-keys", "5", "-rate", "1e7", "-duration", "1h"},
+	} {
+		_, err := parse(args, io.Discard)
+		assert.Error(t, err, "%v", args)
+	}
+}
+
+// TestSchedule: one seed gives one schedule, a Poisson process at the rate
+// over the keys, and the shares of the processes deal it out round-robin,
+// each arrival to exactly one.
+func TestSchedule(t *testing.T) {
+	const rate, keys, procs = 2000.0, 50, 3
+	d := 2 * time.Second
+	a := Schedule(7, rate, d, keys, 1.1)
+	assert.Equal(t, a, Schedule(7, rate, d, keys, 1.1))
+	assert.Equal(t, Digest(a), Digest(Schedule(7, rate, d, keys, 1.1)))
+	assert.NotEqual(t, Digest(a), Digest(Schedule(8, rate, d, keys, 1.1)))
+	want := rate * d.Seconds()
+	assert.InDelta(t, want, len(a), 5*math.Sqrt(want), "Poisson arrivals at the rate")
+	for i, x := range a {
+		assert.GreaterOrEqual(t, x.At, time.Duration(0))
+		assert.Less(t, x.At, d)
+		assert.True(t, x.Key >= 0 && x.Key < keys, "key %d", x.Key)
+		if i > 0 {
+			assert.GreaterOrEqual(t, x.At, a[i-1].At, "in time order")
+		}
+	}
+	var n int
+	for p := range procs {
+		s := Share(a, procs, p)
+		for j, x := range s {
+			assert.Equal(t, a[j*procs+p], x)
+		}
+		n += len(s)
+	}
+	assert.Equal(t, len(a), n)
+}
+
+// TestRunSchedule: processes given one schedule issue their shares and
+// decide every arrival, reporting the schedule they generated.
+func TestRunSchedule(t *testing.T) {
+	srv := leasetest.Start(t, `
+rules:
+  - {name: u, match: "user:*", limit: 50, period: 1s, burst: 10}
+`, leasetest.Options{})
+	const procs = 2
+	d := 300 * time.Millisecond
+	all := Schedule(3, 400, d, 5, 1.1)
+	origin := time.Now().Add(50 * time.Millisecond).UnixMilli()
+	for p := range procs {
+		var out bytes.Buffer
+		err := Run(context.Background(), []string{"-servers", srv.URL(), "-keys", "5", "-rate", "400", "-duration", d.String(),
+			"-schedule-seed", "3", "-procs", fmt.Sprint(procs), "-proc", fmt.Sprint(p), "-start-unix-ms", fmt.Sprint(origin)}, &out, io.Discard)
+		require.NoError(t, err)
+		var res Result
+		require.NoError(t, json.Unmarshal(out.Bytes(), &res))
+		require.NotNil(t, res.Schedule)
+		assert.Equal(t, Digest(all), res.Schedule.Digest)
+		assert.Equal(t, len(all), res.Schedule.Arrivals)
+		assert.Len(t, Share(all, procs, p), res.Schedule.Share)
+		assert.Equal(t, int64(res.Schedule.Share), res.Requested, "every arrival decided")
+		assert.Equal(t, res.Requested, res.Admitted+res.Denied)
+		assert.GreaterOrEqual(t, res.Schedule.LagMax, res.Schedule.LagP99)
+	}
 }
