@@ -93,6 +93,37 @@ func (l *lease) left() int64 {
 }
 
 // keyState is everything the client holds for one key.
+//
+// A key is in one of these states; the fields that make it so are named:
+//
+//	cold        not in Client.keys: its first decision creates it, direct.
+//	direct      decided by direct takes (leasing false). Its demand is
+//	            averaged on each admission (rate, under mu); at
+//	            Config.LeaseMinTokens per lease TTL it is promoted.
+//	denied      denyUntil in the future: decided locally (denied) without
+//	            a call until then, whatever else holds. From a server's
+//	            retry_after (direct or leased), or DenyFor (paused).
+//	refused     refused with denied: the server refused the key (no rule
+//	            under default deny, or not this client's); asked again
+//	            after the denial.
+//	unlimited   unlimited: no rule limits it; allowed locally until
+//	            unlimitedExp (0: until the loop learns otherwise).
+//	leasing     leasing set, no lease in yet: the settle loop owns it (it is
+//	            in loopState.leased) and asks for a batch; decided directly
+//	            meanwhile.
+//	leased      leasing set, active lease live: decided locally from the
+//	            lease; when it runs out, denied until the next batch.
+//	demoting    the loop returns its leases (demote, loop-owned), then sets
+//	            leasing false: direct again.
+//	forgotten   dead: idle for Config.IdleTimeout (direct keys, swept
+//	            every second) or evicted beyond Config.MaxKeys (leased
+//	            keys, after their leases were returned); the next decision
+//	            starts a new cold key.
+//
+// Ownership: the hot path reads active and unlimited and spends from the
+// active lease; decisions write the atomics of the direct path; mu guards
+// the demand average and the fallback limiter; the fields under "Owned by
+// the settle loop" are read and written by the loop goroutine alone.
 type keyState struct {
 	key string
 
