@@ -1,79 +1,115 @@
-// Package compare benchmarks ratelease against per-request rate limiting,
-// with real processes: one redis-server and one rateleased (the built
-// binary, Redis store) on loopback, started by the benchmark itself.
+// Package compare benchmarks ratelease against per-request rate limiting on
+// a matrix of workloads whose limits bind, with real processes: one
+// redis-server and two rateleased processes (the built binary, Redis store)
+// on 127.0.0.1, started by the benchmark itself.
 //
 // All the code is in _test.go files: this file only documents the package,
 // and github.com/go-redis/redis_rate/v10 stays a test-only dependency.
 //
-//	go test -run '^$' -bench Compare -benchtime 3s ./e2e/compare/
+//	go test -run '^$' -bench Compare -benchtime 4s ./e2e/compare/
 //
-// runs BenchmarkCompare/<system>/<workload> for four systems, each deciding
-// the same workload:
+// runs BenchmarkCompare/<workload>/<system>. The systems:
 //
-//	a-lease-sdk    ratelease via the SDK: Client.Allow(ctx, key), spent from leases
-//	b-redis-gcra   per-request GCRA in Redis: redis_rate/v10 Limiter.Allow
-//	c-http-check   per-request POST /v1/check on rateleased (HTTP/1.1 keep-alive, JSON)
-//	d-x-time-rate  golang.org/x/time/rate, one Limiter per key: local only, no global limit
+//	a-lease-sdk    the SDK: client.Client instances (standing for application
+//	               servers), each with its own client_id and HTTP pool, all
+//	               with the SDK's defaults, instance i listing rateleased
+//	               i mod 2 first; Client.Allow(ctx, key) per decision
+//	b-redis-rate   redis_rate/v10 Limiter.Allow per decision: one GCRA Lua
+//	               script (EVALSHA) in Redis, one go-redis client per instance
+//	c-http-check   POST /v1/check per decision, instance i asking rateleased
+//	               i mod 2 (HTTP/1.1 keep-alive, JSON)
+//	d-x-time-rate  golang.org/x/time/rate, one limiter per key and instance:
+//	               local only, no global limit, so it runs only on the hot
+//	               workloads, where no limit binds
 //
-// and two workloads: hot (every decision on one key) and zipf (1,000 keys,
-// Zipf-distributed, s=1.1, v=1). The limit, 1e9 tokens per 10 s per key
-// with a burst of 1e9 (see limitTokens for why not 1e9 per second), is far
-// above demand, so that every decision is "allowed" and what is measured is
-// the limiter's own cost. A denied decision (or, for a-lease-sdk, one not
-// decided by a live lease) fails the benchmark.
+// The workloads (see the workloads table in workload_test.go for the
+// exact figures; every one has a rule of its own in rateleased's rules
+// file, and the same rule for redis_rate and for the exact reference):
 //
-// # What is measured
+//	hot            one key, two instances, a limit that never binds
+//	hot-path       one key, closed loop: the capacity run (below)
+//	saturated      one key, six instances, demand 3x a 1,000/s rule, burst 100
+//	users-zipf     10,000 users with Zipf demand, ten instances, 10/s burst 10
+//	users-uniform  100,000 users, uniform demand, ten instances, 2/s burst 5
+//	               (at 2,000/s in all each user asks so rarely that the rule
+//	               almost never binds: the workload measures cold keys)
+//	few-users      50 users each asking about 100/s, four instances, 100/s
+//	               burst 10
 //
-// Each decision is made inside b.RunParallel with the key given as a string
-// (the realistic case: the key comes with the request). Per run:
+// # Open loop, the same arrivals for every system
 //
-//   - decisions/s: b.N over the wall time of RunParallel.
-//   - calls/1000: calls that left the process per 1,000 decisions: lease
-//     server calls (Client.Stats().ServerCalls) for a, Redis commands
-//     (counted by a go-redis hook) for b, HTTP calls for c, none for d.
-//     redis-cmds/1000 is the same for the redis-server, from its own
-//     INFO counters, whoever sent them (for a and c, rateleased).
-//   - p50-ns, p99-ns: the latency of one decision, read with two monotonic
-//     clock reads around it and kept in a per-goroutine log-linear
-//     histogram (64 buckets per power of two: the bucket midpoint reported is at most 0.8% off; exact below
-//     128 ns) merged after the run. Every decision is timed for the network
-//     systems (b, c); for the local ones (a, d) a random 1 in 16, because
-//     the clock read pair costs more than the decision itself and would
-//     otherwise halve their decisions/s. The figures include one clock
-//     read's cost (the report states the measured floor: the same timing
-//     around no work).
-//   - cpu-ns/decision: this process's CPU time (user + sys, getrusage
-//     RUSAGE_SELF) per decision: the client's cost, including the
-//     benchmark's own loop, the SDK's settle loop and the GC.
-//     srv-cpu-ns/decision: the CPU time of the server processes the system
-//     uses (redis-server from INFO cpu; rateleased from /proc/<pid>/stat, at
-//     10 ms resolution) per decision. All processes share the same cores;
-//     the report also gives the CPU that other processes used, and the host
-//     stole, during each run (/proc/stat), so that a run on a busy machine
-//     shows as such.
+// For each workload but hot-path, one schedule of arrivals is generated
+// from a fixed seed: a Poisson process at the workload's rate, each arrival
+// with a key drawn from the workload's distribution and the instance
+// i mod n for the i-th. Every system replays that schedule at wall-clock
+// pace (replay): a pacer goroutine sleeps until the next arrival is due and
+// hands it to an idle worker goroutine, or starts a new one, up to
+// maxInFlight, so that a slow decision never delays the next arrivals (the
+// idle worker that finished last is reused first, so decisions run on
+// goroutines whose stacks have grown, as in a long-running server). The
+// worker reads the clock, decides, and reads it again: the decision's
+// start and end. The pacer's lag (start less scheduled time) says whether
+// the pacer kept up. Each run has keys of its own, so every bucket starts
+// full, and is bounded in time (its schedule, then at most replayGrace for
+// the decisions in flight; arrivals not decided by then count as failed)
+// and in count (maxArrivals).
 //
-// After its warm-up, each sub-benchmark also times decisions made one at a
-// time by a single goroutine: the latency without queueing, which for b and
-// c is the bare round trip (the report puts it beside the latency under
-// load).
+// The length of a run comes from -benchtime: a duration is each run's
+// length (clamped to 1 s .. 60 s); a count such as 1x means 4 s. Each
+// sub-benchmark makes exactly one run per call, whatever b.N, so the
+// testing package, seeing a run as long as -benchtime, calls it once.
 //
-// Parallelism: a and d run GOMAXPROCS goroutines (the default): they are
-// CPU-bound, and more goroutines would only queue. b and c are bound by a
-// network round trip, so they run 8 x GOMAXPROCS goroutines
-// (b.SetParallelism(8)) to pipeline round trips over several connections, as
-// a busy service would; with one goroutine per core they would mostly
-// measure idle waiting.
+// # Figures of an open-loop run
 //
-// Before its first measured run each sub-benchmark warms up for a moment
-// with the same workload (connections opened, scripts loaded; for a, every
-// key leased and the batch sizes settled on the demand), and a checks that
-// it holds a live lease for every key of the workload.
+//   - decisions/s: decisions over the time from the run's start to the end
+//     of its last decision, and the pacer's lag at p99.
+//   - lost and extra against one exact token bucket per key fed the same
+//     arrivals at their scheduled times (exactBucket: it starts full, as
+//     rateleased's and redis_rate's do): per key, lost = max(0, exact
+//     admissions − the system's), extra = max(0, the system's − exact),
+//     summed over keys, as a percentage of the exact admissions.
+//   - the worst window against the bound: for each key, admissions counted
+//     in 10 ms slots by decision time, an admission counted in a window
+//     only if its decision began and ended inside it (so that a window is
+//     never charged an admission it may not have held); over every window
+//     of 100 ms up to the run's length, the largest admitted − (burst +
+//     rate·W) (worstWindow), for the worst key. The bound held if it is at
+//     most 0.
+//   - latency p50, p99, p99.9 of a decision (end − start), every decision.
+//   - calls per decision that left the process: lease-server calls for (a)
+//     (Stats().ServerCalls summed over the instances), Redis round trips for
+//     (b) (a go-redis hook), HTTP calls for (c); and Redis commands per
+//     decision: the delta of INFO commandstats over the run, every
+//     command's calls summed (EVALSHA and the commands its script ran each
+//     count), INFO's own excluded, whoever sent them. Both include closing
+//     the run's clients (for (a), returning its leases).
+//   - for (a), its decisions by Decision.Source and its Stats counters
+//     (server calls, failed calls, fallback decisions, keys held).
+//   - CPU per decision of this process and of the servers the system uses
+//     (redis-server from INFO cpu, rateleased from /proc/<pid>/stat), and
+//     the cores other processes used meanwhile (/proc/stat), since the
+//     machine may be shared.
+//
+// # The capacity run (hot-path)
+//
+// hot-path has no schedule: each system decides on one key, back to back,
+// for the run's length (at most maxCapacityRun), after a warm-up on the
+// same key (its limit never binds), with GOMAXPROCS goroutines for the
+// local systems and 8 x GOMAXPROCS for the network ones. It reports
+// decisions/s (the targets compare (a) with (b)), the decisions denied
+// (lost: the exact bucket admits every one, the run's decisions being
+// fewer than the burst, which is also why the bound holds by count),
+// latency from a log-linear histogram (hist) of every decision for the
+// network systems and a random 1 in 16 for the local ones, and the same
+// costs per decision as an open-loop run.
 //
 // # The report
 //
 // With RATELEASE_BENCH_REPORT=<dir> set, TestMain, after the benchmarks,
-// prints the table and writes <dir>/BENCHMARKS.md (machine, command, date,
-// table, targets with pass/fail) and the chart <dir>/docs/benchmarks.svg,
-// from the last run of each sub-benchmark. `make bench` does that for the
-// repository root.
+// prints the tables and the targets, and, if every workload and system ran,
+// writes <dir>/BENCHMARKS.md (workloads, machine, command, date, targets
+// with pass or fail computed from the run, a table per workload) and the
+// chart <dir>/docs/benchmarks.svg (lost %, Redis commands per decision and
+// p99 latency per workload and system), from the last run of each
+// sub-benchmark. `make bench` does that for the repository root.
 package compare

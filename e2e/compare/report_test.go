@@ -3,11 +3,11 @@ package compare
 import (
 	"flag"
 	"fmt"
-	"html"
 	"math"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,33 +24,56 @@ const (
 	chartFile  = "docs/benchmarks.svg"
 )
 
-// result is the last run of one sub-benchmark. Times are nanoseconds.
+// result is the last run of one system on one workload. Latencies and CPU
+// times are nanoseconds.
 type result struct {
-	System, Label, Workload string
-	N, Goroutines           int
-	Elapsed                 time.Duration
-	PerSecond               float64 // decisions per second
-	Calls1000               float64 // calls that left the process per 1,000 decisions
-	RedisCmds               float64 // commands redis-server ran per 1,000 decisions
-	P50, P99                float64 // decision latency
-	Samples                 uint64  // decisions timed
-	SampleEvery             int     // 1 in SampleEvery decisions timed
-	ClientCPU               float64 // this process's CPU per decision
-	ServerCPU               float64 // CPU of the servers the system uses, per decision
-	RedisCPU, DaemonCPU     float64 // each server's, whether used or not
-	Allocs                  float64 // heap allocations per decision, whole process
-	SerialP50, SerialP99    float64 // decision latency, one goroutine deciding alone
-	SerialN                 uint64  // decisions timed for SerialP50, SerialP99
-	OtherCores, StealCores  float64 // cores used by other processes, and stolen by the host, on average during the run
+	Workload, System, Label string
+	Capacity                bool // a hot-path (closed-loop) run
+	Arrivals                int  // open loop: the schedule's arrivals
+	Decisions               int
+	Goroutines              int           // capacity runs
+	Workers                 int           // open loop: the most decisions in flight at once
+	Elapsed                 time.Duration // open loop: to the end of the last decision
+	Length                  time.Duration // the run's scheduled length
+	PerSecond               float64       // decisions per second
+	LagP99, LagMax          float64       // open loop: pacer lag
+	ExactAdmitted, Admitted int64
+	Failed                  int64 // errors and cut-off decisions: not admitted
+	Lost, Extra             int64
+	LostPct, ExtraPct       float64 // of ExactAdmitted
+	WindowsChecked          bool    // every window of every key checked (open loop)
+	Held                    bool    // the bound held in every window
+	HasWorst                bool
+	Worst                   window
+	WorstKey                string
+	P50, P99, P999          float64
+	Samples                 uint64 // capacity runs: decisions timed
+	SampleEvery             int    // capacity runs: 1 in SampleEvery timed
+	Calls                   float64
+	RedisCmds               float64            // per decision
+	RedisByCmd              map[string]float64 // per decision, by command
+	ClientCPU, ServerCPU    float64            // per decision
+	RedisCPU, DaemonCPU     float64            // per decision, each server whether used or not
+	OtherCores              float64            // cores busy with other processes (and stolen) during the run
 	UsesRedis, UsesDaemon   bool
+	SDK                     *sdkResult
+}
+
+// sdkResult is what the SDK's instances counted (client.Stats, summed)
+// and its decisions by client.Source.
+type sdkResult struct {
+	ServerCalls, ServerErrors, FallbackDecisions int64
+	MaxKeysHeld                                  int
+	BySource                                     map[string]int64
 }
 
 // collected holds what the benchmarks measured, for TestMain.
 var collected struct {
 	sync.Mutex
-	results            map[string]result // "system/workload"; the last run wins
+	results            map[string]result // "workload/system"; the last run wins
 	redisVersion       string
 	floorP50, floorP99 float64
+	run                time.Duration
 }
 
 func record(r result) {
@@ -59,7 +82,7 @@ func record(r result) {
 	if collected.results == nil {
 		collected.results = make(map[string]result)
 	}
-	collected.results[r.System+"/"+r.Workload] = r
+	collected.results[r.Workload+"/"+r.System] = r
 }
 
 func setRedisVersion(v string) {
@@ -74,9 +97,15 @@ func setTimerFloor(p50, p99 float64) {
 	collected.floorP50, collected.floorP99 = p50, p99
 }
 
+func setRun(d time.Duration) {
+	collected.Lock()
+	defer collected.Unlock()
+	collected.run = d
+}
+
 // TestMain runs the tests and benchmarks, then, if RATELEASE_BENCH_REPORT
-// is set and BenchmarkCompare ran for every system and workload, writes the
-// report there.
+// is set and BenchmarkCompare ran, prints the tables and, if it ran every
+// workload and system, writes the report there.
 func TestMain(m *testing.M) {
 	code := m.Run()
 	dir := os.Getenv(reportEnv)
@@ -94,10 +123,12 @@ func TestMain(m *testing.M) {
 
 // reportData is everything the report shows.
 type reportData struct {
-	Results            []result // systems in order, each workload in order
+	Results            []result // workloads in order, each system in order
 	Machine            machine
 	Command            string
 	Date               time.Time
+	Run                time.Duration // each run's length
+	Took               time.Duration // the whole benchmark
 	FloorP50, FloorP99 float64
 }
 
@@ -112,8 +143,12 @@ type machine struct {
 }
 
 func (m machine) summary() string {
-	return fmt.Sprintf("%s, %d cores, %s, redis-server %s, %s", m.CPU, m.Cores, m.Go, m.Redis, m.OS)
+	return fmt.Sprintf("%s, %d cores, %s, redis-server %s", m.CPU, m.Cores, m.Go, m.Redis)
 }
+
+// processStart is when the test binary started: the report says how long
+// the whole run took.
+var processStart = time.Now()
 
 func writeReport(dir string) error {
 	collected.Lock()
@@ -121,15 +156,20 @@ func writeReport(dir string) error {
 		Machine:  currentMachine(collected.redisVersion),
 		Command:  command(),
 		Date:     time.Now().UTC(),
+		Run:      collected.run,
+		Took:     time.Since(processStart),
 		FloorP50: collected.floorP50,
 		FloorP99: collected.floorP99,
 	}
 	var missing []string
-	for _, sys := range systems {
-		for _, wl := range makeWorkloads(sys.tag) {
-			r, ok := collected.results[sys.name+"/"+wl.name]
+	for _, wl := range workloads {
+		for _, sys := range systems {
+			if !sys.runs(&wl) {
+				continue
+			}
+			r, ok := collected.results[wl.name+"/"+sys.name]
 			if !ok {
-				missing = append(missing, sys.name+"/"+wl.name)
+				missing = append(missing, wl.name+"/"+sys.name)
 				continue
 			}
 			d.Results = append(d.Results, r)
@@ -137,9 +177,19 @@ func writeReport(dir string) error {
 	}
 	collected.Unlock()
 
-	fmt.Printf("\n%s\n", markdownTable(d.Results))
+	for _, wl := range workloads {
+		if rs := resultsOf(d.Results, wl.name); len(rs) > 0 {
+			fmt.Printf("\n%s\n%s%s", wl.name, workloadTable(rs), paceText(rs))
+			for _, r := range rs {
+				if t := sdkText(r); t != "" {
+					fmt.Println(t)
+				}
+			}
+		}
+	}
+	fmt.Println()
 	for _, t := range evalTargets(d.Results) {
-		fmt.Printf("target %-55s %-8s %s\n", t.Name+" ("+t.Workload+")", t.Got, t.verdict())
+		fmt.Printf("target %-62s %-14s %-30s %s\n", t.Name, t.Workload, t.Got, t.verdict())
 	}
 	if len(missing) > 0 {
 		fmt.Printf("\n%s not written: no result for %s (run every sub-benchmark of BenchmarkCompare)\n",
@@ -171,6 +221,9 @@ func command() string {
 	}
 	if f := flag.Lookup("test.cpu"); f != nil && f.Value.String() != "" {
 		args = append(args, "-cpu "+f.Value.String())
+	}
+	if f := flag.Lookup("test.timeout"); f != nil && f.Value.String() != f.DefValue {
+		args = append(args, "-timeout "+f.Value.String())
 	}
 	return reportEnv + "=$PWD " + strings.Join(args, " ") + " ./e2e/compare/"
 }
@@ -229,39 +282,98 @@ func (t target) verdict() string {
 	return "❌ FAIL"
 }
 
-// evalTargets checks the targets of issue 4 on (a), per workload.
+// The targets of issue 8 for (a) against (b), per workload.
+var (
+	// redisFactor: (a)'s Redis commands per decision at most this times
+	// (b)'s.
+	redisFactor = map[string]float64{
+		"hot": 0.001, "hot-path": 0.001, "saturated": 0.3, "few-users": 0.3,
+		"users-zipf": 1, "users-uniform": 1,
+	}
+	// p99VsB: (a)'s p99 at most (b)'s.
+	p99VsB = []string{"users-zipf", "users-uniform"}
+	// p99Leased: (a)'s p99 at most p99LeasedMax, the key being leased.
+	p99Leased    = []string{"hot", "hot-path"}
+	p99LeasedMax = float64(time.Microsecond)
+	// capacityFactor: on hot-path, (a) makes at least this many times
+	// (b)'s decisions per second.
+	capacityFactor = 100.0
+	// lostSlack: (a) loses at most (b)'s share plus this many points.
+	lostSlack = 1.0
+)
+
+// evalTargets checks the targets on (a) against (b), per workload, in
+// workload order.
 func evalTargets(rs []result) []target {
 	var out []target
-	for _, a := range rs {
-		if !strings.HasPrefix(a.System, "a-") {
+	for _, wl := range workloads {
+		a, okA := find(rs, "a-", wl.name)
+		b, okB := find(rs, "b-", wl.name)
+		if !okA {
 			continue
 		}
-		if b, ok := find(rs, "b-", a.Workload); ok && b.PerSecond > 0 {
-			ratio := a.PerSecond / b.PerSecond
+		if okB {
 			out = append(out, target{
-				Name: "(a) decisions/s at least 100x (b)", Workload: a.Workload,
-				Want: "≥ 100×", Got: fmtRatio(ratio), Pass: ratio >= 100,
+				Name: "(a) admissions lost at most (b)'s + 1 point", Workload: wl.name,
+				Want: fmt.Sprintf("≤ %s + %.0f", fmtPct(b.LostPct), lostSlack),
+				Got:  fmtPct(a.LostPct), Pass: a.LostPct <= b.LostPct+lostSlack,
 			})
 		}
 		out = append(out, target{
-			Name: "(a) server calls per 1,000 decisions at most 10", Workload: a.Workload,
-			Want: "≤ 10", Got: fmtCalls(a.Calls1000), Pass: a.Calls1000 <= 10,
+			Name: "(a) bound held in every window", Workload: wl.name,
+			Want: "excess ≤ 0", Got: heldText(a), Pass: a.Held,
 		})
-		out = append(out, target{
-			Name: "(a) p99 decision latency on a live lease at most 1 µs", Workload: a.Workload,
-			Want: "≤ 1 µs", Got: fmtNs(a.P99), Pass: a.P99 <= 1000,
-		})
+		if a.SDK != nil {
+			out = append(out, target{
+				Name: "(a) no fallback decision (servers healthy)", Workload: wl.name,
+				Want: "0", Got: fmtInt(a.SDK.FallbackDecisions), Pass: a.SDK.FallbackDecisions == 0,
+			})
+		}
+		if f, ok := redisFactor[wl.name]; ok && okB {
+			out = append(out, target{
+				Name: "(a) Redis commands per decision at most " + fmtFactor(f) + " (b)'s", Workload: wl.name,
+				Want: "≤ " + fmtPerDecision(f*b.RedisCmds), Got: fmtPerDecision(a.RedisCmds),
+				Pass: a.RedisCmds <= f*b.RedisCmds,
+			})
+		}
+		if slices.Contains(p99VsB, wl.name) && okB {
+			out = append(out, target{
+				Name: "(a) p99 decision latency at most (b)'s", Workload: wl.name,
+				Want: "≤ " + fmtNs(b.P99), Got: fmtNs(a.P99), Pass: a.P99 <= b.P99,
+			})
+		}
+		if slices.Contains(p99Leased, wl.name) {
+			out = append(out, target{
+				Name: "(a) p99 decision latency on a leased key at most 1 µs", Workload: wl.name,
+				Want: "≤ " + fmtNs(p99LeasedMax), Got: fmtNs(a.P99), Pass: a.P99 <= p99LeasedMax,
+			})
+		}
+		if wl.capacity && okB && b.PerSecond > 0 {
+			ratio := a.PerSecond / b.PerSecond
+			out = append(out, target{
+				Name: fmt.Sprintf("(a) decisions/s at least %.0f× (b)'s", capacityFactor), Workload: wl.name,
+				Want: fmt.Sprintf("≥ %.0f×", capacityFactor), Got: fmtRatio(ratio), Pass: ratio >= capacityFactor,
+			})
+		}
 	}
 	return out
 }
 
-// maxPerSecond returns the highest decisions/s of any run.
-func maxPerSecond(rs []result) float64 {
-	var m float64
-	for _, r := range rs {
-		m = max(m, r.PerSecond)
+func heldText(r result) string {
+	if !r.WindowsChecked {
+		if r.Held {
+			return "held (by count)"
+		}
+		return "unknown"
 	}
-	return m
+	if !r.HasWorst {
+		return "held (no admission)"
+	}
+	key := r.WorstKey
+	if i := strings.LastIndexByte(key, ':'); i >= 0 {
+		key = key[i+1:]
+	}
+	return fmt.Sprintf("%s (%s over %s, key %s)", fmtSigned(r.Worst.excess()), fmtCount(float64(r.Worst.admitted)), fmtDur(r.Worst.length), key)
 }
 
 func find(rs []result, prefix, workload string) (result, bool) {
@@ -273,69 +385,227 @@ func find(rs []result, prefix, workload string) (result, bool) {
 	return result{}, false
 }
 
+func resultsOf(rs []result, workload string) []result {
+	var out []result
+	for _, r := range rs {
+		if r.Workload == workload {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // ---------------------------------------------------------------------------
 // Markdown
 
-func markdownTable(rs []result) string {
+// workloadTable is one workload's results, a row per system.
+func workloadTable(rs []result) string {
 	var s strings.Builder
-	s.WriteString("| system | workload | decisions/s | vs (b) | calls / 1,000 decisions | Redis commands run / 1,000 decisions | p50 latency | p99 latency | client CPU / decision | server CPU / decision | allocs / decision |\n")
-	s.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	if len(rs) > 0 && rs[0].Capacity {
+		s.WriteString("| system | decisions/s | vs (b) | goroutines | denied | p50 | p99 | p99.9 | calls / decision | Redis cmds / decision | CPU / decision: client, servers | other load (cores) |\n")
+		s.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+		for _, r := range rs {
+			vs := "—"
+			if b, ok := find(rs, "b-", r.Workload); ok && b.PerSecond > 0 {
+				vs = fmtRatio(r.PerSecond / b.PerSecond)
+			}
+			fmt.Fprintf(&s, "| %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %.2f |\n",
+				r.System, fmtSI(r.PerSecond), vs, r.Goroutines, fmtPct(r.LostPct),
+				fmtNs(r.P50), fmtNs(r.P99), fmtNs(r.P999), fmtPerDecision(r.Calls), redisText(r), cpuText(r), r.OtherCores)
+		}
+		return s.String()
+	}
+	s.WriteString("| system | decisions/s | pacer lag p99 | admitted | lost | extra | worst window: excess (admitted over length, key) | bound held | p50 | p99 | p99.9 | calls / decision | Redis cmds / decision | CPU / decision: client, servers | other load (cores) |\n")
+	s.WriteString("|---|--:|--:|--:|--:|--:|--:|:-:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, r := range rs {
-		vs := "—"
-		if b, ok := find(rs, "b-", r.Workload); ok && b.PerSecond > 0 {
-			vs = fmtRatio(r.PerSecond / b.PerSecond)
+		admitted := fmtInt(r.Admitted)
+		if r.Failed > 0 {
+			admitted += fmt.Sprintf(" (%s failed)", fmtInt(r.Failed))
 		}
-		srv := "—"
-		if r.UsesRedis || r.UsesDaemon {
-			srv = fmtNs(r.ServerCPU)
+		held := "✅"
+		if !r.Held {
+			held = "❌"
 		}
-		redisCmds := "—"
-		if r.UsesRedis {
-			redisCmds = fmtCalls(r.RedisCmds)
+		lag := fmtNs(r.LagP99)
+		if !r.keptPace() {
+			lag += " ⚠"
 		}
-		fmt.Fprintf(&s, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-			r.System, r.Workload, fmtSI(r.PerSecond), vs, fmtCalls(r.Calls1000), redisCmds,
-			fmtNs(r.P50), fmtNs(r.P99), fmtNs(r.ClientCPU), srv, fmtAllocs(r.Allocs))
+		fmt.Fprintf(&s, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.2f |\n",
+			r.System, fmtSI(r.PerSecond), lag, admitted,
+			fmtPct(r.LostPct), fmtPct(r.ExtraPct), heldText(r), held,
+			fmtNs(r.P50), fmtNs(r.P99), fmtNs(r.P999), fmtPerDecision(r.Calls), redisText(r), cpuText(r), r.OtherCores)
 	}
 	return s.String()
 }
 
-// latencyTable puts the latency under load beside that of one goroutine
-// deciding alone.
-func latencyTable(rs []result) string {
+// paceLag is the pacer lag, at p99, above which a system did not keep
+// pace with the schedule: its decisions are then no longer on the
+// arrival times the exact bucket was fed.
+const paceLag = 50 * time.Millisecond
+
+// keptPace reports whether the system kept pace with the schedule.
+func (r result) keptPace() bool {
+	return r.Capacity || r.LagP99 <= float64(paceLag)
+}
+
+// paceText explains, under a workload's table, which systems did not keep
+// pace.
+func paceText(rs []result) string {
 	var s strings.Builder
-	s.WriteString("| system | workload | under load: goroutines | p50 | p99 | one goroutine alone: p50 | p99 |\n")
-	s.WriteString("|---|---|--:|--:|--:|--:|--:|\n")
 	for _, r := range rs {
-		fmt.Fprintf(&s, "| %s | %s | %d | %s | %s | %s | %s |\n",
-			r.System, r.Workload, r.Goroutines, fmtNs(r.P50), fmtNs(r.P99), fmtNs(r.SerialP50), fmtNs(r.SerialP99))
+		if r.keptPace() {
+			continue
+		}
+		fmt.Fprintf(&s, "%s did not keep pace on this machine: its decisions began up to %s after their arrival (p99; at most %s), so its figures are not on the schedule's arrival times and compare with the others only roughly.\n",
+			r.System, fmtNs(r.LagP99), fmtNs(r.LagMax))
 	}
 	return s.String()
 }
 
-// cpuTable shows how many cores each process kept busy during each run:
-// what bounds the throughput on a machine whose cores they share.
-func cpuTable(rs []result, cores int) string {
-	var s strings.Builder
-	s.WriteString("| system | workload | goroutines | this process (client) | redis-server | rateleased | total busy | other processes | stolen by the host |\n")
-	s.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|\n")
+// localText compares, on an open-loop workload where (d) ran, (a)'s
+// latency with that of a purely local decision on the same arrivals.
+func localText(rs []result) string {
+	var a, d result
+	var okA, okD bool
 	for _, r := range rs {
-		busy := func(perDecision float64) float64 { return perDecision * r.PerSecond / 1e9 }
-		client := busy(r.ClientCPU)
-		redisC, daemonC := "—", "—"
-		total := client
-		if r.UsesRedis {
-			redisC = fmt.Sprintf("%.2f", busy(r.RedisCPU))
-			total += busy(r.RedisCPU)
+		if strings.HasPrefix(r.System, "a-") {
+			a, okA = r, true
 		}
-		if r.UsesDaemon {
-			daemonC = fmt.Sprintf("%.2f", busy(r.DaemonCPU))
-			total += busy(r.DaemonCPU)
+		if strings.HasPrefix(r.System, "d-") {
+			d, okD = r, true
 		}
-		fmt.Fprintf(&s, "| %s | %s | %d | %.2f | %s | %s | %.2f of %d | %.2f | %.2f |\n",
-			r.System, r.Workload, r.Goroutines, client, redisC, daemonC, total, cores, r.OtherCores, r.StealCores)
 	}
-	return s.String()
+	if !okA || !okD || a.Capacity {
+		return ""
+	}
+	return fmt.Sprintf("For scale: (d), a decision in this process with no network at all, took p50 %s, p99 %s, p99.9 %s on the same arrivals, and (a) p50 %s, p99 %s, p99.9 %s. "+
+		"Decisions made one by one as requests arrive run on a goroutine just woken, with caches other processes have used meanwhile; the closed-loop hot-path run below shows the same decisions back to back.\n",
+		fmtNs(d.P50), fmtNs(d.P99), fmtNs(d.P999), fmtNs(a.P50), fmtNs(a.P99), fmtNs(a.P999))
+}
+
+// maxCmdsShown is how many commands redisByText names per system.
+const maxCmdsShown = 6
+
+// redisByText lists, for each system of a workload that uses Redis, its
+// Redis commands per decision by command, the most first.
+func redisByText(rs []result) string {
+	var parts []string
+	for _, r := range rs {
+		if !r.UsesRedis || len(r.RedisByCmd) == 0 {
+			continue
+		}
+		names := make([]string, 0, len(r.RedisByCmd))
+		for name := range r.RedisByCmd {
+			names = append(names, name)
+		}
+		slices.SortFunc(names, func(x, y string) int {
+			if c := cmpFloat(r.RedisByCmd[y], r.RedisByCmd[x]); c != 0 {
+				return c
+			}
+			return strings.Compare(x, y)
+		})
+		var cmds []string
+		var rest float64
+		for i, name := range names {
+			if i >= maxCmdsShown {
+				rest += r.RedisByCmd[name]
+				continue
+			}
+			cmds = append(cmds, fmt.Sprintf("`%s` %s", name, fmtPerDecision(r.RedisByCmd[name])))
+		}
+		if n := len(names) - maxCmdsShown; n > 0 {
+			cmds = append(cmds, fmt.Sprintf("%d more %s", n, fmtPerDecision(rest)))
+		}
+		parts = append(parts, fmt.Sprintf("%s: %s", r.System[:1], strings.Join(cmds, ", ")))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "Redis commands per decision, by command: " + strings.Join(parts, "; ") + ".\n"
+}
+
+func cmpFloat(x, y float64) int {
+	switch {
+	case x < y:
+		return -1
+	case x > y:
+		return 1
+	}
+	return 0
+}
+
+// redisText is the Redis commands per decision, or a dash for a system
+// that does not use Redis.
+func redisText(r result) string {
+	if !r.UsesRedis {
+		return "—"
+	}
+	return fmtPerDecision(r.RedisCmds)
+}
+
+func cpuText(r result) string {
+	if !r.UsesRedis && !r.UsesDaemon {
+		return fmtNs(r.ClientCPU) + ", —"
+	}
+	return fmtNs(r.ClientCPU) + ", " + fmtNs(r.ServerCPU)
+}
+
+// sdkText describes (a)'s decisions by source and its counters.
+func sdkText(r result) string {
+	if r.SDK == nil {
+		return ""
+	}
+	var total int64
+	names := make([]string, 0, len(r.SDK.BySource))
+	for name, n := range r.SDK.BySource {
+		names = append(names, name)
+		total += n
+	}
+	slices.SortFunc(names, func(x, y string) int {
+		if c := r.SDK.BySource[y] - r.SDK.BySource[x]; c != 0 {
+			if c > 0 {
+				return 1
+			}
+			return -1
+		}
+		return strings.Compare(x, y)
+	})
+	var parts []string
+	for _, name := range names {
+		parts = append(parts, fmt.Sprintf("%s %s (%s)", name, fmtInt(r.SDK.BySource[name]), fmtPct(pct(r.SDK.BySource[name], total))))
+	}
+	return fmt.Sprintf("(a) decisions by source (`Decision.Source`): %s. `Stats()` summed over the instances: %s lease-server calls, %s failed calls, %s fallback decisions, at most %s keys held.",
+		strings.Join(parts, ", "), fmtInt(r.SDK.ServerCalls), fmtInt(r.SDK.ServerErrors), fmtInt(r.SDK.FallbackDecisions), fmtInt(int64(r.SDK.MaxKeysHeld)))
+}
+
+// describe states a workload from its fields.
+func describe(wl workload, rs []result) string {
+	keys := "1 key"
+	switch {
+	case wl.keys > 1 && wl.dist == distZipf:
+		keys = fmt.Sprintf("%s keys, Zipf demand (s = %.1f, v = 1: key 0 the most asked)", fmtInt(int64(wl.keys)), wl.zipfS)
+	case wl.keys > 1:
+		keys = fmt.Sprintf("%s keys, uniform demand", fmtInt(int64(wl.keys)))
+	}
+	inst := fmt.Sprintf("%d instances", wl.instances)
+	if wl.instances == 1 {
+		inst = "1 instance"
+	}
+	if wl.capacity {
+		return fmt.Sprintf("%s, %s, rule %s: %s.", keys, inst, wl.rule, wl.note)
+	}
+	perKey := ""
+	if wl.keys > 1 {
+		perKey = fmt.Sprintf(" (%s per key on average)", fmtNum(wl.rate/float64(wl.keys)))
+	}
+	s := fmt.Sprintf("%s, %s requests/s%s, Poisson arrivals, round-robin over %s, rule %s: %s.",
+		keys, fmtNum(wl.rate), perKey, inst, wl.rule, wl.note)
+	if len(rs) > 0 && rs[0].Arrivals > 0 {
+		r := rs[0]
+		s += fmt.Sprintf(" %s arrivals in %s; the exact bucket admits %s of them (%s).",
+			fmtInt(int64(r.Arrivals)), fmtDur(r.Length), fmtInt(r.ExactAdmitted), fmtPct(pct(r.ExactAdmitted, int64(r.Arrivals))))
+	}
+	return s
 }
 
 func renderMarkdown(d reportData) string {
@@ -344,22 +614,21 @@ func renderMarkdown(d reportData) string {
 	m := d.Machine
 	p("# Benchmarks\n\n")
 	p("<!-- Generated by `make bench` (e2e/compare, TestMain): do not edit by hand; run it again. -->\n\n")
-	p("How fast can a process decide \"may this request go ahead?\" under a **global** rate limit? ")
-	p("The same workload goes through these %d limiters, all in one run, against the same `redis-server`:\n\n", len(systems))
+	p("Does a global rate limit with leases admit what an exact limiter would, and what does each decision cost? ")
+	p("Each workload below is one schedule of arrival times (key and instance included), generated once, that every system replays at wall-clock pace in the same run, against the same `redis-server` and the same %d `rateleased` processes (the built binary, Redis store):\n\n", daemons)
 	for _, sys := range systems {
 		p("- **%s** — `%s`\n", sys.label, sys.name)
 	}
-	p("\nWorkloads: **hot**, every decision on one key; **zipf**, %s keys with Zipf-distributed demand (s=%.1f, v=%.0f). ", fmtInt(zipfKeys), zipfS, zipfV)
-	p("The limit, the same for every system, is %s tokens per %v per key with a burst of %s (%s per second)",
-		fmtInt(limitTokens), limitPeriod, fmtInt(limitTokens), fmtInt(int64(limitRate)))
-	if fastest := maxPerSecond(d.Results); fastest > 0 {
-		p("; the fastest run made %s decisions/s, all its keys together", fmtSI(fastest))
+	p("\nEach system's decisions are scored against **one exact token bucket per key fed the same arrival times** (lost and extra admissions), and against the bound of the rule, burst + rate·W, in every window of every key. ")
+	p("(d) limits each instance on its own, so it runs only where no limit binds. ")
+	p("The hot-path workload is the one closed-loop run: there each system decides as fast as it can, to show what a decision costs when the key is hot.\n\n")
+	p("![admissions lost, Redis commands and p99 latency per decision, per workload and system](%s)\n\n", chartFile)
+
+	p("## Workloads\n\n")
+	for _, wl := range workloads {
+		p("- **%s** — %s\n", wl.name, describe(wl, resultsOf(d.Results, wl.name)))
 	}
-	p(". ")
-	p("(Not %s per second: the burst can be at most %s (`protocol.MaxCount`), so that bucket would refill in 1 s, and the SDK caps a batch at a quarter of the refill time, 250 ms of demand; ", fmtInt(limitTokens), fmtInt(limitTokens))
-	p("a renewal that did not land within that, as may happen while the benchmark keeps all %d cores of this machine busy, would leave the key without a lease. See `limitTokens` in `e2e/compare/compare_test.go`.) ", m.Cores)
-	p("A denied decision fails the benchmark, so in these results the limit never bound and what is measured is the limiter's own cost; a decision of (a) not made from a live lease fails the benchmark too.\n\n")
-	p("![decisions per second, log scale](%s)\n\n", chartFile)
+	p("\n")
 
 	p("## Machine and command\n\n")
 	p("- CPU: %s, %d cores (GOMAXPROCS %d)", m.CPU, m.Cores, m.GOMAXPROCS)
@@ -368,136 +637,69 @@ func renderMarkdown(d reportData) string {
 	}
 	p("\n- OS: %s\n- Go: %s\n- redis-server: %s\n", m.OS, m.Go, m.Redis)
 	p("- Date: %s\n", d.Date.Format("2006-01-02 15:04 MST"))
-	p("- Command, from the repository root: `make bench`, which runs the engine and SDK micro-benchmarks and then\n\n")
+	p("- Command, from the repository root (`make bench` runs the engine and SDK micro-benchmarks, then this):\n\n")
 	p("  ```sh\n  %s\n  ```\n\n", d.Command)
-	p("  and writes this file and `%s`. Everything runs on this one machine over loopback: ", chartFile)
-	p("the benchmark process, one `redis-server` and one `rateleased` (the built binary, `-redis` store) share its %d cores.\n\n", m.Cores)
+	p("  Each run replays %s of arrivals (from `-benchtime`; a count such as `1x` means %s); the whole benchmark, %d runs, took %s. ", fmtDur(d.Run), fmtDur(defaultRun), len(d.Results), d.Took.Round(time.Second))
+	p("Everything runs on this one machine over loopback: the benchmark process (all the instances), `redis-server` and the `rateleased` processes share its %d cores, ", m.Cores)
+	p("and the machine may be shared with other work: the tables give the cores that other processes used during each run.\n\n")
 
-	p("## Results\n\n")
-	p("%s\n", markdownTable(d.Results))
-	p("- **decisions/s**: decisions over the wall time of `b.RunParallel`; **vs (b)**: the ratio to (b) on the same workload.\n")
-	p("- **calls / 1,000 decisions**: calls that left the benchmark process: lease-server calls for (a) (`Client.Stats().ServerCalls`: acquire, renew and settle, batched over keys), Redis round trips for (b) (counted by a go-redis hook), HTTP calls for (c), none for (d). ")
-	p("**Redis commands run** is what `redis-server` itself counted (`INFO stats`, which counts the commands a Lua script runs too), whoever sent them: for (a) and (c), `rateleased`.\n")
-	p("- **p50 / p99 latency**: of one decision, timed with two monotonic clock reads around it, in a log-linear histogram (≤ %.1f%% off). ", 100/(2.0*subCount))
-	p("Every decision of (b) and (c) is timed, and a random 1 in %d of (a) and (d)", 1<<localSampleShift)
-	a, okA := find(d.Results, "a-", "hot")
-	dd, okD := find(d.Results, "d-", "hot")
-	if okA && okD && a.PerSecond > 0 && dd.PerSecond > 0 {
-		p(", whose decisions took %s and %s of wall time per goroutine on hot", fmtNs(float64(a.Goroutines)/a.PerSecond*1e9), fmtNs(float64(dd.Goroutines)/dd.PerSecond*1e9))
-	}
-	p(". The clock reads are included in the figures: timing no work at all gives p50 %s, p99 %s on this machine.\n", fmtNs(d.FloorP50), fmtNs(d.FloorP99))
-	p("- **client CPU / decision**: this process's CPU time (user + sys, `getrusage`) per decision, everything included (the benchmark loop, the SDK's background settle loop, the GC). ")
-	p("**server CPU / decision**: the CPU time of the server processes the system uses (`redis-server` from `INFO cpu`; `rateleased` from `/proc/<pid>/stat`, 10 ms ticks).\n")
-	p("- **allocs / decision**: heap allocations of the whole process per decision (`runtime.MemStats.Mallocs`).\n")
-	p("- Goroutines: (a) and (d) decide without a network call and run one per core (GOMAXPROCS, `b.RunParallel`'s default). ")
-	p("(b) and (c) wait on a round trip per decision, so they run %d per core (`b.SetParallelism(%d)`) to keep several round trips in flight over as many connections.\n", netParallelism, netParallelism)
-	p("- Each sub-benchmark warms up first with the same workload (%v for (a), so that its batch sizes follow the demand, then a check that every key of the workload holds a live lease; %v for the others); the figures are the last run of each (`b.N` grows over runs).\n\n", warmLocal, warmNetwork)
-
-	p("### Latency under load and alone\n\n")
-	p("%s\n", latencyTable(d.Results))
-	p("%s\n", latencyText(d.Results))
-
-	p("### Where the CPU goes\n\n")
-	p("Cores kept busy during each run (CPU time per decision × decisions/s), and what else the machine did meanwhile (`/proc/stat`: all CPU time less that of the three processes above; time stolen by the hypervisor):\n\n")
-	p("%s\n", cpuTable(d.Results, m.Cores))
-	p("%s\n", limitsText(d.Results, m.Cores))
-
-	p("## Targets (issue 4)\n\n")
+	p("## Targets\n\n")
+	p("Computed from this run; (a) against (b) on the same arrivals.\n\n")
 	p("| target | workload | wanted | measured | |\n|---|---|---|--:|---|\n")
+	pass, all := 0, 0
 	for _, t := range evalTargets(d.Results) {
+		all++
+		if t.Pass {
+			pass++
+		}
 		p("| %s | %s | %s | %s | %s |\n", t.Name, t.Workload, t.Want, t.Got, t.verdict())
 	}
-	p("\nChart: [%s](%s).\n", chartFile, chartFile)
-	return s.String()
-}
+	p("\n%d of %d targets met.\n\n", pass, all)
 
-// latencyText compares, from the measured figures, the latency under load
-// of the network-bound systems with Little's law and with a decision made
-// alone.
-func latencyText(rs []result) string {
-	var s strings.Builder
-	for _, prefix := range []string{"b-", "c-"} {
-		r, ok := find(rs, prefix, "hot")
-		if !ok || r.PerSecond == 0 {
+	p("## Results\n\n")
+	for _, wl := range workloads {
+		rs := resultsOf(d.Results, wl.name)
+		if len(rs) == 0 {
 			continue
 		}
-		fmt.Fprintf(&s, "%s/hot runs %d goroutines, each with one decision in flight: by Little's law a decision takes %d / %s/s = %s on average. The measured p50 is %s",
-			r.System, r.Goroutines, r.Goroutines, fmtSI(r.PerSecond), fmtNs(float64(r.Goroutines)/r.PerSecond*1e9), fmtNs(r.P50))
-		if r.SerialP50 > 0 {
-			fmt.Fprintf(&s, ", %s the p50 of a decision made alone (%s)", fmtRatio(r.P50/r.SerialP50), fmtNs(r.SerialP50))
+		p("### %s\n\n%s\n\n%s\n", wl.name, describe(wl, rs), workloadTable(rs))
+		if t := paceText(rs); t != "" {
+			p("%s\n", t)
 		}
-		fmt.Fprintf(&s, "; p99 %s. ", fmtNs(r.P99))
-	}
-	if a, ok := find(rs, "a-", "hot"); ok {
-		fmt.Fprintf(&s, "(a) decides from its lease, with %s server calls per 1,000 decisions: %s p99 under load, %s alone, clock reads included.", fmtCalls(a.Calls1000), fmtNs(a.P99), fmtNs(a.SerialP99))
-	}
-	return s.String() + "\n"
-}
-
-// limitsText says, from the measured figures, what bounds each system.
-func limitsText(rs []result, cores int) string {
-	var s strings.Builder
-	all := func(r result) float64 { return r.ClientCPU + r.ServerCPU }
-	for _, wl := range []string{"hot", "zipf"} {
-		b, okB := find(rs, "b-", wl)
-		c, okC := find(rs, "c-", wl)
-		if !okB || !okC || all(b) == 0 || all(c) == 0 {
-			continue
+		if t := localText(rs); t != "" {
+			p("%s\n", t)
 		}
-		fmt.Fprintf(&s, "- %s: (b) and (c) make %s and %s calls per 1,000 decisions over loopback and cost %s and %s of CPU per decision, all processes together. ",
-			wl, fmtCalls(b.Calls1000), fmtCalls(c.Calls1000), fmtNs(all(b)), fmtNs(all(c)))
-		fmt.Fprintf(&s, "At that cost %d cores could make at most about %s and %s decisions/s; the runs got %s and %s.",
-			cores, fmtSI(float64(cores)*1e9/all(b)), fmtSI(float64(cores)*1e9/all(c)), fmtSI(b.PerSecond), fmtSI(c.PerSecond))
-		for _, r := range []result{b, c} {
-			busy := all(r) * r.PerSecond / 1e9
-			idle := float64(cores) - busy - r.OtherCores - r.StealCores
-			switch {
-			case idle < 0.1*float64(cores):
-				fmt.Fprintf(&s, " %s was bound by CPU: %.2f of %d cores busy with it, %.2f with other work.", r.System, busy, cores, r.OtherCores+r.StealCores)
-			case idle < 0.5*float64(cores):
-				fmt.Fprintf(&s, " %s kept %.2f of %d cores busy (%.2f with other work, %.2f idle).",
-					r.System, busy, cores, r.OtherCores+r.StealCores, idle)
-			default:
-				fmt.Fprintf(&s, " %s left %.2f of %d cores idle: CPU did not bound it.", r.System, idle, cores)
+		if t := redisByText(rs); t != "" {
+			p("%s\n", t)
+		}
+		for _, r := range rs {
+			if t := sdkText(r); t != "" {
+				p("%s\n", t)
 			}
 		}
-		s.WriteString("\n")
-	}
-	for _, wl := range []string{"hot", "zipf"} {
-		a, okA := find(rs, "a-", wl)
-		d, okD := find(rs, "d-", wl)
-		if !okA || !okD {
-			continue
+		if wl.capacity {
+			p("\nDecisions timed: every one for the network systems, a random 1 in %d for the local ones (two clock reads cost more than their decision); timing no work at all gives p50 %s, p99 %s on this machine, included in the figures. ",
+				1<<localSampleShift, fmtNs(d.FloorP50), fmtNs(d.FloorP99))
+			p("Goroutines: one per core for the local systems, %d per core for the network ones, each with one decision in flight.\n", netParallelism)
 		}
-		fmt.Fprintf(&s, "- %s: (a) makes %s server calls per 1,000 decisions and (d) %s; (a) and (d) cost %s and %s of CPU per decision in this process, the benchmark loop included, with %.2f and %.2f of %d cores busy (other work meanwhile: %.2f and %.2f). ",
-			wl, fmtCalls(a.Calls1000), fmtCalls(d.Calls1000), fmtNs(a.ClientCPU), fmtNs(d.ClientCPU), a.ClientCPU*a.PerSecond/1e9, d.ClientCPU*d.PerSecond/1e9, cores,
-			a.OtherCores+a.StealCores, d.OtherCores+d.StealCores)
-		fmt.Fprintf(&s, "The servers behind (a) (`rateleased` and `redis-server`) spent %s of CPU per decision.\n", fmtNs(a.ServerCPU))
+		p("\n")
 	}
-	var worst result
-	for _, r := range rs {
-		if r.OtherCores+r.StealCores > worst.OtherCores+worst.StealCores {
-			worst = r
-		}
-	}
-	if worst.OtherCores+worst.StealCores >= 0.05 {
-		fmt.Fprintf(&s, "\nThe machine was not quiet: during %s/%s, other processes used %.2f cores and the host stole %.2f.\n",
-			worst.System, worst.Workload, worst.OtherCores, worst.StealCores)
-	} else {
-		s.WriteString("\nThe machine was otherwise idle: other processes and the host took less than 0.05 cores during every run.\n")
-	}
-	s.WriteString("\n(a) here takes the key as a string (`Client.Allow(ctx, key)`: a map lookup, then atomic operations on the lease). ")
-	s.WriteString("A `client.Limiter` handle kept for a key skips the lookup: `BenchmarkLimiterAllowParallel` in `client/`, which `make bench` runs first, measures it beside `x/time/rate`.\n")
-	for _, t := range evalTargets(rs) {
-		if t.Pass {
-			continue
-		}
-		fmt.Fprintf(&s, "\n**Missed: %s on %s: %s.** ", t.Name, t.Workload, t.Got)
-		if a, ok := find(rs, "a-", t.Workload); ok {
-			fmt.Fprintf(&s, "Measured for (a) on %s: %s decisions/s with %.2f of %d cores busy in the client, %s client CPU per decision, %s calls per 1,000 decisions, p99 %s under load and %s alone.\n",
-				t.Workload, fmtSI(a.PerSecond), a.ClientCPU*a.PerSecond/1e9, cores, fmtNs(a.ClientCPU), fmtCalls(a.Calls1000), fmtNs(a.P99), fmtNs(a.SerialP99))
-		}
-	}
+
+	p("## How it is measured\n\n")
+	p("- **Arrivals**: a Poisson process at the workload's rate, keys drawn from its distribution, the i-th arrival sent to instance i mod n; a fixed seed per workload, so every system, and every run, gets the same schedule. ")
+	p("A pacer goroutine sleeps until the next arrival is due and hands it to an idle worker goroutine, or starts one (at most %s in flight), so a slow decision never holds back the next; the idle worker that finished last goes first, so decisions run on goroutines whose stacks have grown, as in a long-running server. **pacer lag** is when a decision began less its scheduled time, and says whether the pacer kept up (⚠: above %s at p99). The pacer's sleep wakes with about a millisecond's resolution, so a lag near 1 ms is the clock's, not the system's.\n", fmtInt(maxInFlight), fmtDur(paceLag))
+	p("- **decisions/s**: decisions made over the time from the run's start to the end of its last decision (open loop, this is the arrival rate when the system keeps pace).\n")
+	p("- **lost / extra**: per key, the exact bucket's admissions the system did not make, max(0, exact − system), and those it made beyond them, max(0, system − exact), summed over keys, as a share of the exact bucket's admissions. The exact bucket starts full, as rateleased's and redis_rate's do, and is fed each arrival at its scheduled time.\n")
+	p("- **worst window**: admissions are counted per key in %s slots by decision time, an admission in a window only if its decision began and ended inside it; over every window of %s or more (up to the run's length), the largest admitted − (burst + rate·W), for the worst key. Above 0 the rule's bound did not hold. ", fmtDur(windowSlot), fmtDur(minWindow))
+	p("An admission made by a round trip happened somewhere between the decision's start and end, so a window is never charged one it may not have held.\n")
+	p("- **latency**: of each decision, from the goroutine's first clock read to the decision's return; p50, p99, p99.9 over every decision of the run.\n")
+	p("- **calls / decision**: calls that left the benchmark process per decision: lease-server calls for (a) (`Stats().ServerCalls`, summed over the instances), Redis round trips for (b) (a go-redis hook), HTTP calls for (c). ")
+	p("**Redis cmds / decision**: what redis-server counted in `INFO commandstats` during the run, every command's `calls` summed (a script's EVALSHA and each command it ran inside), the INFO calls excluded, whoever sent them. ")
+	p("Both count the closing of the run's clients too: for (a), returning its leases.\n")
+	p("- **CPU / decision**: this process (user + sys, `getrusage`: the instances, the pacer and the GC), and the servers the system uses (`redis-server` from `INFO cpu`, `rateleased` from `/proc/<pid>/stat` at 10 ms ticks). ")
+	p("**other load**: cores busy with other processes, or stolen by the host, on average during the run (`/proc/stat`).\n")
+	p("- (a) runs with the SDK's defaults, as a new user would write it, each instance a `client.Client` with its own `client_id` and HTTP pool, instance i listing `rateleased` i mod %d first. (b) has one go-redis client per instance, (c) alternates between the `rateleased` processes by instance. ", daemons)
+	p("Before the first run every Lua script is loaded into Redis; before each run the system's connection pools are opened. Each run uses keys of its own, so every bucket starts full.\n")
 	return s.String()
 }
 
@@ -524,8 +726,11 @@ func fmtSI(v float64) string {
 	return fmtSig(v, 3)
 }
 
-// fmtDecade formats a power of ten for an axis: "1 k", "10 M".
+// fmtDecade formats a power of ten for an axis: "1 k", "10 M", "0.01".
 func fmtDecade(v float64) string {
+	if v < 1 {
+		return strconv.FormatFloat(v, 'f', -1, 64)
+	}
 	s := fmtSI(v)
 	num, suf, _ := strings.Cut(s, " ")
 	if f, err := strconv.ParseFloat(num, 64); err == nil {
@@ -537,7 +742,7 @@ func fmtDecade(v float64) string {
 	return num + " " + suf
 }
 
-// fmtNs formats nanoseconds: "35 ns", "1.25 µs", "3.10 ms".
+// fmtNs formats nanoseconds: "35 ns", "1.25 µs", "3.10 ms", "1.20 s".
 func fmtNs(ns float64) string {
 	switch {
 	case ns == 0:
@@ -548,13 +753,17 @@ func fmtNs(ns float64) string {
 		return fmt.Sprintf("%.0f ns", ns)
 	case ns < 999.5e3:
 		return strings.TrimSpace(fmtSig(ns/1e3, 3)) + " µs"
-	default:
+	case ns < 999.5e6:
 		return strings.TrimSpace(fmtSig(ns/1e6, 3)) + " ms"
+	default:
+		return strings.TrimSpace(fmtSig(ns/1e9, 3)) + " s"
 	}
 }
 
-// fmtCalls formats a count per 1,000 decisions: "1,000", "3.2", "0.0041".
-func fmtCalls(v float64) string {
+func fmtDur(d time.Duration) string { return fmtNs(float64(d)) }
+
+// fmtPerDecision formats a count per decision: "18", "3.6", "0.0041".
+func fmtPerDecision(v float64) string {
 	switch {
 	case v == 0:
 		return "0"
@@ -565,11 +774,52 @@ func fmtCalls(v float64) string {
 	}
 }
 
-func fmtAllocs(v float64) string {
-	if v < 0.01 {
-		return fmtCalls(v)
+// fmtNum formats a workload parameter: "4,000", "100", "0.2", "0.03".
+func fmtNum(v float64) string {
+	if v >= 1 && v == math.Trunc(v) {
+		return fmtInt(int64(v))
 	}
-	return fmt.Sprintf("%.2f", v)
+	s := fmtSig(v, 3)
+	if strings.Contains(s, ".") {
+		s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
+	}
+	return s
+}
+
+// fmtPct formats a percentage: "0%", "0.042%", "3.1%", "50%".
+func fmtPct(v float64) string {
+	switch {
+	case v == 0:
+		return "0%"
+	case v >= 10:
+		return fmt.Sprintf("%.0f%%", v)
+	default:
+		return fmtSig(v, 2) + "%"
+	}
+}
+
+// fmtCount formats a count that may be huge: "37", "1.00 G".
+func fmtCount(v float64) string {
+	if math.Abs(v) < 1e4 {
+		return fmt.Sprintf("%.0f", v)
+	}
+	return fmtSI(v)
+}
+
+// fmtSigned formats an excess: "+17", "+0.9", "-0.1", "-1.00 G".
+func fmtSigned(v float64) string {
+	if math.Abs(v) < 9.95 {
+		return fmt.Sprintf("%+.1f", v)
+	}
+	if v > 0 {
+		return "+" + fmtCount(math.Round(v))
+	}
+	return "-" + fmtCount(math.Round(-v))
+}
+
+// fmtFactor formats a target factor: "0.001×", "0.3×", "1×".
+func fmtFactor(f float64) string {
+	return strconv.FormatFloat(f, 'f', -1, 64) + "×"
 }
 
 // fmtSig formats v > 0 with sig significant digits, without exponent.
@@ -603,128 +853,4 @@ func fmtInt(n int64) string {
 		s = s[:i] + "," + s[i:]
 	}
 	return s
-}
-
-// ---------------------------------------------------------------------------
-// The chart
-
-var barColors = map[string]string{"a": "#1f77b4", "b": "#d95f02", "c": "#7570b3", "d": "#8c8c8c"}
-
-// renderSVG draws decisions/s per system (bars) and workload (groups) on a
-// log scale, each bar labelled with its value.
-func renderSVG(rs []result, subtitle string) []byte {
-	const (
-		width, height          = 900, 500
-		left, right, top, bott = 80, 20, 110, 80
-		barW, barGap           = 64, 16
-	)
-	plotW, plotH := float64(width-left-right), float64(height-top-bott)
-
-	var workloads []string
-	var sysNames []string
-	for _, r := range rs {
-		if !contains(workloads, r.Workload) {
-			workloads = append(workloads, r.Workload)
-		}
-		if !contains(sysNames, r.System) {
-			sysNames = append(sysNames, r.System)
-		}
-	}
-	lo, hi := math.Inf(1), math.Inf(-1)
-	for _, r := range rs {
-		if r.PerSecond > 0 {
-			lo = math.Min(lo, math.Floor(math.Log10(r.PerSecond)))
-			hi = math.Max(hi, math.Ceil(math.Log10(r.PerSecond)))
-		}
-	}
-	if math.IsInf(lo, 0) {
-		lo, hi = 0, 1
-	}
-	if hi <= lo {
-		hi = lo + 1
-	}
-	y := func(v float64) float64 {
-		if v <= 0 {
-			return top + plotH
-		}
-		return top + plotH*(1-(math.Log10(v)-lo)/(hi-lo))
-	}
-
-	var s strings.Builder
-	p := func(format string, args ...any) { fmt.Fprintf(&s, format, args...) }
-	esc := html.EscapeString
-	p(`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="Helvetica, Arial, sans-serif">`+"\n", width, height, width, height)
-	p(`<rect width="100%%" height="100%%" fill="#ffffff"/>` + "\n")
-	p(`<text x="%d" y="28" font-size="18" font-weight="bold">Rate-limit decisions per second (log scale, higher is better)</text>`+"\n", left)
-	p(`<text x="%d" y="48" font-size="11" fill="#555555">%s</text>`+"\n", left, esc(subtitle))
-
-	// Legend: two columns.
-	for i, name := range sysNames {
-		label := name
-		for _, r := range rs {
-			if r.System == name {
-				label = r.Label
-				break
-			}
-		}
-		lx, ly := float64(left+(i%2)*400), 62+float64(i/2)*18
-		p(`<rect x="%.1f" y="%.1f" width="12" height="12" fill="%s"/>`+"\n", lx, ly, barColors[name[:1]])
-		p(`<text x="%.1f" y="%.1f" font-size="12">%s</text>`+"\n", lx+17, ly+10, esc(label))
-	}
-
-	// Grid and axis labels, one per decade.
-	for e := lo; e <= hi; e++ {
-		yy := y(math.Pow(10, e))
-		p(`<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#dddddd" stroke-width="1"/>`+"\n", left, yy, width-right, yy)
-		p(`<text x="%d" y="%.1f" font-size="12" text-anchor="end" fill="#333333">%s</text>`+"\n", left-8, yy+4, esc(fmtDecade(math.Pow(10, e))))
-	}
-	p(`<line x1="%d" y1="%d" x2="%d" y2="%.1f" stroke="#333333" stroke-width="1"/>`+"\n", left, top, left, top+plotH)
-	p(`<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#333333" stroke-width="1"/>`+"\n", left, top+plotH, width-right, top+plotH)
-	p(`<text transform="translate(20 %.1f) rotate(-90)" font-size="12" text-anchor="middle" fill="#333333">decisions / s</text>`+"\n", top+plotH/2)
-
-	// Bars.
-	groupW := plotW / float64(max(1, len(workloads)))
-	for gi, wl := range workloads {
-		var bars []result
-		for _, r := range rs {
-			if r.Workload == wl {
-				bars = append(bars, r)
-			}
-		}
-		total := float64(len(bars))*barW + float64(len(bars)-1)*barGap
-		x0 := float64(left) + groupW*float64(gi) + (groupW-total)/2
-		for bi, r := range bars {
-			x := x0 + float64(bi)*(barW+barGap)
-			yy := y(r.PerSecond)
-			p(`<rect class="bar" data-system="%s" data-workload="%s" data-value="%g" x="%.1f" y="%.1f" width="%d" height="%.1f" fill="%s"/>`+"\n",
-				esc(r.System), esc(r.Workload), r.PerSecond, x, yy, barW, top+plotH-yy, barColors[r.System[:1]])
-			p(`<text x="%.1f" y="%.1f" font-size="12" text-anchor="middle" font-weight="bold">%s</text>`+"\n", x+barW/2, yy-6, esc(fmtSI(r.PerSecond)))
-			p(`<text x="%.1f" y="%.1f" font-size="12" text-anchor="middle">(%s)</text>`+"\n", x+barW/2, top+plotH+18, esc(r.System[:1]))
-		}
-		title := wl
-		switch wl {
-		case "hot":
-			title = "hot: one key"
-		case "zipf":
-			title = fmt.Sprintf("zipf: %s keys", fmtInt(zipfKeys))
-		}
-		p(`<text x="%.1f" y="%.1f" font-size="14" text-anchor="middle" font-weight="bold">%s</text>`+"\n", float64(left)+groupW*(float64(gi)+0.5), top+plotH+44, esc(title))
-		a, okA := find(rs, "a-", wl)
-		b, okB := find(rs, "b-", wl)
-		if okA && okB && b.PerSecond > 0 {
-			p(`<text x="%.1f" y="%.1f" font-size="12" text-anchor="middle" fill="#555555">%s</text>`+"\n",
-				float64(left)+groupW*(float64(gi)+0.5), top+plotH+62, esc("(a) makes "+fmtRatio(a.PerSecond/b.PerSecond)+" the decisions/s of (b)"))
-		}
-	}
-	p("</svg>\n")
-	return []byte(s.String())
-}
-
-func contains(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

@@ -1,0 +1,567 @@
+package compare
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/time/rate"
+
+	"github.com/ratelease/ratelease/client"
+	"github.com/ratelease/ratelease/e2e/e2eproc"
+	"github.com/ratelease/ratelease/e2e/redistest"
+	"github.com/ratelease/ratelease/protocol"
+)
+
+// ---------------------------------------------------------------------------
+// The processes
+
+// daemons is the number of rateleased processes, all on the one Redis.
+const daemons = 2
+
+// env is the redis-server and the rateleased processes every system shares.
+type env struct {
+	redis   *redistest.Server
+	rdb     *redis.Client // INFO only
+	daemons []*e2eproc.Daemon
+}
+
+func startEnv(b *testing.B) *env {
+	b.Helper()
+	rs := redistest.Start(b)
+	dir := b.TempDir()
+	bin, err := e2eproc.Build(dir, "github.com/ratelease/ratelease/server/cmd/rateleased")
+	if err != nil {
+		b.Fatal(err)
+	}
+	rules := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rules, []byte(rulesYAML()), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	e := &env{redis: rs, rdb: rs.Client(b)}
+	for range daemons {
+		d := e2eproc.StartDaemon(b, bin, "-rules", rules, "-redis", rs.URL())
+		if host, _, _ := net.SplitHostPort(d.Addr()); host != "127.0.0.1" {
+			b.Fatalf("rateleased listens on %s, not loopback", d.Addr())
+		}
+		e.daemons = append(e.daemons, d)
+	}
+	info := e.rdb.InfoMap(context.Background(), "server")
+	if err := info.Err(); err != nil {
+		b.Fatal(err)
+	}
+	setRedisVersion(info.Item("Server", "redis_version"))
+	e.loadScripts(b)
+	return e
+}
+
+// loadScripts makes one decision of each kind on a key of the warm rule, so
+// that every Lua script is in Redis's cache before the first measured run
+// (whichever system runs first would otherwise pay for loading it).
+func (e *env) loadScripts(b *testing.B) {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i, d := range e.daemons {
+		if _, err := postCheck(ctx, http.DefaultClient, d.URL()+protocol.PathCheck, fmt.Sprintf("warm:check:%d", i)); err != nil {
+			b.Fatalf("warm-up check: %v", err)
+		}
+	}
+	c, err := client.New(client.Config{Servers: e.urls(0), ClientID: "bench-warm"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if d := c.Allow(ctx, "warm:sdk"); !d.Allowed {
+		b.Logf("warm-up: SDK decision not allowed (source %s)", d.Source)
+	}
+	if err := c.Close(ctx); err != nil {
+		b.Logf("warm-up: SDK Close: %v", err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: e.redis.Addr()})
+	defer rdb.Close()
+	if _, err := redis_rate.NewLimiter(rdb).Allow(ctx, "warm:rr", redis_rate.PerSecond(1000)); err != nil {
+		b.Fatalf("warm-up redis_rate: %v", err)
+	}
+}
+
+// urls returns the rateleased URLs, rotated by first: instance i lists
+// server i mod daemons first, so that the instances spread over the
+// servers (the SDK talks to the first server that answers).
+func (e *env) urls(first int) []string {
+	out := make([]string, len(e.daemons))
+	for i := range out {
+		out[i] = e.daemons[(first+i)%len(e.daemons)].URL()
+	}
+	return out
+}
+
+// snap is what a run is measured against.
+type snap struct {
+	at        time.Time
+	cpu       time.Duration    // this process, user + sys
+	redisCmds int64            // INFO commandstats: every command's calls, INFO's own excluded
+	redisBy   map[string]int64 // the same by command
+	redisCPU  time.Duration
+	daemonCPU time.Duration // all rateleased processes
+	machine   time.Duration // all CPUs busy, every process (/proc/stat)
+	steal     time.Duration // taken by the hypervisor (/proc/stat)
+}
+
+func (e *env) snapshot(b *testing.B) snap {
+	b.Helper()
+	s := snap{at: time.Now()}
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	s.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	txt, err := e.rdb.Info(context.Background(), "commandstats", "cpu").Result()
+	if err != nil {
+		b.Fatalf("INFO: %v", err)
+	}
+	if s.redisBy, err = commandStats(txt); err != nil {
+		b.Fatal(err)
+	}
+	for _, n := range s.redisBy {
+		s.redisCmds += n
+	}
+	if s.redisCPU, err = redisCPU(txt); err != nil {
+		b.Fatal(err)
+	}
+	for _, d := range e.daemons {
+		c, err := procCPU(d.PID())
+		if err != nil {
+			b.Fatal(err)
+		}
+		s.daemonCPU += c
+	}
+	if s.machine, s.steal, err = machineCPU(); err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
+
+// commandCalls sums the calls of every command in the text of INFO
+// commandstats (cmdstat_<name>:calls=N,usec=…), except INFO itself. Redis
+// counts there the commands a Lua script runs too, so a script's call
+// counts as 1 + the commands it ran.
+func commandCalls(info string) (int64, error) {
+	by, err := commandStats(info)
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, n := range by {
+		total += n
+	}
+	return total, nil
+}
+
+// commandStats returns the calls of each command in the text of INFO
+// commandstats, by command name, INFO itself excluded.
+func commandStats(info string) (map[string]int64, error) {
+	by := make(map[string]int64)
+	found := false
+	for _, line := range strings.Split(info, "\n") {
+		line = strings.TrimSpace(line)
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		found = true
+		name = strings.TrimPrefix(name, "cmdstat_")
+		if name == "info" {
+			continue
+		}
+		for _, f := range strings.Split(rest, ",") {
+			if v, ok := strings.CutPrefix(f, "calls="); ok {
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					return nil, fmt.Errorf("INFO commandstats: %q: %w", line, err)
+				}
+				by[name] += n
+			}
+		}
+	}
+	if !found {
+		return nil, errors.New("INFO commandstats: no cmdstat_ line")
+	}
+	return by, nil
+}
+
+// redisCPU returns used_cpu_user + used_cpu_sys from the text of INFO cpu.
+func redisCPU(info string) (time.Duration, error) {
+	var sum float64
+	n := 0
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return 0, fmt.Errorf("INFO cpu: %q: %w", line, err)
+			}
+			sum += f
+			n++
+		}
+	}
+	if n != 2 {
+		return 0, errors.New("INFO cpu: no used_cpu_user and used_cpu_sys")
+	}
+	return time.Duration(sum * float64(time.Second)), nil
+}
+
+// procCPU returns the user+sys CPU time of process pid (all threads), at
+// the resolution of clock ticks (USER_HZ, 100 on Linux).
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64) // field 14
+	stime, err2 := strconv.ParseInt(f[12], 10, 64) // field 15
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, err
+	}
+	const userHZ = 100
+	return time.Duration(utime+stime) * time.Second / userHZ, nil
+}
+
+// machineCPU returns the busy time of all CPUs (user, nice, system, irq,
+// softirq) and the time stolen by the hypervisor, from /proc/stat.
+func machineCPU() (busy, steal time.Duration, err error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, 0, fmt.Errorf("/proc/stat: unexpected first line %q", line)
+	}
+	var v [8]int64
+	for i := range v {
+		if v[i], err = strconv.ParseInt(f[i+1], 10, 64); err != nil {
+			return 0, 0, fmt.Errorf("/proc/stat: %w", err)
+		}
+	}
+	const userHZ = 100
+	tick := func(n int64) time.Duration { return time.Duration(n) * time.Second / userHZ }
+	// user nice system idle iowait irq softirq steal
+	return tick(v[0] + v[1] + v[2] + v[5] + v[6]), tick(v[7]), nil
+}
+
+// ---------------------------------------------------------------------------
+// The systems
+
+// runner is one system set up for one run of one workload.
+type runner struct {
+	decide decideFunc
+	// calls counts the calls that left this process so far: lease-server
+	// calls for (a), Redis round trips for (b), HTTP calls for (c).
+	calls func() int64
+	// close ends the instances; its work (for (a), returning leases)
+	// counts in the run.
+	close func(ctx context.Context) error
+	// sdk, for (a), sums the instances' Stats.
+	sdk func() client.Stats
+}
+
+type system struct {
+	name     string // sub-benchmark name
+	tag      string // key prefix, with the run's number
+	label    string // for the report
+	network  bool   // a decision waits for a round trip
+	matrix   bool   // runs the open-loop workloads (else only hot and hot-path)
+	usesRdb  bool   // its decisions use redis-server
+	usesSrv  bool   // its decisions use rateleased
+	setup    func(b *testing.B, e *env, wl *workload) *runner
+	capacity bool // runs hot-path
+}
+
+var systems = []system{
+	{
+		name: "a-lease-sdk", tag: "a", label: "(a) ratelease SDK",
+		matrix: true, capacity: true, usesRdb: true, usesSrv: true, setup: setupSDK,
+	},
+	{
+		name: "b-redis-rate", tag: "b", label: "(b) redis_rate, one GCRA call per decision",
+		network: true, matrix: true, capacity: true, usesRdb: true, setup: setupRedisRate,
+	},
+	{
+		name: "c-http-check", tag: "c", label: "(c) POST /v1/check per decision",
+		network: true, matrix: true, capacity: true, usesRdb: true, usesSrv: true, setup: setupCheck,
+	},
+	{
+		name: "d-x-time-rate", tag: "d", label: "(d) x/time/rate per instance, local only",
+		capacity: true, setup: setupXTimeRate,
+	},
+}
+
+// runs reports whether sys runs on wl: (d), which limits each instance on
+// its own, only on the two hot workloads, where no limit binds.
+func (sys *system) runs(wl *workload) bool {
+	if wl.capacity {
+		return sys.capacity
+	}
+	return sys.matrix || wl.rule == hotRule
+}
+
+// warmPools opens n connections of hc to url at once (GET /readyz), so that
+// a run does not pay for dialing.
+func warmPools(ctx context.Context, hc *http.Client, url string, n int) {
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/readyz", nil)
+			if err != nil {
+				return
+			}
+			if resp, err := hc.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				_ = resp.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func newTransport() *http.Transport {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns = 512
+	tr.MaxIdleConnsPerHost = 256
+	return tr
+}
+
+// setupSDK: (a), wl.instances Client instances with the SDK's defaults, as
+// a new user would write them, each with its own client_id and HTTP pool,
+// instance i listing rateleased i mod 2 first.
+func setupSDK(b *testing.B, e *env, wl *workload) *runner {
+	b.Helper()
+	cs := make([]*client.Client, wl.instances)
+	seq := runSeq.Load()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range cs {
+		hc := &http.Client{Transport: newTransport()}
+		c, err := client.New(client.Config{
+			Servers:    e.urls(i),
+			ClientID:   fmt.Sprintf("bench-%s-%d-%d", wl.name, seq, i),
+			HTTPClient: hc,
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		warmPools(ctx, hc, e.urls(i)[0], 4)
+		cs[i] = c
+	}
+	sum := func() client.Stats {
+		var s client.Stats
+		for _, c := range cs {
+			st := c.Stats()
+			s.Allowed += st.Allowed
+			s.Denied += st.Denied
+			s.ServerCalls += st.ServerCalls
+			s.ServerErrors += st.ServerErrors
+			s.FallbackDecisions += st.FallbackDecisions
+			s.KeysHeld += st.KeysHeld
+			s.MaxKeysHeld += st.MaxKeysHeld
+		}
+		return s
+	}
+	var closeOnce sync.Once
+	return &runner{
+		decide: func(ctx context.Context, inst int, key string) decision {
+			d := cs[inst].Allow(ctx, key)
+			return decision{allowed: d.Allowed, source: uint8(d.Source)}
+		},
+		calls: func() int64 { return sum().ServerCalls },
+		close: func(ctx context.Context) error {
+			var err error
+			closeOnce.Do(func() {
+				errs := make([]error, len(cs))
+				var wg sync.WaitGroup
+				for i, c := range cs {
+					wg.Go(func() { errs[i] = c.Close(ctx) })
+				}
+				wg.Wait()
+				err = errors.Join(errs...)
+			})
+			return err
+		},
+		sdk: sum,
+	}
+}
+
+// countHook counts the round trips (a command or a pipeline) a go-redis
+// client makes.
+type countHook struct{ n *atomic.Int64 }
+
+func (h countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// redisRateLimit is the rule as redis_rate states it: GCRA with the same
+// rate and burst, which is the same token bucket.
+func redisRateLimit(r rule) redis_rate.Limit {
+	return redis_rate.Limit{Rate: int(r.limit), Period: r.period, Burst: int(r.burst)}
+}
+
+// setupRedisRate: (b), one go-redis client (its own pool, a few
+// connections opened up front) per instance and one redis_rate
+// Limiter.Allow, a GCRA Lua script (EVALSHA), per decision.
+func setupRedisRate(b *testing.B, e *env, wl *workload) *runner {
+	b.Helper()
+	var n atomic.Int64
+	lims := make([]*redis_rate.Limiter, wl.instances)
+	rdbs := make([]*redis.Client, wl.instances)
+	for i := range lims {
+		rdb := redis.NewClient(&redis.Options{Addr: e.redis.Addr(), MinIdleConns: 4})
+		if err := rdb.Ping(context.Background()).Err(); err != nil {
+			b.Fatal(err)
+		}
+		rdb.AddHook(countHook{&n})
+		rdbs[i] = rdb
+		lims[i] = redis_rate.NewLimiter(rdb)
+	}
+	limit := redisRateLimit(wl.rule)
+	return &runner{
+		decide: func(ctx context.Context, inst int, key string) decision {
+			res, err := lims[inst].Allow(ctx, key, limit)
+			if err != nil {
+				return decision{failed: true}
+			}
+			return decision{allowed: res.Allowed > 0}
+		},
+		calls: n.Load,
+		close: func(context.Context) error {
+			var errs []error
+			for _, rdb := range rdbs {
+				errs = append(errs, rdb.Close())
+			}
+			return errors.Join(errs...)
+		},
+	}
+}
+
+// postCheck makes one POST /v1/check for key and returns whether it was
+// allowed.
+func postCheck(ctx context.Context, hc *http.Client, url, key string) (bool, error) {
+	one := int64(1)
+	body, err := json.Marshal(protocol.CheckRequest{Keys: []string{key}, Cost: &one})
+	if err != nil {
+		return false, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return false, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return false, err
+	}
+	var cr protocol.CheckResponse
+	err = json.NewDecoder(resp.Body).Decode(&cr)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return false, fmt.Errorf("POST %s: %s", url, resp.Status)
+	}
+	if err != nil {
+		return false, fmt.Errorf("POST %s: %w", url, err)
+	}
+	return cr.Allowed, nil
+}
+
+// setupCheck: (c), a plain net/http client (keep-alive, JSON), instance i
+// asking rateleased i mod 2.
+func setupCheck(b *testing.B, e *env, wl *workload) *runner {
+	b.Helper()
+	tr := newTransport()
+	hc := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	urls := make([]string, len(e.daemons))
+	for i, d := range e.daemons {
+		urls[i] = d.URL() + protocol.PathCheck
+		warmPools(ctx, hc, d.URL(), 8)
+	}
+	var n atomic.Int64
+	return &runner{
+		decide: func(ctx context.Context, inst int, key string) decision {
+			n.Add(1)
+			ok, err := postCheck(ctx, hc, urls[inst%len(urls)], key)
+			if err != nil {
+				return decision{failed: true}
+			}
+			return decision{allowed: ok}
+		},
+		calls: n.Load,
+		close: func(context.Context) error { tr.CloseIdleConnections(); return nil },
+	}
+}
+
+// setupXTimeRate: (d), one x/time/rate limiter per key and instance, built
+// up front (read-only while deciding, so no lock around the map): each
+// instance limits on its own, so the limit is not global.
+func setupXTimeRate(b *testing.B, e *env, wl *workload) *runner {
+	b.Helper()
+	tag := currentTag("d")
+	ms := make([]map[string]*rate.Limiter, wl.instances)
+	for i := range ms {
+		ms[i] = make(map[string]*rate.Limiter, wl.keys)
+		for _, k := range wl.keyNames(tag) {
+			ms[i][k] = rate.NewLimiter(rate.Limit(wl.rule.perSecond()), int(wl.rule.burst))
+		}
+	}
+	return &runner{
+		decide: func(_ context.Context, inst int, key string) decision {
+			l := ms[inst][key]
+			return decision{allowed: l != nil && l.Allow()}
+		},
+		calls: func() int64 { return 0 },
+		close: func(context.Context) error { return nil },
+	}
+}
+
+// runSeq numbers the runs, so that each run has keys (and client ids) of
+// its own even when a sub-benchmark runs again (-count, -benchtime Nx):
+// a bucket drained by one run must not start the next.
+var runSeq atomic.Int64
+
+// currentTag is the key tag of system tag in the current run.
+func currentTag(tag string) string { return fmt.Sprintf("%s%d", tag, runSeq.Load()) }
