@@ -78,7 +78,10 @@ type Config struct {
 	// direct decisions); below that each decision is a direct take. A
 	// leased key returns to direct takes when a lease is not spent from by
 	// its renewal point, or its demand over a lease TTL falls below half
-	// this. Default 8; 1 leases a key after its first decision.
+	// this. A key whose bucket is smaller than four times this is never
+	// leased: a batch is at most a quarter of the bucket, and a smaller one
+	// would run out before it saved a call. Default 8; 1 leases a key after
+	// its first decision.
 	LeaseMinTokens int64
 	// SettleInterval is the tick of the background settle loop: at each
 	// tick, one call carries every key that needs settling. Default 10ms.

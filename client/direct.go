@@ -209,7 +209,8 @@ func keysOf(states []*keyState) []string {
 
 // admitted adds n tokens admitted directly to the key's demand estimate and
 // reports whether the key should now be leased: whether this process was
-// admitted at least Config.LeaseMinTokens over one lease TTL.
+// admitted at least Config.LeaseMinTokens over one lease TTL, on a bucket
+// of at least four times that.
 //
 // The estimate is an event-driven average of the admitted rate with a time
 // constant of one lease TTL: each admission decays it by e^(−Δt/TTL) and
@@ -218,7 +219,10 @@ func keysOf(states []*keyState) []string {
 // lease of a share that small would only hold tokens the others need.
 func (c *Client) admitted(ks *keyState, n int64, now int64) bool {
 	ttl := ks.leaseTTL.Load()
-	if ttl <= 0 || ks.leasing.Load() {
+	if ttl <= 0 || ks.leasing.Load() || ks.ruleBurst.Load()/4 < c.cfg.LeaseMinTokens {
+		// No rule learned yet, leased already, or a bucket so small that a
+		// batch (a quarter of it at most) could not hold LeaseMinTokens:
+		// a lease would run out before it saved a call.
 		return false
 	}
 	ks.mu.Lock()

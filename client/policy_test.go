@@ -63,6 +63,7 @@ func TestPromotion(t *testing.T) {
 
 	ks := newKeyState("dense")
 	ks.leaseTTL.Store(2 * sec)
+	ks.ruleBurst.Store(100)
 	promoted := -1
 	for i := range 20 {
 		// 20 admissions 10 ms apart: 8 within far less than a TTL.
@@ -76,6 +77,7 @@ func TestPromotion(t *testing.T) {
 
 	sparse := newKeyState("sparse")
 	sparse.leaseTTL.Store(2 * sec)
+	sparse.ruleBurst.Store(100)
 	for i := range 100 {
 		// One admission a second: about 2 per TTL, never 8.
 		require.False(t, c.admitted(sparse, 1, int64(i)*sec), "admission %d", i)
@@ -83,6 +85,11 @@ func TestPromotion(t *testing.T) {
 
 	unknown := newKeyState("no rule learned")
 	assert.False(t, c.admitted(unknown, 1000, 0), "no lease TTL known: no lease")
+
+	small := newKeyState("small bucket")
+	small.leaseTTL.Store(2 * sec)
+	small.ruleBurst.Store(31)
+	assert.False(t, c.admitted(small, 1000, 0), "a quarter of 31 cannot hold 8 tokens: never leased")
 }
 
 // TestDemotion: at its renewal point a lease nobody spent from is

@@ -78,6 +78,7 @@ var clockBase = time.Now()
 // See the package documentation.
 func BenchmarkCompare(b *testing.B) {
 	e := startEnv(b)
+	setMemory(measureMemory(b, e.rdb))
 	measureTimerFloor()
 	d := runLength()
 	setRun(d)

@@ -74,6 +74,7 @@ var collected struct {
 	redisVersion       string
 	floorP50, floorP99 float64
 	run                time.Duration
+	memory             memoryUse
 }
 
 func record(r result) {
@@ -95,6 +96,12 @@ func setTimerFloor(p50, p99 float64) {
 	collected.Lock()
 	defer collected.Unlock()
 	collected.floorP50, collected.floorP99 = p50, p99
+}
+
+func setMemory(m memoryUse) {
+	collected.Lock()
+	defer collected.Unlock()
+	collected.memory = m
 }
 
 func setRun(d time.Duration) {
@@ -130,6 +137,7 @@ type reportData struct {
 	Run                time.Duration // each run's length
 	Took               time.Duration // the whole benchmark
 	FloorP50, FloorP99 float64
+	Memory             memoryUse
 }
 
 type machine struct {
@@ -160,6 +168,7 @@ func writeReport(dir string) error {
 		Took:     time.Since(processStart),
 		FloorP50: collected.floorP50,
 		FloorP99: collected.floorP99,
+		Memory:   collected.memory,
 	}
 	var missing []string
 	for _, wl := range workloads {
@@ -685,6 +694,7 @@ func renderMarkdown(d reportData) string {
 		p("\n")
 	}
 
+	p("%s", memoryText(d.Memory))
 	p("## How it is measured\n\n")
 	p("- **Arrivals**: a Poisson process at the workload's rate, keys drawn from its distribution, the i-th arrival sent to instance i mod n; a fixed seed per workload, so every system, and every run, gets the same schedule. ")
 	p("A pacer goroutine sleeps until the next arrival is due and hands it to an idle worker goroutine, or starts one (at most %s in flight), so a slow decision never holds back the next; the idle worker that finished last goes first, so decisions run on goroutines whose stacks have grown, as in a long-running server. **pacer lag** is when a decision began less its scheduled time, and says whether the pacer kept up (⚠: above %s at p99). The pacer's sleep wakes with about a millisecond's resolution, so a lag near 1 ms is the clock's, not the system's.\n", fmtInt(maxInFlight), fmtDur(paceLag))
