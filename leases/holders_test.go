@@ -263,3 +263,44 @@ func BenchmarkRedisMemoryPerBucket(b *testing.B) {
 		b.ReportMetric(float64(v), k+"-B/bucket")
 	}
 }
+
+// TestRedisTakeCommands: a direct take on a bucket with no lease runs what
+// a per-request limiter runs (EVALSHA, TIME, GET, SET with its TTL), a
+// denied one writes nothing, and the check for a lost bucket hash
+// (ZRANGE) runs on a new bucket only when Redis may evict.
+func TestRedisTakeCommands(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 10, Period: time.Second, Burst: 2, LeaseTTL: time.Second}
+	// Connect and load the script first: those commands are not a take's.
+	_, err := leases.NewRedisStore(rdb, leases.RedisOptions{}).Take(ctx, []leases.TakeOp{{Key: "warm", Bucket: b, Cost: 1}})
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name       string
+		noEviction bool
+		key        string
+		cost       int64
+		want       map[string]int64
+	}{
+		{"new bucket, Redis may evict", false, "u:1", 1, map[string]int64{"evalsha": 1, "time": 1, "get": 1, "zrange": 1, "set": 1}},
+		{"new bucket, noeviction", true, "u:2", 1, map[string]int64{"evalsha": 1, "time": 1, "get": 1, "set": 1}},
+		{"existing bucket", true, "u:2", 1, map[string]int64{"evalsha": 1, "time": 1, "get": 1, "set": 1}},
+		{"denied", true, "u:2", 1, map[string]int64{"evalsha": 1, "time": 1, "get": 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := leases.NewRedisStore(rdb, leases.RedisOptions{NoEviction: tc.noEviction})
+			before := commandStats(t, rdb)
+			_, err := s.Take(ctx, []leases.TakeOp{{Key: tc.key, Bucket: b, Cost: tc.cost}})
+			require.NoError(t, err)
+			after := commandStats(t, rdb)
+			got := map[string]int64{}
+			for k, v := range after {
+				if d := v - before[k]; d > 0 && k != "info" {
+					got[k] = d
+				}
+			}
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}

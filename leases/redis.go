@@ -22,6 +22,12 @@ type RedisOptions struct {
 	// It exists for deterministic tests only: with several lease servers
 	// the buckets must share one clock, and Redis TIME is that clock.
 	Now func() time.Time
+	// NoEviction says Redis runs with maxmemory-policy noeviction, so no
+	// key of a bucket is ever lost apart from the others. The store then
+	// skips the check for a bucket hash lost while its expiry index holds
+	// leases, one command for each new bucket. Leave it false unless the
+	// policy is known (rateleased sets it from CONFIG GET at start).
+	NoEviction bool
 }
 
 // RedisStore is a Store that keeps buckets and leases in Redis, so any
@@ -30,10 +36,12 @@ type RedisOptions struct {
 //
 // Every operation on a key runs as one Lua script (scripts/token_bucket.lua,
 // embedded) under EVALSHA, atomically, with the time taken from Redis TIME.
-// A bucket is a hash (rl:{key}) that holds the level, the refill clock, the
-// open leases and the sums and counts derived from them, plus, while leases
-// are open, a sorted set indexing them by expiry (rl:{key}:z), and, while
-// the key is shared, a sorted set of fair-share clocks (rl:{key}:s). All
+// A bucket with no lease open is a string (rl:{key}: its level and refill
+// clock, written with its TTL in one SET PX, as a per-request limiter
+// writes); with leases open it is a hash that holds the level, the refill
+// clock, the open leases and the sums and counts derived from them, plus,
+// beyond 8 leases, a sorted set indexing them by expiry (rl:{key}:z), and,
+// while the key is shared, a sorted set of fair-share clocks (rl:{key}:s). All
 // carry the same hash tag, so a script touches one slot and the store runs
 // unchanged on Redis Cluster. A call for many keys is one pipelined round
 // trip per Redis node. The keys expire once every open lease has ended and
@@ -51,15 +59,20 @@ type RedisOptions struct {
 // bucket lost whole, or a Redis restarted without its data, is a full bucket
 // again and can admit one extra burst.
 type RedisStore struct {
-	rdb    redis.UniversalClient
-	script *redis.Script
-	now    func() time.Time
+	rdb        redis.UniversalClient
+	script     *redis.Script
+	now        func() time.Time
+	noEviction string // the script's ARGV[16]
 }
 
 // NewRedisStore returns a store over rdb. The caller keeps ownership of rdb:
 // Close does not close it.
 func NewRedisStore(rdb redis.UniversalClient, opts RedisOptions) *RedisStore {
-	return &RedisStore{rdb: rdb, script: redis.NewScript(tokenBucketLua), now: opts.Now}
+	s := &RedisStore{rdb: rdb, script: redis.NewScript(tokenBucketLua), now: opts.Now, noEviction: "0"}
+	if opts.NoEviction {
+		s.noEviction = "1"
+	}
+	return s
 }
 
 // RedisKeys returns the Redis keys of key's bucket: the bucket hash, the
@@ -159,7 +172,7 @@ func (s *RedisStore) Lease(ctx context.Context, owner Owner, ops []LeaseOp) ([]L
 		op := &ops[i]
 		keys[i] = redisKeyList(op.Key)
 		args[i] = append(bucketArgs("lease", now, &op.Bucket), owner.Client, owner.Process, op.Want, op.LeaseID, op.Used, op.NewLeaseID, op.Slot,
-			op.Limits.maxLeases(), op.Limits.maxProcesses())
+			op.Limits.maxLeases(), op.Limits.maxProcesses(), s.noEviction)
 	}
 	cmds, err := s.run(ctx, keys, args)
 	if err != nil {
@@ -206,7 +219,7 @@ func (s *RedisStore) runTake(ctx context.Context, mode string, ops []TakeOp) ([]
 		op := &ops[i]
 		keys[i] = redisKeyList(op.Key)
 		args[i] = append(append(bucketArgs(mode, now, &op.Bucket), noOwner[:2]...), op.Cost)
-		args[i] = append(args[i], noOwner[3:]...)
+		args[i] = append(append(args[i], noOwner[3:]...), s.noEviction)
 	}
 	return s.run(ctx, keys, args)
 }
@@ -249,7 +262,7 @@ func (s *RedisStore) Refund(ctx context.Context, ops []TakeOp) error {
 
 // State implements Store.
 func (s *RedisStore) State(ctx context.Context, key string, b Bucket) (BucketState, error) {
-	cmds, err := s.run(ctx, [][]string{redisKeyList(key)}, [][]any{append(bucketArgs("state", s.nowArg(), &b), noOwner...)})
+	cmds, err := s.run(ctx, [][]string{redisKeyList(key)}, [][]any{append(append(bucketArgs("state", s.nowArg(), &b), noOwner...), s.noEviction)})
 	if err != nil {
 		return BucketState{}, err
 	}

@@ -214,13 +214,17 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger) (leases.Store,
 	// The server starts even when Redis is down: /readyz fails and calls
 	// get 503 until it answers, and then it recovers by itself.
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	noEviction := false
 	if err := rdb.Ping(pctx).Err(); err != nil {
 		log.Warn("redis does not answer yet: serving 503 until it does; its maxmemory-policy and persistence are not checked", "redis", addr, "err", err)
 	} else {
-		checkRedisConfig(ctx, rdb, log)
+		noEviction = checkRedisConfig(ctx, rdb, log)
 	}
 	cancel()
-	s := leases.NewRedisStore(rdb, leases.RedisOptions{})
+	// Seen to run noeviction at start, Redis cannot lose part of a bucket,
+	// and the store skips that check (a command per new bucket). Changing
+	// the policy later needs a restart of rateleased to check again.
+	s := leases.NewRedisStore(rdb, leases.RedisOptions{NoEviction: noEviction})
 	release := func() {
 		_ = s.Close()
 		_ = rdb.Close()
