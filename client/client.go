@@ -462,7 +462,7 @@ func (c *Client) fallback(n int64, ks *keyState) (Decision, spent) {
 		return Decision{Source: SourceFallback, RetryAfter: c.cfg.SettleInterval}, spent{}
 	}
 	ks.mu.Lock()
-	lim := ks.fallback
+	lim := ks.mu.fallback
 	sr := ks.getSafeRate()
 	if sr <= 0 {
 		sr = c.cfg.DefaultSafeRate
@@ -471,7 +471,7 @@ func (c *Client) fallback(n int64, ks *keyState) (Decision, spent) {
 		// Burst: a tenth of a second's worth, at least one request.
 		burst := max(1, int(sr/10))
 		lim = rate.NewLimiter(rate.Limit(sr), burst)
-		ks.fallback = lim
+		ks.mu.fallback = lim
 	}
 	ks.mu.Unlock()
 	if sr <= 0 {

@@ -228,12 +228,12 @@ func (c *Client) admitted(ks *keyState, n int64, now int64) bool {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
 	tau := float64(ttl)
-	if ks.rateAt != 0 {
-		ks.rate *= math.Exp(-float64(now-ks.rateAt) / tau)
+	if ks.mu.rateAt != 0 {
+		ks.mu.rate *= math.Exp(-float64(now-ks.mu.rateAt) / tau)
 	}
-	ks.rate += float64(n) / tau // tokens per ns
-	ks.rateAt = now
-	return ks.rate*tau >= float64(c.cfg.LeaseMinTokens)
+	ks.mu.rate += float64(n) / tau // tokens per ns
+	ks.mu.rateAt = now
+	return ks.mu.rate*tau >= float64(c.cfg.LeaseMinTokens)
 }
 
 // directRate returns the key's admitted rate, tokens per second, as the
@@ -241,7 +241,7 @@ func (c *Client) admitted(ks *keyState, n int64, now int64) bool {
 func (ks *keyState) directRate() float64 {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
-	return ks.rate * float64(time.Second)
+	return ks.mu.rate * float64(time.Second)
 }
 
 // promote moves a key to leases: the settle loop takes it over.

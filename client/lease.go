@@ -98,7 +98,7 @@ func (l *lease) left() int64 {
 //
 //	cold        not in Client.keys: its first decision creates it, direct.
 //	direct      decided by direct takes (leasing false). Its demand is
-//	            averaged on each admission (rate, under mu); at
+//	            averaged on each admission (mu.rate); at
 //	            Config.LeaseMinTokens per lease TTL it is promoted.
 //	denied      denyUntil in the future: decided locally (denied) without
 //	            a call until then, whatever else holds. From a server's
@@ -113,17 +113,16 @@ func (l *lease) left() int64 {
 //	            meanwhile.
 //	leased      leasing set, active lease live: decided locally from the
 //	            lease; when it runs out, denied until the next batch.
-//	demoting    the loop returns its leases (demote, loop-owned), then sets
+//	demoting    the loop returns its leases (run.demote), then sets
 //	            leasing false: direct again.
 //	forgotten   dead: idle for Config.IdleTimeout (direct keys, swept
 //	            every second) or evicted beyond Config.MaxKeys (leased
 //	            keys, after their leases were returned); the next decision
 //	            starts a new cold key.
 //
-// Ownership: the hot path reads active and unlimited and spends from the
-// active lease; decisions write the atomics of the direct path; mu guards
-// the demand average and the fallback limiter; the fields under "Owned by
-// the settle loop" are read and written by the loop goroutine alone.
+// Ownership shows at every access: the hot path reads active and unlimited
+// and spends from the active lease; the other atomics are shared; ks.mu.x
+// is under the key's mutex; ks.run.x belongs to the settle loop alone.
 type keyState struct {
 	key string
 
@@ -131,64 +130,71 @@ type keyState struct {
 	active    atomic.Pointer[lease]
 	unlimited atomic.Bool
 
-	// Read and written by the slow path and the loop.
-	denyUntil   atomic.Int64  // client clock (ns): denied locally until then
-	safeRate    atomic.Uint64 // float64 bits of the last safe_rate
-	unserved    atomic.Int64  // tokens asked for that no lease served (demand)
-	unlimitedOK atomic.Int64  // requests allowed as unlimited
-	fallbackOK  atomic.Int64  // requests allowed by the fallback
-	need        atomic.Bool   // a caller waits for a lease
-	refused     atomic.Bool   // the server refused the key (no rule, forbidden)
-	paused      atomic.Bool   // denyUntil comes from DenyFor
-	dead        atomic.Bool   // forgotten by the client; resolve again
-	closedUsed  atomic.Int64  // tokens used from leases no longer active
-	deadline    atomic.Int64  // client clock: deadline of the latest lease
+	// Atomics read and written by the decisions, the direct path and the
+	// loop.
+	denyUntil    atomic.Int64  // client clock (ns): denied locally until then
+	safeRate     atomic.Uint64 // float64 bits of the last safe_rate
+	unserved     atomic.Int64  // tokens asked for that no lease served (demand)
+	unlimitedOK  atomic.Int64  // requests allowed as unlimited
+	fallbackOK   atomic.Int64  // requests allowed by the fallback
+	need         atomic.Bool   // the key wants a lease (promoted, or its lease ran out)
+	refused      atomic.Bool   // the server refused the key (no rule, forbidden)
+	paused       atomic.Bool   // denyUntil comes from DenyFor
+	dead         atomic.Bool   // forgotten by the client; resolve again
+	closedUsed   atomic.Int64  // tokens used from leases no longer active
+	deadline     atomic.Int64  // client clock: deadline of the latest lease
+	leasing      atomic.Bool   // the key is leased: the settle loop keeps its leases
+	lastDirect   atomic.Int64  // client clock of the last direct decision, or of creation
+	unlimitedExp atomic.Int64  // client clock: a key a direct take found unlimited is asked again then; 0: never
+	leaseTTL     atomic.Int64  // ns: the rule's lease TTL, from any answer
+	ruleBurst    atomic.Int64  // the rule's burst, from any answer
+	ruleFill     atomic.Int64  // ns the rule's bucket takes to fill, from any answer
 
-	mu       sync.Mutex
-	ready    chan struct{} // closed and replaced when the key's state changes
-	fallback *rate.Limiter // FallbackSafeRate limiter, under mu
+	// mu guards its fields.
+	mu struct {
+		sync.Mutex
+		ready    chan struct{} // closed and replaced when the key's state changes
+		fallback *rate.Limiter // the FallbackSafeRate limiter
+		rate     float64       // tokens admitted directly per ns (an average over a lease TTL)
+		rateAt   int64         // client clock of rate
+	}
 
-	// Direct decisions and leasing; atomics, written by any goroutine.
-	leasing      atomic.Bool  // the key is leased: the settle loop keeps its leases
-	lastDirect   atomic.Int64 // client clock of the last direct decision, or of creation
-	unlimitedExp atomic.Int64 // client clock: a key a direct take found unlimited is asked again then; 0: never
-	leaseTTL     atomic.Int64 // ns: the rule's lease TTL, from any answer
-	ruleBurst    atomic.Int64 // the rule's burst, from any answer
-	ruleFill     atomic.Int64 // ns the rule's bucket takes to fill, from any answer
-	rate         float64      // tokens admitted directly per ns (an average over a lease TTL), under mu
-	rateAt       int64        // client clock of rate, under mu
-
-	// Owned by the settle loop.
-	slots      [2]*lease // open leases by slot (active or frozen, not yet returned)
-	returnUsed [2]int64  // used count of a frozen lease awaiting return
-	inflight   bool      // an entry for this key is in the call in flight
-	lastAsk    int64     // client clock when the key was last in a call
-	ewma       float64   // demand, tokens per second
-	lastUsed   int64     // used+denied total at the last tick
-	lastActive int64     // client clock when demand was last seen
-	demote     bool      // return every lease and go back to direct decisions
-	burst      int64
-	fill       int64 // ns the bucket takes to fill (burst / rate)
-	ttl        int64 // ns, last lease TTL
-	forget     bool  // return everything and drop the key
+	// run is owned by the settle loop goroutine: nothing else reads or
+	// writes it.
+	run struct {
+		slots      [2]*lease // open leases by slot (active or frozen, not yet returned)
+		returnUsed [2]int64  // used count of a frozen lease awaiting return
+		inflight   bool      // an entry for this key is in the call in flight
+		lastAsk    int64     // client clock when the key was last in a call
+		ewma       float64   // demand, tokens per second
+		lastUsed   int64     // used+denied total at the last tick
+		lastActive int64     // client clock when demand was last seen
+		demote     bool      // return every lease and go back to direct decisions
+		burst      int64     // the bucket size
+		fill       int64     // ns the bucket takes to fill (burst / rate)
+		ttl        int64     // ns, last lease TTL
+		forget     bool      // return everything and drop the key
+	}
 }
 
 func newKeyState(key string) *keyState {
-	return &keyState{key: key, ready: make(chan struct{})}
+	ks := &keyState{key: key}
+	ks.mu.ready = make(chan struct{})
+	return ks
 }
 
 // waitCh returns the channel closed at the key's next change.
 func (ks *keyState) waitCh() <-chan struct{} {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
-	return ks.ready
+	return ks.mu.ready
 }
 
 // notify wakes every caller waiting on the key.
 func (ks *keyState) notify() {
 	ks.mu.Lock()
-	close(ks.ready)
-	ks.ready = make(chan struct{})
+	close(ks.mu.ready)
+	ks.mu.ready = make(chan struct{})
 	ks.mu.Unlock()
 }
 

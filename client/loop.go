@@ -131,12 +131,12 @@ func (c *Client) takePromoted() {
 	for _, ks := range keys {
 		if !ks.dead.Load() {
 			c.run.leased[ks] = struct{}{}
-			if ks.ewma <= 0 {
+			if ks.run.ewma <= 0 {
 				// Start the demand average where the direct path left it,
 				// but at InitialBatch over the horizon at least: the
 				// direct estimate averages over a whole lease TTL and
 				// lags a demand that just rose.
-				ks.ewma = max(ks.directRate(), float64(c.cfg.InitialBatch)/c.cfg.Horizon.Seconds())
+				ks.run.ewma = max(ks.directRate(), float64(c.cfg.InitialBatch)/c.cfg.Horizon.Seconds())
 			}
 		}
 	}
@@ -157,33 +157,33 @@ func (c *Client) sweepDirect(now int64) {
 // want sizes the next batch of a key: its demand over the horizon, at most
 // half a lease TTL's worth and the bucket size.
 func (c *Client) want(ks *keyState) int64 {
-	if ks.burst <= 0 {
-		ks.burst = ks.ruleBurst.Load()
+	if ks.run.burst <= 0 {
+		ks.run.burst = ks.ruleBurst.Load()
 	}
-	if ks.fill <= 0 {
-		ks.fill = ks.ruleFill.Load()
+	if ks.run.fill <= 0 {
+		ks.run.fill = ks.ruleFill.Load()
 	}
-	if ks.ttl <= 0 {
-		ks.ttl = ks.leaseTTL.Load()
+	if ks.run.ttl <= 0 {
+		ks.run.ttl = ks.leaseTTL.Load()
 	}
-	if ks.ewma <= 0 {
-		return min(c.cfg.InitialBatch, max(1, ks.burst/4))
+	if ks.run.ewma <= 0 {
+		return min(c.cfg.InitialBatch, max(1, ks.run.burst/4))
 	}
 	h := c.cfg.Horizon
-	if ks.ttl > 0 && time.Duration(ks.ttl/2) < h {
-		h = time.Duration(ks.ttl / 2)
+	if ks.run.ttl > 0 && time.Duration(ks.run.ttl/2) < h {
+		h = time.Duration(ks.run.ttl / 2)
 	}
 	// Tokens held in a lease count as taken from the bucket until they are
 	// spent, so on a shared key a batch must be small beside the bucket: at
 	// most a quarter of the time the bucket takes to fill.
-	if ks.fill > 0 && time.Duration(ks.fill/4) < h {
-		h = time.Duration(ks.fill / 4)
+	if ks.run.fill > 0 && time.Duration(ks.run.fill/4) < h {
+		h = time.Duration(ks.run.fill / 4)
 	}
-	w := int64(math.Ceil(ks.ewma * h.Seconds()))
+	w := int64(math.Ceil(ks.run.ewma * h.Seconds()))
 	w = max(1, min(w, c.cfg.MaxBatch))
-	if ks.burst > 0 {
+	if ks.run.burst > 0 {
 		// Never a whole bucket for one process: a quarter at most.
-		w = min(w, max(1, ks.burst/4))
+		w = min(w, max(1, ks.run.burst/4))
 	}
 	return w
 }
@@ -234,7 +234,7 @@ func (c *Client) scan(now, dt int64, collect bool) []pending {
 					ks.closeLease(l)
 					ks.notify()
 				}
-				ks.slots[l.slot] = nil
+				ks.run.slots[l.slot] = nil
 			} else if now >= l.halfway {
 				l.strict.Store(true)
 			} else if l.strict.Load() && l.pausedUntil.Load() <= now {
@@ -242,39 +242,39 @@ func (c *Client) scan(now, dt int64, collect bool) []pending {
 			}
 		}
 		active := ks.active.Load()
-		for s, l := range ks.slots {
+		for s, l := range ks.run.slots {
 			if l != nil && l != active && now >= l.deadline {
-				ks.slots[s] = nil // the server expired it: nothing to return
+				ks.run.slots[s] = nil // the server expired it: nothing to return
 			}
 		}
 		// Demand: tokens used from leases plus tokens asked for in vain.
 		total := ks.usedTotal() + ks.unserved.Load()
-		delta := total - ks.lastUsed
-		ks.lastUsed = total
+		delta := total - ks.run.lastUsed
+		ks.run.lastUsed = total
 		if dt > 0 {
 			// Rise fast, fall slowly: a batch must cover a burst of
 			// demand, and a lull should not shrink it at once.
 			sample := float64(delta) / (float64(dt) / float64(time.Second))
 			a := alpha
-			if sample > ks.ewma {
+			if sample > ks.run.ewma {
 				a = alphaUp
 			}
-			ks.ewma += a * (sample - ks.ewma)
+			ks.run.ewma += a * (sample - ks.run.ewma)
 		}
-		if delta > 0 || ks.need.Load() || ks.lastActive == 0 {
-			ks.lastActive = now
+		if delta > 0 || ks.need.Load() || ks.run.lastActive == 0 {
+			ks.run.lastActive = now
 		}
-		if !collect || ks.inflight {
+		if !collect || ks.run.inflight {
 			continue
 		}
-		if ks.lastAsk != 0 && now-ks.lastAsk < int64(c.cfg.SettleInterval) && !ks.forget {
+		if ks.run.lastAsk != 0 && now-ks.run.lastAsk < int64(c.cfg.SettleInterval) && !ks.run.forget {
 			// At most one call per key per tick: a key that keeps running
 			// out asks for more once a tick, not once a request.
 			continue
 		}
 		if p, ok := c.plan(ks, now, active); ok {
-			ks.inflight = true
-			ks.lastAsk = now
+			ks.run.inflight = true
+			ks.run.lastAsk = now
 			items = append(items, p...)
 		}
 	}
@@ -283,19 +283,19 @@ func (c *Client) scan(now, dt int64, collect bool) []pending {
 
 // plan returns the entries one key needs now, if any.
 func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) {
-	idle := now-ks.lastActive >= int64(c.cfg.IdleTimeout)
-	if !ks.demote && !ks.forget && active != nil && c.shouldDemote(ks, active, now) {
-		ks.demote = true
+	idle := now-ks.run.lastActive >= int64(c.cfg.IdleTimeout)
+	if !ks.run.demote && !ks.run.forget && active != nil && c.shouldDemote(ks, active, now) {
+		ks.run.demote = true
 	}
-	if ks.demote && !ks.forget && !c.closing.Load() {
+	if ks.run.demote && !ks.run.forget && !c.closing.Load() {
 		// Back to direct decisions: return every lease, keep the key.
 		if active != nil && c.clearActive(ks, active) {
-			ks.returnUsed[active.slot] = ks.closeLease(active)
+			ks.run.returnUsed[active.slot] = ks.closeLease(active)
 		}
 		var out []pending
-		for s, l := range ks.slots {
+		for s, l := range ks.run.slots {
 			if l != nil {
-				out = append(out, pending{ks: ks, slot: s, settling: l, used: ks.returnUsed[s]})
+				out = append(out, pending{ks: ks, slot: s, settling: l, used: ks.run.returnUsed[s]})
 			}
 		}
 		if len(out) == 0 {
@@ -304,16 +304,16 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 		}
 		return out, true
 	}
-	if idle || ks.forget || c.closing.Load() {
+	if idle || ks.run.forget || c.closing.Load() {
 		// Return everything and forget the key.
-		ks.forget = true
+		ks.run.forget = true
 		if active != nil && c.clearActive(ks, active) {
-			ks.returnUsed[active.slot] = ks.closeLease(active)
+			ks.run.returnUsed[active.slot] = ks.closeLease(active)
 		}
 		var out []pending
-		for s, l := range ks.slots {
+		for s, l := range ks.run.slots {
 			if l != nil {
-				out = append(out, pending{ks: ks, slot: s, settling: l, used: ks.returnUsed[s]})
+				out = append(out, pending{ks: ks, slot: s, settling: l, used: ks.run.returnUsed[s]})
 			}
 		}
 		if len(out) == 0 {
@@ -324,8 +324,8 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 	}
 	entry := func(slot int, want int64) pending {
 		p := pending{ks: ks, slot: slot, want: want}
-		if l := ks.slots[slot]; l != nil && l != active {
-			p.settling, p.used = l, ks.returnUsed[slot]
+		if l := ks.run.slots[slot]; l != nil && l != active {
+			p.settling, p.used = l, ks.run.returnUsed[slot]
 		}
 		return p
 	}
@@ -341,7 +341,7 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 			// refill for everyone until it expired.)
 			if c.clearActive(ks, active) {
 				used := ks.closeLease(active)
-				ks.returnUsed[active.slot] = used
+				ks.run.returnUsed[active.slot] = used
 				want := c.want(ks)
 				if denied {
 					want = 0
@@ -352,7 +352,7 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 		}
 		// Renew with about a quarter left, or with less left than two
 		// ticks of demand, or at half the TTL.
-		low := max(active.granted/4, int64(math.Ceil(ks.ewma*2*c.cfg.SettleInterval.Seconds())))
+		low := max(active.granted/4, int64(math.Ceil(ks.run.ewma*2*c.cfg.SettleInterval.Seconds())))
 		if !denied && (left <= low || now >= active.halfway) {
 			// Renew into the other slot; the current lease keeps serving
 			// until the new one is in, and is settled after.
@@ -360,14 +360,14 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 		}
 	case ks.need.Load() && !denied:
 		slot := 0
-		if ks.slots[0] == nil && ks.slots[1] != nil {
+		if ks.run.slots[0] == nil && ks.run.slots[1] != nil {
 			slot = 1
 		}
 		return []pending{entry(slot, c.want(ks))}, true
 	}
 	// Return frozen leases that no renewal carried.
 	var out []pending
-	for s, l := range ks.slots {
+	for s, l := range ks.run.slots {
 		if l != nil && l != active {
 			out = append(out, entry(s, 0))
 		}
@@ -386,17 +386,17 @@ func (c *Client) shouldDemote(ks *keyState, active *lease, now int64) bool {
 	if active.left() == active.granted && ks.denyUntil.Load() <= now {
 		return true
 	}
-	return ks.ttl > 0 && ks.ewma*time.Duration(ks.ttl).Seconds() < float64(c.cfg.LeaseMinTokens)/2
+	return ks.run.ttl > 0 && ks.run.ewma*time.Duration(ks.run.ttl).Seconds() < float64(c.cfg.LeaseMinTokens)/2
 }
 
 // demoted finishes a key's return to direct decisions once it holds no
 // lease.
 func (c *Client) demoted(ks *keyState) {
-	ks.demote = false
+	ks.run.demote = false
 	ks.need.Store(false)
-	ks.ewma = 0
+	ks.run.ewma = 0
 	ks.mu.Lock()
-	ks.rate, ks.rateAt = 0, 0
+	ks.mu.rate, ks.mu.rateAt = 0, 0
 	ks.mu.Unlock()
 	ks.lastDirect.Store(c.nanos())
 	delete(c.run.leased, ks)
@@ -421,7 +421,7 @@ func (c *Client) forgetKey(ks *keyState) {
 func (c *Client) apply(r callResult, retryAt, backoff *int64) {
 	now := c.nanos()
 	for _, p := range r.items {
-		p.ks.inflight = false
+		p.ks.run.inflight = false
 	}
 	done, failed := r.items[:len(r.res)], r.items[len(r.res):]
 	if len(done) > 0 {
@@ -458,7 +458,7 @@ func (c *Client) makeRoom(items []pending, res []protocol.LeaseResult) {
 	batch := make(map[*keyState]bool, len(items))
 	for i, p := range items {
 		batch[p.ks] = true
-		if r := &res[i]; r.Error == nil && !r.Unlimited && r.Granted > 0 && p.want > 0 && !p.ks.forget && p.ks.active.Load() == nil {
+		if r := &res[i]; r.Error == nil && !r.Unlimited && r.Granted > 0 && p.want > 0 && !p.ks.run.forget && p.ks.active.Load() == nil {
 			newActive++
 		}
 	}
@@ -476,11 +476,11 @@ func (c *Client) evict(n int, skip map[*keyState]bool) {
 			held = append(held, ks)
 		}
 	}
-	slices.SortFunc(held, func(a, b *keyState) int { return cmp.Compare(a.lastActive, b.lastActive) })
+	slices.SortFunc(held, func(a, b *keyState) int { return cmp.Compare(a.run.lastActive, b.run.lastActive) })
 	for _, ks := range held[:min(n, len(held))] {
 		if l := ks.active.Load(); l != nil && c.clearActive(ks, l) {
-			ks.returnUsed[l.slot] = ks.closeLease(l)
-			ks.forget = true
+			ks.run.returnUsed[l.slot] = ks.closeLease(l)
+			ks.run.forget = true
 			ks.notify()
 		}
 	}
@@ -489,10 +489,10 @@ func (c *Client) evict(n int, skip map[*keyState]bool) {
 func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64) {
 	ks := p.ks
 	defer ks.notify()
-	if p.settling != nil && ks.slots[p.slot] == p.settling {
+	if p.settling != nil && ks.run.slots[p.slot] == p.settling {
 		// Settled, or unknown to the server (expired): gone either way.
-		ks.slots[p.slot] = nil
-		ks.returnUsed[p.slot] = 0
+		ks.run.slots[p.slot] = nil
+		ks.run.returnUsed[p.slot] = 0
 	}
 	if res.Error != nil {
 		switch res.Error.Code {
@@ -503,7 +503,7 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		case protocol.CodeTooManyLeases:
 			// The key has as many leases as the server allows: decide it
 			// directly.
-			ks.demote = true
+			ks.run.demote = true
 			c.cfg.Logger.Warn("ratelease: server allows no more leases on key; deciding it directly", "key", ks.key, "detail", res.Error.Detail)
 		case protocol.CodeForbidden, protocol.CodeNoRule:
 			// Refused: deny locally for a while, then ask again (the
@@ -519,7 +519,7 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		return
 	}
 	ks.refused.Store(false)
-	if ks.forget {
+	if ks.run.forget {
 		c.forgetKey(ks)
 		if res.Granted == 0 {
 			return
@@ -539,20 +539,20 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		ks.safeRate.Store(math.Float64bits(cur))
 	}
 	ks.learn(res.Limit, res.PeriodMillis, res.Burst, res.TTLMillis)
-	ks.burst = res.Burst
+	ks.run.burst = res.Burst
 	if res.Limit > 0 && res.PeriodMillis > 0 {
-		ks.fill = int64(float64(res.Burst) / float64(res.Limit) * float64(res.PeriodMillis) * float64(time.Millisecond))
+		ks.run.fill = int64(float64(res.Burst) / float64(res.Limit) * float64(res.PeriodMillis) * float64(time.Millisecond))
 	}
 	if res.TTLMillis > 0 {
-		ks.ttl = res.TTLMillis * int64(time.Millisecond)
+		ks.run.ttl = res.TTLMillis * int64(time.Millisecond)
 	}
 	if res.Unlimited {
 		// No rule: allowed locally until asked again, directly.
-		ks.setUnlimited(now + int64(max(c.cfg.Horizon, time.Duration(ks.ttl))))
-		ks.demote = true
+		ks.setUnlimited(now + int64(max(c.cfg.Horizon, time.Duration(ks.run.ttl))))
+		ks.run.demote = true
 		ks.need.Store(false)
 		if old := c.setActive(ks, nil); old != nil {
-			ks.returnUsed[old.slot] = ks.closeLease(old)
+			ks.run.returnUsed[old.slot] = ks.closeLease(old)
 		}
 		return
 	}
@@ -572,10 +572,10 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 	ttl := res.TTLMillis * int64(time.Millisecond)
 	l := &lease{id: res.LeaseID, slot: p.slot, granted: res.Granted, halfway: sent + ttl/2, deadline: sent + ttl}
 	l.remaining.Store(res.Granted)
-	ks.slots[p.slot] = l
-	if ks.forget {
+	ks.run.slots[p.slot] = l
+	if ks.run.forget {
 		// Granted after the key was forgotten: return it at once.
-		ks.returnUsed[p.slot] = 0
+		ks.run.returnUsed[p.slot] = 0
 		l.freeze()
 		return
 	}
@@ -590,8 +590,8 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 	ks.need.Store(false)
 	if old := c.setActive(ks, l); old != nil {
 		used := ks.closeLease(old)
-		if ks.slots[old.slot] == old {
-			ks.returnUsed[old.slot] = used
+		if ks.run.slots[old.slot] == old {
+			ks.run.returnUsed[old.slot] = used
 		}
 	}
 	// After the lease is active: a key with a deadline is never cold.
@@ -604,7 +604,7 @@ func (c *Client) shutdown() {
 	var items []pending
 	c.keys.Range(func(_, v any) bool {
 		ks := v.(*keyState)
-		ks.forget = true
+		ks.run.forget = true
 		if p, ok := c.plan(ks, c.nanos(), ks.active.Load()); ok {
 			items = append(items, p...)
 		}

@@ -48,7 +48,7 @@ func TestWantSizing(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ks := newKeyState("k")
-			ks.ewma, ks.ttl, ks.fill, ks.burst = tc.ewma, int64(tc.ttl), int64(tc.fill), tc.burst
+			ks.run.ewma, ks.run.ttl, ks.run.fill, ks.run.burst = tc.ewma, int64(tc.ttl), int64(tc.fill), tc.burst
 			assert.Equal(t, tc.want, c.want(ks))
 		})
 	}
@@ -117,7 +117,7 @@ func TestDemotion(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ks := newKeyState("k")
-			ks.ttl, ks.ewma = 2000*ms, tc.ewma
+			ks.run.ttl, ks.run.ewma = 2000*ms, tc.ewma
 			assert.Equal(t, tc.demote, c.shouldDemote(ks, tc.l, tc.now))
 		})
 	}
