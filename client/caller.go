@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -113,10 +114,23 @@ func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, erro
 		}
 		return true, nil
 	}
+	if resp.StatusCode == http.StatusTooManyRequests && isProblem(resp) {
+		// rateleased's own 429s are answers, per entry (too_many_keys,
+		// too_many_leases: every entry was refused by a cap), which a retry
+		// would only repeat; a denial by a rule is a 200. A 429 without a
+		// problem body comes from something in between: retried.
+		return false, nil
+	}
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500 {
 		return true, nil
 	}
 	return false, nil
+}
+
+// isProblem reports whether resp carries an RFC 9457 problem body.
+func isProblem(resp *http.Response) bool {
+	mt, _, _ := strings.Cut(resp.Header.Get("Content-Type"), ";")
+	return strings.EqualFold(strings.TrimSpace(mt), protocol.ContentTypeProblem)
 }
 
 // lease sends one lease request and returns the validated response: one

@@ -219,10 +219,11 @@ func keysOf(states []*keyState) []string {
 // lease of a share that small would only hold tokens the others need.
 func (c *Client) admitted(ks *keyState, n int64, now int64) bool {
 	ttl := ks.leaseTTL.Load()
-	if ttl <= 0 || ks.leasing.Load() || ks.ruleBurst.Load()/4 < c.cfg.LeaseMinTokens {
-		// No rule learned yet, leased already, or a bucket so small that a
-		// batch (a quarter of it at most) could not hold LeaseMinTokens:
-		// a lease would run out before it saved a call.
+	if ttl <= 0 || ks.leasing.Load() || ks.ruleBurst.Load()/4 < c.cfg.LeaseMinTokens || now < ks.directUntil.Load() {
+		// No rule learned yet, leased already, a bucket so small that a
+		// batch (a quarter of it at most) could not hold LeaseMinTokens (a
+		// lease would run out before it saved a call), or a server lately
+		// refused it more leases.
 		return false
 	}
 	ks.mu.Lock()

@@ -149,6 +149,7 @@ type keyState struct {
 	leaseTTL     atomic.Int64  // ns: the rule's lease TTL, from any answer
 	ruleBurst    atomic.Int64  // the rule's burst, from any answer
 	ruleFill     atomic.Int64  // ns the rule's bucket takes to fill, from any answer
+	directUntil  atomic.Int64  // client clock: not promoted before this (a server refused it more leases)
 
 	// mu guards its fields.
 	mu struct {

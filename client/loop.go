@@ -500,10 +500,12 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 			if p.want > 0 {
 				ks.need.Store(true) // ask again without the lease ID
 			}
-		case protocol.CodeTooManyLeases:
-			// The key has as many leases as the server allows: decide it
-			// directly.
+		case protocol.CodeTooManyLeases, protocol.CodeTooManyKeys:
+			// The key, or this client, has as many leases as the server
+			// allows: decide the key directly, and do not ask again for an
+			// idle timeout.
 			ks.run.demote = true
+			ks.directUntil.Store(now + int64(c.cfg.IdleTimeout))
 			c.cfg.Logger.Warn("ratelease: server allows no more leases on key; deciding it directly", "key", ks.key, "detail", res.Error.Detail)
 		case protocol.CodeForbidden, protocol.CodeNoRule:
 			// Refused: deny locally for a while, then ask again (the

@@ -26,6 +26,9 @@ type Options struct {
 	Store leases.Store
 	// Logger receives the server's logs; nil discards them.
 	Logger *slog.Logger
+	// MaxKeysPerClient is server.Options.MaxKeysPerClient; zero means the
+	// server's default.
+	MaxKeysPerClient int
 }
 
 // Server is one lease server on 127.0.0.1. It can be stopped and started
@@ -86,11 +89,12 @@ func (s *Server) start() {
 	}
 	s.addr = ln.Addr().String()
 	srv, err := server.New(server.Options{
-		Store:          s.opts.Store,
-		RulesPath:      s.rulesPath,
-		ListenAddr:     s.addr,
-		Logger:         s.opts.Logger,
-		ReloadInterval: 100 * time.Millisecond,
+		Store:            s.opts.Store,
+		RulesPath:        s.rulesPath,
+		ListenAddr:       s.addr,
+		Logger:           s.opts.Logger,
+		ReloadInterval:   100 * time.Millisecond,
+		MaxKeysPerClient: s.opts.MaxKeysPerClient,
 	})
 	if err != nil {
 		ln.Close()
