@@ -289,38 +289,20 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 	}
 	if ks.run.demote && !ks.run.forget && !c.closing.Load() {
 		// Back to direct decisions: return every lease, keep the key.
-		if active != nil && c.clearActive(ks, active) {
-			ks.run.returnUsed[active.slot] = ks.closeLease(active)
+		if out := c.returnAll(ks, active); len(out) > 0 {
+			return out, true
 		}
-		var out []pending
-		for s, l := range ks.run.slots {
-			if l != nil {
-				out = append(out, pending{ks: ks, slot: s, settling: l, used: ks.run.returnUsed[s]})
-			}
-		}
-		if len(out) == 0 {
-			c.demoted(ks)
-			return nil, false
-		}
-		return out, true
+		c.demoted(ks)
+		return nil, false
 	}
 	if idle || ks.run.forget || c.closing.Load() {
 		// Return everything and forget the key.
 		ks.run.forget = true
-		if active != nil && c.clearActive(ks, active) {
-			ks.run.returnUsed[active.slot] = ks.closeLease(active)
+		if out := c.returnAll(ks, active); len(out) > 0 {
+			return out, true
 		}
-		var out []pending
-		for s, l := range ks.run.slots {
-			if l != nil {
-				out = append(out, pending{ks: ks, slot: s, settling: l, used: ks.run.returnUsed[s]})
-			}
-		}
-		if len(out) == 0 {
-			c.forgetKey(ks)
-			return nil, false
-		}
-		return out, true
+		c.forgetKey(ks)
+		return nil, false
 	}
 	entry := func(slot int, want int64) pending {
 		p := pending{ks: ks, slot: slot, want: want}
@@ -373,6 +355,21 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 		}
 	}
 	return out, len(out) > 0
+}
+
+// returnAll stops the key's active lease and returns the entries that
+// return every lease it holds (none when it holds none).
+func (c *Client) returnAll(ks *keyState, active *lease) []pending {
+	if active != nil && c.clearActive(ks, active) {
+		ks.run.returnUsed[active.slot] = ks.closeLease(active)
+	}
+	var out []pending
+	for s, l := range ks.run.slots {
+		if l != nil {
+			out = append(out, pending{ks: ks, slot: s, settling: l, used: ks.run.returnUsed[s]})
+		}
+	}
+	return out
 }
 
 // shouldDemote reports whether a leased key should return to direct

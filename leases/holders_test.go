@@ -13,6 +13,7 @@ import (
 
 	"github.com/ratelease/ratelease/e2e/redistest"
 	"github.com/ratelease/ratelease/leases"
+	"github.com/ratelease/ratelease/leases/storetest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -169,99 +170,16 @@ func BenchmarkRedisOtherKeyWhileCrowded(b *testing.B) {
 // TestRedisMemoryPerBucket measures what a bucket costs Redis (MEMORY USAGE
 // of its keys, with the key names of a per-user limit): a bucket touched
 // by direct takes only, one with a lease open, and one shared by two
-// clients. BENCHMARKS.md reports the figures (BenchmarkRedisMemoryPerBucket).
+// clients. BENCHMARKS.md reports the same measurement (e2e/compare).
 func TestRedisMemoryPerBucket(t *testing.T) {
 	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	m := measureBucketMemory(t, rdb)
-	for _, k := range []string{"take", "lease", "shared"} {
-		t.Logf("%s: %d bytes", k, m[k])
-	}
+	m, err := storetest.MeasureRedisMemory(context.Background(), srv.Client(t), "user:")
+	require.NoError(t, err)
+	t.Logf("%+v", m)
 	// The seed measured 240 B for a bucket with a lease (its two keys).
-	assert.LessOrEqual(t, m["take"], int64(120), "a bucket of direct takes is one small hash")
-	assert.Less(t, m["lease"], int64(240), "a leased bucket costs less than the seed's")
-}
-
-// measureBucketMemory returns MEMORY USAGE (all keys of the bucket) for
-// the three kinds of bucket, and "bulk": the growth of used_memory over
-// 10,000 leased buckets, per bucket.
-func measureBucketMemory(t testing.TB, rdb *redis.Client) map[string]int64 {
-	ctx := context.Background()
-	s := leases.NewRedisStore(rdb, leases.RedisOptions{})
-	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 10, Period: time.Second, Burst: 10, LeaseTTL: 2 * time.Second}
-	usage := func(key string) int64 {
-		var sum int64
-		h, z, sh := leases.RedisKeys(key)
-		for _, k := range []string{h, z, sh} {
-			n, err := rdb.MemoryUsage(ctx, k, 0).Result()
-			if err == redis.Nil {
-				continue
-			}
-			require.NoError(t, err)
-			sum += n
-		}
-		return sum
-	}
-	m := map[string]int64{}
-	_, err := s.Take(ctx, []leases.TakeOp{{Key: "user:241531", Bucket: b, Cost: 1}})
-	require.NoError(t, err)
-	m["take"] = usage("user:241531")
-	a := leases.Owner{Client: "checkout", Process: "7f3a9c2e"}
-	_, err = s.Lease(ctx, a, []leases.LeaseOp{{Key: "user:241532", Bucket: b, Want: 5, NewLeaseID: leases.NewLeaseID()}})
-	require.NoError(t, err)
-	m["lease"] = usage("user:241532")
-	_, err = s.Lease(ctx, a, []leases.LeaseOp{{Key: "user:241533", Bucket: b, Want: 3, NewLeaseID: leases.NewLeaseID()}})
-	require.NoError(t, err)
-	_, err = s.Lease(ctx, leases.Owner{Client: "search", Process: "0b1d22aa"}, []leases.LeaseOp{{Key: "user:241533", Bucket: b, Want: 3, NewLeaseID: leases.NewLeaseID()}})
-	require.NoError(t, err)
-	m["shared"] = usage("user:241533")
-
-	used := func() int64 {
-		v, err := rdb.InfoMap(ctx, "memory").Result()
-		require.NoError(t, err)
-		n, err := strconv.ParseInt(v["Memory"]["used_memory"], 10, 64)
-		require.NoError(t, err)
-		return n
-	}
-	const n = 10_000
-	ops := make([]leases.TakeOp, 0, 1000)
-	before := used()
-	for i := range n {
-		ops = append(ops, leases.TakeOp{Key: fmt.Sprint("user:", 1_000_000+i), Bucket: b, Cost: 1})
-		if len(ops) == cap(ops) {
-			_, err := s.Take(ctx, ops)
-			require.NoError(t, err)
-			ops = ops[:0]
-		}
-	}
-	m["bulk-take"] = (used() - before) / n
-	lops := make([]leases.LeaseOp, 0, 1000)
-	before = used()
-	for i := range n {
-		lops = append(lops, leases.LeaseOp{Key: fmt.Sprint("user:", 2_000_000+i), Bucket: b, Want: 5, NewLeaseID: leases.NewLeaseID()})
-		if len(lops) == cap(lops) {
-			_, err := s.Lease(ctx, a, lops)
-			require.NoError(t, err)
-			lops = lops[:0]
-		}
-	}
-	m["bulk-lease"] = (used() - before) / n
-	return m
-}
-
-// BenchmarkRedisMemoryPerBucket reports the figures of
-// measureBucketMemory as metrics, for make bench and BENCHMARKS.md.
-func BenchmarkRedisMemoryPerBucket(b *testing.B) {
-	srv := redistest.Start(b)
-	rdb := srv.Client(b)
-	var m map[string]int64
-	for b.Loop() {
-		require.NoError(b, rdb.FlushDB(context.Background()).Err())
-		m = measureBucketMemory(b, rdb)
-	}
-	for k, v := range m {
-		b.ReportMetric(float64(v), k+"-B/bucket")
-	}
+	assert.LessOrEqual(t, m.Take, int64(120), "a bucket of direct takes is one small key")
+	assert.Less(t, m.Lease, int64(240), "a leased bucket costs less than the old layout's")
+	assert.Positive(t, m.BulkTake)
 }
 
 // TestRedisTakeCommands: a direct take on a bucket with no lease runs what

@@ -3,6 +3,7 @@ package compare
 import (
 	"flag"
 	"fmt"
+	"github.com/ratelease/ratelease/leases/storetest"
 	"math"
 	"os"
 	"path/filepath"
@@ -74,7 +75,7 @@ var collected struct {
 	redisVersion       string
 	floorP50, floorP99 float64
 	run                time.Duration
-	memory             memoryUse
+	memory             storetest.BucketMemory
 }
 
 func record(r result) {
@@ -98,7 +99,7 @@ func setTimerFloor(p50, p99 float64) {
 	collected.floorP50, collected.floorP99 = p50, p99
 }
 
-func setMemory(m memoryUse) {
+func setMemory(m storetest.BucketMemory) {
 	collected.Lock()
 	defer collected.Unlock()
 	collected.memory = m
@@ -137,7 +138,7 @@ type reportData struct {
 	Run                time.Duration // each run's length
 	Took               time.Duration // the whole benchmark
 	FloorP50, FloorP99 float64
-	Memory             memoryUse
+	Memory             storetest.BucketMemory
 }
 
 type machine struct {
