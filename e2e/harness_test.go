@@ -245,7 +245,7 @@ var sampleWindows = []int64{10, 20, 50, 100, 200, 500, 1000}
 type counter struct {
 	lo, hi  int64
 	n       int64
-	spread  int64 // the longest span's extra slots
+	spread  int64   // the longest span's extra slots
 	firstGT []int64 // firstGT[e-lo]: requests whose first slot is after e
 	lastLT  []int64 // lastLT[s-lo]: requests whose last slot is before s
 }
