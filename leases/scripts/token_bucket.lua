@@ -10,7 +10,7 @@
 --              t  refill clock (µs)
 --              o  outstanding: Σ granted over the open leases  \ present only
 --              n  number of open leases                        | while a lease
---              x  upper bound of the open leases' expiries (µs) | is open
+--              x  upper bound of the open leases' expiries, less t | is open
 --              c  clients holding open leases                  /
 --              "p|<client>"  processes of that client holding open leases
 --              "<slot>|<client>/<process>"  a lease: "<id> <granted> <expiry µs>"
@@ -18,6 +18,8 @@
 --              "g|"  a ghost lease standing for leases lost with the hash
 --              L  while at most INLINE leases are open: their fields, one a
 --                 line (the expiry index kept inline; Z does not exist)
+--              m  with L: at most the earliest expiry of those leases, less t;
+--                 their records are read only once it has passed
 -- KEYS[2] Z  the expiry index once more than INLINE leases are open:
 --            member "<slot>|<client>/<process>", score expiry
 -- KEYS[3] S  the fair-share clocks: member "<client>/<process>", score clock (µs)
@@ -79,20 +81,30 @@ if mode == 'lease' then
   field = slot .. '|' .. owner
   if slot == '0' then ofield = '1|' .. owner else ofield = '0|' .. owner end
 end
--- The bucket is a string while no lease is open: one GET reads it. A
--- bucket with leases is a hash, on which GET fails; it is then read with
--- HMGET.
-local raw = redis.pcall('GET', H)
-local is_hash = type(raw) == 'table'
+-- The bucket is a string while no lease is open, a hash while any is. The
+-- read that fits the mode's usual case comes first: GET for takes (keys
+-- decided directly), HMGET for leases; a WRONGTYPE error sends it to the
+-- other.
+local function wrongtype(r) return type(r) == 'table' and r['err'] ~= nil end
+local raw = false -- the string bucket, false when none
+local is_hash = false
 local st = {}
-if is_hash then
-  if mode == 'lease' then
-    st = redis.call('HMGET', H, 'l', 't', 'o', 'n', 'x', 'c', 'L', field, ofield, 'p|' .. client)
-  else
-    st = redis.call('HMGET', H, 'l', 't', 'o', 'n', 'x', 'c', 'L')
-  end
+if mode == 'lease' then
+  local r = redis.pcall('HMGET', H, 'l', 't', 'o', 'n', 'x', 'c', 'L', field, ofield, 'p|' .. client, 'm')
+  if wrongtype(r) then raw = redis.call('GET', H) else st = r; is_hash = r[1] ~= false end
 else
-  for i = 1, 10 do st[i] = false end
+  local r = redis.pcall('GET', H)
+  if wrongtype(r) then
+    local v = redis.call('HMGET', H, 'l', 't', 'o', 'n', 'x', 'c', 'L', 'm')
+    st = { v[1], v[2], v[3], v[4], v[5], v[6], v[7], false, false, false, v[8] }
+    is_hash = true
+  else
+    raw = r
+  end
+end
+if not is_hash then
+  st = {}
+  for i = 1, 11 do st[i] = false end
   if raw then
     local l, t = string.match(raw, '^(%S+) (%d+)$')
     st[1], st[2] = l, t
@@ -106,6 +118,8 @@ local had_inline = st[7] ~= false
 -- inl lists the open leases' fields while the index is inline, nil once it
 -- is in Z.
 local inl = nil
+local minexp = 0 -- with inl: at most the earliest expiry of its leases
+local pend = {} -- lease fields to write to H at save: a record, or false to delete
 local recs = {}    -- lease field -> record, or false when none
 local pc = {}      -- client -> processes holding
 local pdirty = {}  -- clients whose count changed
@@ -114,11 +128,16 @@ if st[1] then
   last = tonumber(st[2])
   out = tonumber(st[3]) or 0
   n = tonumber(st[4]) or 0
-  maxexp = tonumber(st[5]) or 0
+  -- x and m are kept as offsets from t: small integers, which Redis
+  -- stores in fewer bytes.
+  maxexp = 0
+  if st[5] then maxexp = last + tonumber(st[5]) end
   clients = tonumber(st[6]) or 0
   if st[7] then
     inl = {}
     for f in string.gmatch(st[7], '[^\n]+') do inl[#inl + 1] = f end
+    minexp = 0
+    if st[11] then minexp = last + tonumber(st[11]) end
   elseif n == 0 then
     inl = {}
   end
@@ -275,7 +294,17 @@ end
 local function expire()
   local due
   if inl then
+    if minexp > now then return end -- nothing inline can have expired
     due = inline_open(now)
+    -- inline_open loaded every inline record: the earliest expiry left.
+    minexp = 0
+    for i = 1, #inl do
+      local rec = recs[inl[i]]
+      if rec then
+        local e = exp_of(rec)
+        if e > now and (minexp == 0 or e < minexp) then minexp = e end
+      end
+    end
   else
     due = redis.call('ZRANGEBYSCORE', Z, '-inf', now, 'WITHSCORES')
   end
@@ -313,7 +342,7 @@ local function expire()
   elseif not dry then
     redis.call('ZREMRANGEBYSCORE', Z, '-inf', now)
   end
-  if not dry and #dels > 0 then redis.call('HDEL', H, unpack(dels)) end
+  for i = 1, #dels do pend[dels[i]] = false end
 end
 
 if n > 0 then
@@ -366,7 +395,9 @@ local function retry_after(target)
     if #first > 0 then
       local fields = {}
       for i = 1, #first, 2 do fields[#fields + 1] = first[i] end
-      local vals = redis.call('HMGET', H, unpack(fields))
+      load(fields)
+      local vals = {}
+      for j = 1, #fields do vals[j] = recs[fields[j]] end
       for j = 1, #fields do
         if vals[j] then
           local w = tonumber(first[2 * j]) - now + microsceil(target - math.max(c, 0))
@@ -420,12 +451,21 @@ local function save()
   ensure_hash()
   local args = { 'l', fmtf(level), 't', string.format('%d', last),
     'o', string.format('%d', out), 'n', string.format('%d', n),
-    'x', string.format('%d', maxexp), 'c', string.format('%d', clients) }
+    'x', string.format('%d', maxexp - last), 'c', string.format('%d', clients) }
   local dels = {}
   if inl then
     args[#args + 1] = 'L'; args[#args + 1] = table.concat(inl, '\n')
+    args[#args + 1] = 'm'; args[#args + 1] = string.format('%d', minexp - last)
   elseif had_inline then
     dels[#dels + 1] = 'L'
+    dels[#dels + 1] = 'm'
+  end
+  for f, v in pairs(pend) do
+    if v then
+      args[#args + 1] = f; args[#args + 1] = v
+    else
+      dels[#dels + 1] = f
+    end
   end
   for c in pairs(pdirty) do
     if pc[c] > 0 then
@@ -490,7 +530,7 @@ if settle_id ~= '' then
   end
   close_lease(field, g)
   level = level + (g - used)
-  redis.call('HDEL', H, field)
+  pend[field] = false
   if inl then inline_remove(field) else redis.call('ZREM', Z, field) end
   settled = 1
 elseif cur then
@@ -498,7 +538,7 @@ elseif cur then
   -- spent.
   local g = grant_of(cur)
   close_lease(field, g)
-  redis.call('HDEL', H, field)
+  pend[field] = false
   if inl then inline_remove(field) else redis.call('ZREM', Z, field) end
   if g > 0 then expired = expired + 1 end
 end
@@ -524,6 +564,7 @@ end
 local function index_add(f, e)
   if inl and #inl < INLINE then
     inl[#inl + 1] = f
+    if minexp == 0 or e < minexp then minexp = e end
     return
   end
   if inl then
@@ -586,17 +627,20 @@ if want > 0 then
     n = n + 1
     if e > maxexp then maxexp = e end
     recs[field] = new_id .. ' ' .. string.format('%d', g) .. ' ' .. string.format('%d', e)
-    ensure_hash()
-    redis.call('HSET', H, field, recs[field])
+    pend[field] = recs[field]
     index_add(field, e)
     if shared then
       -- The clock advances by the tokens taken from the share; tokens
       -- taken from the spare above a quarter full are free.
       local adv = g
       if share < adv then adv = share end
-      redis.call('ZADD', S, fmtf(base + adv * h / rate), owner)
-      redis.call('ZREMRANGEBYSCORE', S, '-inf', '(' .. fmtf(floor))
-      shares_touched = true
+      if redis.call('ZADD', S, fmtf(base + adv * h / rate), owner) == 1 then
+        -- A new owner: drop the clocks that limit nothing any more, and
+        -- make the set last as long as the bucket. (Between new owners it
+        -- may expire first: the clocks start afresh, fairness only.)
+        redis.call('ZREMRANGEBYSCORE', S, '-inf', '(' .. fmtf(floor))
+        shares_touched = true
+      end
     end
     granted = g
   else
@@ -613,8 +657,7 @@ if want > 0 then
       n = n + 1
       if e > maxexp then maxexp = e end
       recs[field] = '- 0 ' .. string.format('%d', e)
-      ensure_hash()
-      redis.call('HSET', H, field, recs[field])
+      pend[field] = recs[field]
       index_add(field, e)
     end
   end
