@@ -140,9 +140,9 @@
 // Should it evict part of a bucket anyway, the script rebuilds it
 // conservatively (PartLost): without the hash, the leases still in the
 // expiry index stand as one ghost lease of the whole burst until the last
-// of them ends, and the level starts empty; without the expiry index, the
-// hash's leases stay outstanding until their latest expiry, then the index
-// is rebuilt and they are closed in order. A bucket lost whole — evicted,
+// of them ends, and the level starts empty; without the expiry index (a
+// key crowded beyond 8 leases checks for it at every call), the index is
+// rebuilt from the hash's leases and the expired ones are closed in order. A bucket lost whole — evicted,
 // or a Redis restarted without its data — is a full bucket that has
 // forgotten its open leases: that can admit one extra burst, and nothing
 // in the store can tell.

@@ -365,7 +365,11 @@ func (s *tbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 			return LeaseOutcome{Err: ErrUsedExceedsGranted, Expired: o.Expired}
 		}
 		s.close(cur)
+		// What comes back never lifts the level above burst − O: after a
+		// rule shrank, an old lease returned unused must not bring back
+		// the old burst.
 		s.level += float64(cur.granted - op.Used)
+		s.refillTo(b, now)
 		o.Settled = true
 	} else if cur != nil {
 		// A new lease replaces the open one of this slot, which counts as
@@ -486,7 +490,7 @@ func (s *tbState) take(b *Bucket, cost int64, now int64) TakeOutcome {
 func (s *tbState) refund(b *Bucket, cost int64, now int64) {
 	s.bucket = *b
 	s.advance(b, now)
-	s.level = min(s.level+float64(cost), float64(b.Burst-s.out))
+	s.level = max(0, min(s.level+float64(cost), float64(b.Burst-s.out)))
 }
 
 // idle reports whether the bucket is full with no open lease at now, which

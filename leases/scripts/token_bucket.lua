@@ -74,6 +74,26 @@ local function fmtf(x)
   return s
 end
 
+-- Lua passes at most a few thousand values to one call (unpack): a key
+-- whose thousands of leases expire together must not fail on that, so
+-- long argument lists go in chunks.
+local CHUNK = 1000
+
+-- call_chunked runs cmd on key with prefix then items, CHUNK items a call,
+-- and returns the replies joined.
+local function call_chunked(cmd, key, items)
+  local out = {}
+  for i = 1, #items, CHUNK do
+    local part = {}
+    for j = i, math.min(i + CHUNK - 1, #items) do part[#part + 1] = items[j] end
+    local r = redis.call(cmd, key, unpack(part))
+    if type(r) == 'table' then
+      for j = 1, #r do out[#out + 1] = r[j] end
+    end
+  end
+  return out
+end
+
 local client, process, slot, field, ofield, owner
 if mode == 'lease' then
   client, process, slot = ARGV[7], ARGV[8], ARGV[13]
@@ -113,7 +133,6 @@ end
 
 local level, last, out, n, maxexp, clients
 local changed = false -- the state changed beyond what the refill computes
-local had_leases = st[4] ~= false
 local had_inline = st[7] ~= false
 -- inl lists the open leases' fields while the index is inline, nil once it
 -- is in Z.
@@ -248,7 +267,7 @@ local function load(fs)
     if sib and recs[sib] == nil then fields[#fields + 1] = sib end
   end
   if #fields > 0 then
-    local vals = redis.call('HMGET', H, unpack(fields))
+    local vals = call_chunked('HMGET', H, fields)
     for i = 1, #fields do
       if recs[fields[i]] == nil then recs[fields[i]] = vals[i] end
     end
@@ -322,7 +341,7 @@ local function expire()
   if #cs > 0 then
     local pf = {}
     for i = 1, #cs do pf[i] = 'p|' .. cs[i] end
-    local pv = redis.call('HMGET', H, unpack(pf))
+    local pv = call_chunked('HMGET', H, pf)
     for i = 1, #cs do pc[cs[i]] = tonumber(pv[i]) or 0 end
   end
   local dels = {}
@@ -347,9 +366,10 @@ end
 
 if n > 0 then
   expire()
-  if n > 0 and maxexp <= now and not dry and not inl then
-    -- Every open lease should have expired by now, yet some are left:
-    -- the expiry index was lost. Rebuild it from the hash, then close them.
+  if n > 0 and not dry and not inl and redis.call('EXISTS', Z) == 0 then
+    -- Leases are open beyond the inline limit, yet the expiry index is
+    -- gone: it was lost (evicted). Rebuild it from the hash, then close
+    -- the expired ones.
     local all = redis.call('HGETALL', H)
     for i = 1, #all, 2 do
       local f = all[i]
@@ -474,8 +494,8 @@ local function save()
       dels[#dels + 1] = 'p|' .. c
     end
   end
-  redis.call('HSET', H, unpack(args))
-  if #dels > 0 then redis.call('HDEL', H, unpack(dels)) end
+  call_chunked('HSET', H, args) -- field-value pairs: CHUNK is even
+  if #dels > 0 then call_chunked('HDEL', H, dels) end
   redis.call('PEXPIRE', H, px)
   if not inl then redis.call('PEXPIRE', Z, px) end
 end
@@ -504,6 +524,7 @@ if mode == 'refund' then
   local cost = tonumber(ARGV[9])
   level = level + cost
   if level > burst - out then level = burst - out end
+  if level < 0 then level = 0 end
   save()
   return {}
 end
@@ -529,7 +550,12 @@ if settle_id ~= '' then
     return { 2, 0, 0, 0, 0, 0, expired }
   end
   close_lease(field, g)
+  -- What comes back never lifts the level above burst − O: after a rule
+  -- shrank, an old lease returned unused must not bring back the old
+  -- burst.
   level = level + (g - used)
+  if level > burst - out then level = burst - out end
+  if level < 0 then level = 0 end
   pend[field] = false
   if inl then inline_remove(field) else redis.call('ZREM', Z, field) end
   settled = 1
