@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/ratelease/ratelease/protocol"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,6 +47,7 @@ func TestInvalidInputDenied(t *testing.T) {
 		c.Allow(ctx, ""),
 		c.Allow(ctx, strings.Repeat("k", 300)),
 		c.Allow(ctx, "bad\nkey"),
+		c.Allow(ctx, manyKeys(protocol.MaxEntries+1)...),
 	} {
 		assert.False(t, d.Allowed)
 		assert.Equal(t, client.SourceDenied, d.Source)
@@ -145,13 +148,24 @@ clients:
 	}
 	assert.Equal(t, calls, c.Stats().ServerCalls, "a refused key is denied locally")
 
-	// A wrong token: the server refuses every call; the fallback decides.
-	var errs []error
-	bad := newClient(t, client.Config{Servers: []string{srv.URL()}, Token: "wrong", Fallback: client.FallbackClosed, OnServerError: func(err error) { errs = append(errs, err) }})
-	d = bad.Allow(ctx, "user:1")
-	assert.False(t, d.Allowed)
-	assert.Equal(t, client.SourceFallback, d.Source)
-	require.Eventually(t, func() bool { return !bad.Stats().Online }, time.Second, 5*time.Millisecond)
+	// A wrong token: the server refuses every call. That is a
+	// misconfiguration, not an outage: the decision is denied, the error is
+	// reported with its cause, and the fallback (open here) does not decide.
+	var refused atomic.Int64
+	bad := newClient(t, client.Config{Servers: []string{srv.URL()}, Token: "wrong", Fallback: client.FallbackOpen, OnServerError: func(err error) {
+		if errors.Is(err, client.ErrServerRefused) {
+			refused.Add(1)
+		}
+	}})
+	for range 3 {
+		d = bad.Allow(ctx, "user:1")
+		assert.False(t, d.Allowed)
+		assert.Equal(t, client.SourceDenied, d.Source)
+	}
+	st := bad.Stats()
+	assert.True(t, st.Online, "the server answered")
+	assert.Zero(t, st.FallbackDecisions)
+	assert.Positive(t, refused.Load())
 }
 
 func TestMaxKeysAndIdle(t *testing.T) {
@@ -230,4 +244,13 @@ clients:
 	st := c.Stats()
 	assert.True(t, st.Online, "a refused key is not a server failure")
 	assert.Zero(t, st.ServerErrors)
+}
+
+// manyKeys returns n distinct valid keys.
+func manyKeys(n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprint("user:many", i)
+	}
+	return keys
 }

@@ -25,8 +25,7 @@ const (
 	// servers' default is allow.
 	SourceUnlimited
 	// SourceFallback: decided by Config.Fallback, because no lease was live
-	// and no server answered (or the first lease did not come within
-	// ColdStartTimeout).
+	// and no server answered.
 	SourceFallback
 	// SourceDenied: denied because the server refused the key (no rule
 	// under default deny, or a key this client may not lease).
@@ -67,8 +66,9 @@ type Decision struct {
 	// RetryAfter, when the request was denied, is how long until it may be
 	// allowed; 0 when unknown.
 	RetryAfter time.Duration
-	// Remaining is the number of tokens left in the lease after this
-	// decision (the least over the keys), when a lease decided.
+	// Remaining is the number of tokens left after this decision, the least
+	// over the keys: in the lease, when a lease decided; in the server's
+	// bucket, when a direct take did.
 	Remaining int64
 	// Source says which path decided.
 	Source Source
@@ -76,8 +76,8 @@ type Decision struct {
 
 // Stats counts what a client did since New.
 type Stats struct {
-	// Allowed counts tokens spent: from leases, by unlimited keys and by
-	// the fallback.
+	// Allowed counts tokens spent: from leases, by direct takes, by
+	// unlimited keys and by the fallback.
 	Allowed int64
 	// Denied counts requests denied.
 	Denied int64
@@ -158,6 +158,9 @@ type Client struct {
 	promoted []*keyState // keys moved to leases, for the loop to take over
 
 	run loopState // owned by the settle loop
+
+	life    context.Context // ends at Close: the direct calls run under it
+	endLife context.CancelFunc
 }
 
 // New returns a Client and starts its settle loop. It does not contact a
@@ -175,6 +178,7 @@ func New(cfg Config) (*Client, error) {
 		stopped:  make(chan struct{}),
 		closeCtx: make(chan context.Context, 1),
 	}
+	c.life, c.endLife = context.WithCancel(context.Background())
 	c.http = newCaller(&c.cfg)
 	c.online.Store(true)
 	go c.loop()
@@ -232,7 +236,7 @@ func (c *Client) Allow(ctx context.Context, keys ...string) Decision {
 // process is admitted enough of them (Config.LeaseMinTokens). Invalid keys,
 // or n < 1, are denied with Source SourceDenied.
 func (c *Client) AllowN(ctx context.Context, n int64, keys ...string) Decision {
-	if n < 1 || n > protocol.MaxCount || len(keys) == 0 {
+	if n < 1 || n > protocol.MaxCount || len(keys) == 0 || len(keys) > protocol.MaxEntries {
 		c.denied.Add(1)
 		return Decision{Source: SourceDenied}
 	}
@@ -258,8 +262,8 @@ func (c *Client) Wait(ctx context.Context, keys ...string) error {
 
 // WaitN is Wait for n tokens of each key.
 func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) error {
-	if n < 1 || n > protocol.MaxCount || len(keys) == 0 {
-		return fmt.Errorf("client: WaitN(%d, %d keys): n must be 1 to %d and keys not empty", n, len(keys), protocol.MaxCount)
+	if n < 1 || n > protocol.MaxCount || len(keys) == 0 || len(keys) > protocol.MaxEntries {
+		return fmt.Errorf("client: WaitN(%d, %d keys): n must be 1 to %d and keys 1 to %d", n, len(keys), protocol.MaxCount, protocol.MaxEntries)
 	}
 	states := make([]*keyState, len(keys))
 	for i, k := range keys {

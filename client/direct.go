@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"math"
 	"sync"
 	"time"
@@ -32,6 +33,8 @@ type directQueue struct {
 	mu       sync.Mutex
 	pending  []*directReq
 	inflight int
+	closed   bool           // Close has begun: no sender starts
+	senders  sync.WaitGroup // the sendDirect goroutines, for Close
 }
 
 // takeDirect decides states by one direct take at a lease server, sent at
@@ -40,12 +43,17 @@ type directQueue struct {
 func (c *Client) takeDirect(ctx context.Context, n int64, states []*keyState) Decision {
 	req := &directReq{states: states, n: n, done: make(chan struct{})}
 	c.direct.mu.Lock()
+	if c.direct.closed {
+		c.direct.mu.Unlock()
+		return Decision{Source: SourceClosed}
+	}
 	c.direct.pending = append(c.direct.pending, req)
 	var batch []*directReq
 	if c.direct.inflight < maxDirectCalls {
 		batch = c.direct.pending
 		c.direct.pending = nil
 		c.direct.inflight++
+		c.direct.senders.Add(1)
 	}
 	c.direct.mu.Unlock()
 	if batch != nil {
@@ -65,6 +73,7 @@ func (c *Client) takeDirect(ctx context.Context, n int64, states []*keyState) De
 
 // sendDirect makes the calls for batch, then for whatever queued meanwhile.
 func (c *Client) sendDirect(batch []*directReq) {
+	defer c.direct.senders.Done()
 	for batch != nil {
 		c.callDirect(batch)
 		c.direct.mu.Lock()
@@ -80,7 +89,7 @@ func (c *Client) sendDirect(batch []*directReq) {
 // callDirect sends the takes of batch, at most protocol.MaxEntries keys a
 // call, and completes every request.
 func (c *Client) callDirect(batch []*directReq) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*c.cfg.RequestTimeout+2*c.cfg.MaxRetryWait)
+	ctx, cancel := context.WithTimeout(c.life, 2*c.cfg.RequestTimeout+2*c.cfg.MaxRetryWait)
 	defer cancel()
 	for len(batch) > 0 {
 		keys := 0
@@ -102,11 +111,17 @@ func (c *Client) callDirect(batch []*directReq) {
 		sent := c.nanos()
 		resp, err := c.http.lease(ctx, req)
 		now := c.nanos()
-		if err != nil {
+		switch {
+		case err == nil:
+			c.directAnswered()
+		case errors.Is(err, ErrServerRefused):
+			// A server answered, refusing the call (a bad token, a call too
+			// large): a misconfiguration, not an outage. The decisions are
+			// denied; the fallback is not for this.
+			c.noteRefused(err)
+		default:
 			c.directFailed(now)
 			c.noteServerError(err)
-		} else {
-			c.directAnswered()
 		}
 		for i, r := range chunk {
 			r.sent = sent
@@ -143,6 +158,9 @@ func (c *Client) directAnswered() {
 // what it taught about the keys: their rules, denials and demand.
 func (c *Client) applyDirect(r *directReq) Decision {
 	now := c.nanos()
+	if errors.Is(r.err, ErrServerRefused) {
+		return Decision{Source: SourceDenied}
+	}
 	if r.err != nil {
 		return c.fallbackAll(r.n, r.states)
 	}
@@ -270,6 +288,15 @@ func (c *Client) fallbackAll(n int64, states []*keyState) Decision {
 		done = append(done, sp)
 	}
 	return Decision{Allowed: true, Source: SourceFallback}
+}
+
+// noteRefused reports a call a server refused (ErrServerRefused): logged
+// at ERROR, and passed to Config.OnServerError.
+func (c *Client) noteRefused(err error) {
+	c.cfg.Logger.Error("ratelease: a lease server refused the call: check the client's token and configuration; its decisions are denied", "error", err)
+	if c.cfg.OnServerError != nil {
+		c.cfg.OnServerError(err)
+	}
 }
 
 // noteServerError reports a call that no server answered: logged, and

@@ -74,10 +74,16 @@ rules:
 	calls := c.Stats().ServerCalls
 	assert.Never(t, func() bool { return c.Stats().ServerCalls != calls }, 600*time.Millisecond, 20*time.Millisecond,
 		"an idle key costs no calls")
-	// The key is decided directly again on demand.
+	// The key is decided directly again on demand, and promoted again; until
+	// its new lease is in, it is still decided directly, never denied for
+	// want of the lease it returned.
 	d := c.Allow(context.Background(), "s:idle")
 	assert.True(t, d.Allowed)
 	assert.Equal(t, client.SourceDirect, d.Source)
+	for range 5 {
+		d := c.Allow(context.Background(), "s:idle")
+		assert.True(t, d.Allowed, "%v", d.Source)
+	}
 }
 
 // TestKeyCapRefusalIsAnAnswer: a lease call whose every entry the server's

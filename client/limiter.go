@@ -22,8 +22,9 @@ type Limiter struct {
 // is invalid, the Limiter denies every request and Err says why.
 func (c *Client) Limiter(keys ...string) *Limiter {
 	l := &Limiter{c: c, keys: append([]string(nil), keys...), states: make([]atomic.Pointer[keyState], len(keys))}
-	if len(keys) == 0 {
-		l.err = fmt.Errorf("client: Limiter needs at least one key")
+	if len(keys) == 0 || len(keys) > protocol.MaxEntries {
+		l.err = fmt.Errorf("client: Limiter needs 1 to %d keys, not %d", protocol.MaxEntries, len(keys))
+		return l
 	}
 	for i, k := range keys {
 		if err := protocol.ValidateKey(k); err != nil {

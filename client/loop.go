@@ -391,6 +391,7 @@ func (c *Client) shouldDemote(ks *keyState, active *lease, now int64) bool {
 func (c *Client) demoted(ks *keyState) {
 	ks.run.demote = false
 	ks.need.Store(false)
+	ks.deadline.Store(0) // promoted again, it waits for no lease: direct
 	ks.run.ewma = 0
 	ks.mu.Lock()
 	ks.mu.rate, ks.mu.rateAt = 0, 0
@@ -434,10 +435,23 @@ func (c *Client) apply(r callResult, retryAt, backoff *int64) {
 		*backoff, *retryAt = 0, 0
 		return
 	}
-	c.online.Store(false)
 	// Back off: a tick, doubling up to MaxRetryWait.
 	*backoff = min(max(2**backoff, int64(c.cfg.SettleInterval)), int64(c.cfg.MaxRetryWait))
 	*retryAt = now + *backoff
+	if errors.Is(r.err, ErrServerRefused) {
+		// A server answered, refusing the call: a misconfiguration, not an
+		// outage. The keys that wanted tokens are denied for a while; the
+		// client stays online, so the fallback does not decide.
+		c.noteRefused(r.err)
+		for _, p := range failed {
+			if p.want > 0 {
+				p.ks.extendDenial(now + int64(max(time.Second, c.cfg.Horizon)))
+				p.ks.notify()
+			}
+		}
+		return
+	}
+	c.online.Store(false)
 	// Direct decisions go to the fallback until then, without a call each.
 	c.directRetryAt.Store(*retryAt)
 	c.noteServerError(r.err)
@@ -642,6 +656,14 @@ func (c *Client) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	// Direct calls in flight end now (their takes may still have happened
+	// at the server: lost to utilization, never to accuracy), and no new
+	// one starts.
+	c.direct.mu.Lock()
+	c.direct.closed = true
+	c.direct.mu.Unlock()
+	c.endLife()
+	c.direct.senders.Wait()
 	c.http.hc.CloseIdleConnections()
 	if first && c.closeErr != nil {
 		return errors.Join(errors.New("client: close: the final settle failed; the servers will expire the leases by their TTL"), c.closeErr)

@@ -89,8 +89,8 @@ type transport struct {
 // returns ErrClosed after Client.Close, the context's error when the
 // request's context ends before the budget decided, and an error that does
 // not match ErrRateLimited when keys returns an invalid key (see
-// protocol.ValidateKey). The first request of a key waits for the key's
-// first lease at most Config.ColdStartTimeout, as Client.Allow does.
+// protocol.ValidateKey). A request whose keys hold no live lease waits for
+// a direct take, about one round trip, as Client.Allow does.
 //
 // After a response, an upstream 429 or 503 with Retry-After denies the
 // request's keys locally until then (see
