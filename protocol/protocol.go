@@ -49,8 +49,10 @@ type LeaseRequest struct {
 	// Takes are direct decisions carried in the same call: each takes its
 	// cost from every one of its keys, all or nothing, as POST /v1/check
 	// does, and leaves no lease to settle. A key may appear in several
-	// takes, and in Leases too. Leases and the keys of every take together
-	// are at most MaxEntries, and at least one.
+	// takes, and in Leases too; the takes are decided first, in order, so
+	// a store failure answers the call before any lease entry changed
+	// anything. Leases and the keys of every take together are at most
+	// MaxEntries, and at least one.
 	Takes []CheckRequest `json:"takes,omitempty"`
 }
 

@@ -360,6 +360,15 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 		writeProblem(w, problemOf(err))
 		return
 	}
+	// The takes are decided first: should the store fail then, the call is
+	// answered 503 before any lease entry changed anything. (Decided after,
+	// a failure would lose the answers of grants and settles already made.)
+	var takes []protocol.CheckResponse
+	if len(req.Takes) > 0 {
+		if takes, ok = s.takes(w, r, st, who, req.Takes); !ok {
+			return
+		}
+	}
 	entries := req.Leases
 	// permitted are the entries the caller may lease; idx maps them back to
 	// their position in the request when some are not (nil when all are).
@@ -404,7 +413,7 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 		}
 		// Releases the references when the engine panics; a no-op after
 		// the finish below.
-		defer hk.finish(held, nil, 0)
+		defer hk.finish(held, nil, s.opts.Now().UnixNano())
 	}
 	if len(permitted) > 0 {
 		ctx, cancel := context.WithTimeout(r.Context(), s.opts.StoreTimeout)
@@ -428,10 +437,6 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 		results = []protocol.LeaseResult{}
 	}
 	if len(req.Takes) > 0 {
-		takes, ok := s.takes(w, r, st, who, req.Takes)
-		if !ok {
-			return
-		}
 		writeJSON(w, http.StatusOK, protocol.LeaseResponse{Leases: results, Takes: takes})
 		return
 	}

@@ -37,7 +37,7 @@ func TestLeaseCallTakes(t *testing.T) {
 	require.Len(t, ok.Keys, 2)
 	assert.Equal(t, "per-user", ok.Keys[0].Rule)
 	assert.EqualValues(t, 2000, ok.Keys[0].LeaseTTLMillis, "a direct take learns the rule's lease TTL")
-	assert.EqualValues(t, 100-5-3, ok.Keys[0].Remaining, "the take comes after the lease entry")
+	assert.EqualValues(t, 100-3, ok.Keys[0].Remaining, "the takes are decided before the lease entries")
 	assert.EqualValues(t, 97, ok.Keys[1].Remaining)
 
 	require.NotNil(t, resp.Takes[1].Error)
