@@ -53,6 +53,17 @@ type RedisOptions struct {
 // side of the limit (a second grant nobody spends, a second take), but a
 // refund applied twice gives back tokens that were never taken.
 //
+// A script reads a bucket with the command that fits its usual type first
+// (GET for a take, HMGET for a lease); on the other type Redis answers
+// WRONGTYPE, which the script handles, but which Redis counts in its error
+// statistics (errorstat_WRONGTYPE, failed_calls): that count is expected,
+// not a fault.
+//
+// The layout of a bucket is not versioned: run one version of the store
+// against a Redis at a time (stop the old lease servers before starting
+// new ones, or let the buckets expire); servers of two versions sharing a
+// Redis can each admit a limit's worth.
+//
 // Redis must not evict these keys: run it with maxmemory-policy noeviction
 // and with persistence. The script still never rebuilds a lost part as a
 // full bucket that forgets open leases (see the script's header), but a
