@@ -171,9 +171,6 @@ type keyState struct {
 		lastUsed   int64     // used+denied total at the last tick
 		lastActive int64     // client clock when demand was last seen
 		demote     bool      // return every lease and go back to direct decisions
-		burst      int64     // the bucket size
-		fill       int64     // ns the bucket takes to fill (burst / rate)
-		ttl        int64     // ns, last lease TTL
 		forget     bool      // return everything and drop the key
 	}
 }

@@ -157,33 +157,25 @@ func (c *Client) sweepDirect(now int64) {
 // want sizes the next batch of a key: its demand over the horizon, at most
 // half a lease TTL's worth and the bucket size.
 func (c *Client) want(ks *keyState) int64 {
-	if ks.run.burst <= 0 {
-		ks.run.burst = ks.ruleBurst.Load()
-	}
-	if ks.run.fill <= 0 {
-		ks.run.fill = ks.ruleFill.Load()
-	}
-	if ks.run.ttl <= 0 {
-		ks.run.ttl = ks.leaseTTL.Load()
-	}
+	burst, fill, ttl := ks.ruleBurst.Load(), ks.ruleFill.Load(), ks.leaseTTL.Load()
 	if ks.run.ewma <= 0 {
-		return min(c.cfg.InitialBatch, max(1, ks.run.burst/4))
+		return min(c.cfg.InitialBatch, max(1, burst/4))
 	}
 	h := c.cfg.Horizon
-	if ks.run.ttl > 0 && time.Duration(ks.run.ttl/2) < h {
-		h = time.Duration(ks.run.ttl / 2)
+	if ttl > 0 && time.Duration(ttl/2) < h {
+		h = time.Duration(ttl / 2)
 	}
 	// Tokens held in a lease count as taken from the bucket until they are
 	// spent, so on a shared key a batch must be small beside the bucket: at
 	// most a quarter of the time the bucket takes to fill.
-	if ks.run.fill > 0 && time.Duration(ks.run.fill/4) < h {
-		h = time.Duration(ks.run.fill / 4)
+	if fill > 0 && time.Duration(fill/4) < h {
+		h = time.Duration(fill / 4)
 	}
 	w := int64(math.Ceil(ks.run.ewma * h.Seconds()))
 	w = max(1, min(w, c.cfg.MaxBatch))
-	if ks.run.burst > 0 {
+	if burst > 0 {
 		// Never a whole bucket for one process: a quarter at most.
-		w = min(w, max(1, ks.run.burst/4))
+		w = min(w, max(1, burst/4))
 	}
 	return w
 }
@@ -383,7 +375,8 @@ func (c *Client) shouldDemote(ks *keyState, active *lease, now int64) bool {
 	if active.left() == active.granted && ks.denyUntil.Load() <= now {
 		return true
 	}
-	return ks.run.ttl > 0 && ks.run.ewma*time.Duration(ks.run.ttl).Seconds() < float64(c.cfg.LeaseMinTokens)/2
+	ttl := ks.leaseTTL.Load()
+	return ttl > 0 && ks.run.ewma*time.Duration(ttl).Seconds() < float64(c.cfg.LeaseMinTokens)/2
 }
 
 // demoted finishes a key's return to direct decisions once it holds no
@@ -552,16 +545,9 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		ks.safeRate.Store(math.Float64bits(cur))
 	}
 	ks.learn(res.Limit, res.PeriodMillis, res.Burst, res.TTLMillis)
-	ks.run.burst = res.Burst
-	if res.Limit > 0 && res.PeriodMillis > 0 {
-		ks.run.fill = int64(float64(res.Burst) / float64(res.Limit) * float64(res.PeriodMillis) * float64(time.Millisecond))
-	}
-	if res.TTLMillis > 0 {
-		ks.run.ttl = res.TTLMillis * int64(time.Millisecond)
-	}
 	if res.Unlimited {
 		// No rule: allowed locally until asked again, directly.
-		ks.setUnlimited(now + int64(max(c.cfg.Horizon, time.Duration(ks.run.ttl))))
+		ks.setUnlimited(now + int64(max(c.cfg.Horizon, time.Duration(ks.leaseTTL.Load()))))
 		ks.run.demote = true
 		ks.need.Store(false)
 		if old := c.setActive(ks, nil); old != nil {

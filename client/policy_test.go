@@ -48,7 +48,10 @@ func TestWantSizing(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ks := newKeyState("k")
-			ks.run.ewma, ks.run.ttl, ks.run.fill, ks.run.burst = tc.ewma, int64(tc.ttl), int64(tc.fill), tc.burst
+			ks.run.ewma = tc.ewma
+			ks.leaseTTL.Store(int64(tc.ttl))
+			ks.ruleFill.Store(int64(tc.fill))
+			ks.ruleBurst.Store(tc.burst)
 			assert.Equal(t, tc.want, c.want(ks))
 		})
 	}
@@ -117,7 +120,8 @@ func TestDemotion(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ks := newKeyState("k")
-			ks.run.ttl, ks.run.ewma = 2000*ms, tc.ewma
+			ks.leaseTTL.Store(2000 * ms)
+			ks.run.ewma = tc.ewma
 			assert.Equal(t, tc.demote, c.shouldDemote(ks, tc.l, tc.now))
 		})
 	}
