@@ -61,12 +61,12 @@
 //     requirement forbids.
 //   - No call scans the leases. They are indexed by owner and slot (to
 //     settle), by expiry (a heap in memory; in Redis a list inline in the
-//     bucket hash up to 8 leases, a sorted set beyond), and counted per
+//     bucket hash up to 16 leases, a sorted set beyond), and counted per
 //     client (for fair share). A call costs O(log n) plus the leases it
 //     closes, each of which it closes once; retry_after walks at most 64
 //     leases in expiry order and bounds the rest by the latest expiry,
 //     which can only lengthen a wait. With 5,000 holders on a key a call
-//     runs exactly the Redis commands it runs with 10
+//     runs exactly the Redis commands it runs with 20
 //     (TestRedisWorkFlatWithHolders).
 //   - Caps bound a key's leases (LeaseLimits): open leases per key (default
 //     10,000) and processes of one client holding leases on it (default
@@ -124,7 +124,7 @@
 // same floating-point operations as the Go code; TestStoresAgree runs
 // random operation sequences against both and requires identical answers.
 //
-// A Redis bucket is one hash (rl:{key}) while at most 8 leases are open,
+// A Redis bucket is one hash (rl:{key}) while at most 16 leases are open,
 // plus a sorted set of expiries (rl:{key}:z) beyond, plus a sorted set of
 // share clocks (rl:{key}:s) while it is shared; all carry the key's hash
 // tag, so a script touches one Redis Cluster slot. The keys expire once the
@@ -141,7 +141,7 @@
 // conservatively (PartLost): without the hash, the leases still in the
 // expiry index stand as one ghost lease of the whole burst until the last
 // of them ends, and the level starts empty; without the expiry index (a
-// key crowded beyond 8 leases checks for it at every call), the index is
+// key crowded beyond 16 leases checks for it at every call), the index is
 // rebuilt from the hash's leases and the expired ones are closed in order. A bucket lost whole — evicted,
 // or a Redis restarted without its data — is a full bucket that has
 // forgotten its open leases: that can admit one extra burst, and nothing

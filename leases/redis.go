@@ -40,7 +40,7 @@ type RedisOptions struct {
 // clock, written with its TTL in one SET PX, as a per-request limiter
 // writes); with leases open it is a hash that holds the level, the refill
 // clock, the open leases and the sums and counts derived from them, plus,
-// beyond 8 leases, a sorted set indexing them by expiry (rl:{key}:z), and,
+// beyond 16 leases, a sorted set indexing them by expiry (rl:{key}:z), and,
 // while the key is shared, a sorted set of fair-share clocks (rl:{key}:s). All
 // carry the same hash tag, so a script touches one slot and the store runs
 // unchanged on Redis Cluster. A call for many keys is one pipelined round

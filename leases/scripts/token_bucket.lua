@@ -61,7 +61,7 @@ local ttl = tonumber(ARGV[6])
 local rate = limit / period
 local eps = 1e-9
 local RETRY_WALK = 64
-local INLINE = 8 -- open leases indexed inline in H; more move the index to Z
+local INLINE = 16 -- open leases indexed inline in H; more move the index to Z
 local dry = mode == 'state'
 
 -- fmtf formats x as the shortest decimal that reads back as x.

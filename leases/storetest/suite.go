@@ -737,14 +737,14 @@ func testShorterTTL(t *testing.T, f *fixture, opts Options) {
 // full bucket that forgets open leases, and its outstanding count never
 // goes negative once the lost leases end.
 func testPartLost(t *testing.T, f *fixture, opts Options, part string) {
-	// Ten clients lease 10 tokens each: the whole burst is out, and the
+	// Twenty clients lease 5 tokens each: the whole burst is out, and the
 	// key is crowded enough that a store may index it apart (the Redis
-	// store keeps up to 8 leases inline in the bucket hash, where they
+	// store keeps up to 16 leases inline in the bucket hash, where they
 	// cannot be lost apart from it).
 	b := bucket(1000, time.Second, 100, time.Second)
-	for i := range 10 {
-		o := f.lease(fmt.Sprintf("h%d/1", i), "k", b, 10, "", 0)
-		require.EqualValues(t, 10, o.Granted, "holder %d", i)
+	for i := range 20 {
+		o := f.lease(fmt.Sprintf("h%d/1", i), "k", b, 5, "", 0)
+		require.EqualValues(t, 5, o.Granted, "holder %d", i)
 	}
 	opts.Drop(t, "k", part)
 
