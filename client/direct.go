@@ -252,15 +252,27 @@ func (c *Client) admitted(ks *keyState, n int64, now int64) bool {
 	}
 	ks.mu.rate += float64(n) / tau // tokens per ns
 	ks.mu.rateAt = now
+	if ks.mu.admitted == 0 {
+		ks.mu.since = now
+	}
+	ks.mu.admitted += n
 	return ks.mu.rate*tau >= float64(c.cfg.LeaseMinTokens)
 }
 
-// directRate returns the key's admitted rate, tokens per second, as the
-// direct path last estimated it.
-func (ks *keyState) directRate() float64 {
+// directRate returns the key's admitted rate, tokens per second, at now: the
+// larger of the average over a lease TTL and the tokens admitted over the
+// time they took (at least 10 ms). The first follows a slow key, the second
+// a key that just became hot: the average over a TTL would start a key
+// asked 2,000 times a second with a batch of a few tokens.
+func (ks *keyState) directRate(now int64) float64 {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
-	return ks.mu.rate * float64(time.Second)
+	r := ks.mu.rate * float64(time.Second)
+	if ks.mu.admitted > 0 {
+		span := max(now-ks.mu.since, int64(10*time.Millisecond))
+		r = max(r, float64(ks.mu.admitted)/time.Duration(span).Seconds())
+	}
+	return r
 }
 
 // promote moves a key to leases: the settle loop takes it over.

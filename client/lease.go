@@ -158,6 +158,8 @@ type keyState struct {
 		fallback *rate.Limiter // the FallbackSafeRate limiter
 		rate     float64       // tokens admitted directly per ns (an average over a lease TTL)
 		rateAt   int64         // client clock of rate
+		admitted int64         // tokens admitted directly since since
+		since    int64         // client clock of the first of them
 	}
 
 	// run is owned by the settle loop goroutine: nothing else reads or

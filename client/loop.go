@@ -136,7 +136,7 @@ func (c *Client) takePromoted() {
 				// but at InitialBatch over the horizon at least: the
 				// direct estimate averages over a whole lease TTL and
 				// lags a demand that just rose.
-				ks.run.ewma = max(ks.directRate(), float64(c.cfg.InitialBatch)/c.cfg.Horizon.Seconds())
+				ks.run.ewma = max(ks.directRate(c.nanos()), float64(c.cfg.InitialBatch)/c.cfg.Horizon.Seconds())
 			}
 		}
 	}
@@ -387,7 +387,7 @@ func (c *Client) demoted(ks *keyState) {
 	ks.deadline.Store(0) // promoted again, it waits for no lease: direct
 	ks.run.ewma = 0
 	ks.mu.Lock()
-	ks.mu.rate, ks.mu.rateAt = 0, 0
+	ks.mu.rate, ks.mu.rateAt, ks.mu.admitted, ks.mu.since = 0, 0, 0, 0
 	ks.mu.Unlock()
 	ks.lastDirect.Store(c.nanos())
 	delete(c.run.leased, ks)

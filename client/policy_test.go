@@ -86,6 +86,18 @@ func TestPromotion(t *testing.T) {
 		require.False(t, c.admitted(sparse, 1, int64(i)*sec), "admission %d", i)
 	}
 
+	// A key that just became hot: 9 admissions 0.5 ms apart. The average
+	// over a TTL says a few a second; the admissions over their time, at
+	// least 10 ms, say 900 a second, and the first batch is sized on that.
+	hot := newKeyState("hot")
+	hot.leaseTTL.Store(2 * sec)
+	hot.ruleBurst.Store(1_000_000)
+	for i := range 9 {
+		c.admitted(hot, 1, int64(i)*int64(500*time.Microsecond))
+	}
+	assert.InDelta(t, 900, hot.directRate(4*int64(time.Millisecond)), 1, "9 tokens over the 10 ms floor")
+	assert.InDelta(t, 9/0.02, hot.directRate(20*int64(time.Millisecond)), 1, "9 tokens over 20 ms")
+
 	unknown := newKeyState("no rule learned")
 	assert.False(t, c.admitted(unknown, 1000, 0), "no lease TTL known: no lease")
 
