@@ -129,6 +129,7 @@ func (e *RateLimitedError) Is(target error) bool { return target == ErrRateLimit
 type Client struct {
 	cfg   Config
 	start time.Time
+	clk   clock // nil: the monotonic clock since start
 	http  *caller
 
 	keys       sync.Map     // string -> *keyState
@@ -165,7 +166,10 @@ type Client struct {
 
 // New returns a Client and starts its settle loop. It does not contact a
 // server: the first Allow of a key does.
-func New(cfg Config) (*Client, error) {
+func New(cfg Config) (*Client, error) { return newClient(cfg, nil) }
+
+// newClient is New with a clock (nil: the monotonic clock).
+func newClient(cfg Config, clk clock) (*Client, error) {
 	full, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
@@ -173,6 +177,7 @@ func New(cfg Config) (*Client, error) {
 	c := &Client{
 		cfg:      full,
 		start:    time.Now(),
+		clk:      clk,
 		kick:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		stopped:  make(chan struct{}),
@@ -187,9 +192,6 @@ func New(cfg Config) (*Client, error) {
 
 // ClientID returns the ID the client sends to the servers.
 func (c *Client) ClientID() string { return c.cfg.ClientID }
-
-// nanos reads the client's monotonic clock.
-func (c *Client) nanos() int64 { return int64(time.Since(c.start)) }
 
 func (c *Client) wake() {
 	select {

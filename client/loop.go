@@ -57,8 +57,8 @@ type loopState struct {
 // is the only goroutine that writes a key's loop-owned fields.
 func (c *Client) loop() {
 	defer close(c.stopped)
-	ticker := time.NewTicker(c.cfg.SettleInterval)
-	defer ticker.Stop()
+	tick, stopTick := c.ticker(c.cfg.SettleInterval)
+	defer stopTick()
 	results := make(chan callResult, maxCalls)
 	inflight := 0
 	var retryAt, backoff int64
@@ -72,7 +72,7 @@ func (c *Client) loop() {
 			}
 			c.shutdown()
 			return
-		case <-ticker.C:
+		case <-tick:
 		case <-c.kick:
 		case r := <-results:
 			inflight--

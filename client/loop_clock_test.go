@@ -1,0 +1,94 @@
+package client
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ratelease/ratelease/e2e/leasetest"
+	"github.com/ratelease/ratelease/leases"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// testClock is a clock the test drives: time moves only by advance, and
+// the settle loop ticks only when advance hands it a tick (the channel is
+// unbuffered, so advance returns once the loop has taken it).
+type testClock struct {
+	ns   atomic.Int64
+	tick chan time.Time
+}
+
+func newTestClock() *testClock { return &testClock{tick: make(chan time.Time)} }
+
+func (k *testClock) nanos() int64 { return k.ns.Load() }
+
+func (k *testClock) ticker(time.Duration) (<-chan time.Time, func()) { return k.tick, func() {} }
+
+// advance moves the clock by d and gives the loop one tick.
+func (k *testClock) advance(t *testing.T, d time.Duration) {
+	t.Helper()
+	k.ns.Add(int64(d))
+	select {
+	case k.tick <- time.Time{}:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the settle loop took no tick")
+	}
+}
+
+// TestLoopOnChosenTimes drives the settle loop's clock: a key promoted to
+// leases gets its lease, which, spent from by nobody, is kept until its
+// renewal point (half its TTL), returned then, not renewed, and the key
+// costs no call afterwards. The server runs on real time; only the
+// client's is driven.
+func TestLoopOnChosenTimes(t *testing.T) {
+	const rules = `
+rules:
+  - {name: s, match: "s:*", limit: 1000, period: 1s, lease_ttl: 2s}
+`
+	store := leases.NewMemoryStore(leases.MemoryOptions{})
+	srv := leasetest.Start(t, rules, leasetest.Options{Store: store})
+	clk := newTestClock()
+	c, err := newClient(Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 50}, clk)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = c.Close(ctx)
+	})
+	ctx := context.Background()
+	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 1000, Period: time.Second, Burst: 1000, LeaseTTL: 2 * time.Second}
+	outstanding := func() int64 {
+		st, err := store.State(ctx, "s:k", b)
+		require.NoError(t, err)
+		return st.Outstanding
+	}
+
+	// The first decision is direct and promotes the key; the loop, woken,
+	// asks for its lease.
+	d := c.Allow(ctx, "s:k")
+	require.True(t, d.Allowed)
+	require.Equal(t, SourceDirect, d.Source)
+	require.Eventually(t, func() bool { return c.Stats().KeysHeld == 1 }, 5*time.Second, time.Millisecond)
+	require.Positive(t, outstanding())
+
+	// Nobody spends from it. Until half its TTL (1 s after it was sent) it
+	// is kept...
+	clk.advance(t, 999*time.Millisecond)
+	clk.advance(t, 0) // a second tick: whatever the first started is applied
+	assert.Equal(t, 1, c.Stats().KeysHeld, "kept until its renewal point")
+	assert.Positive(t, outstanding())
+
+	// ...and at its renewal point it is returned, not renewed: the key
+	// holds nothing, here or at the server.
+	clk.advance(t, time.Millisecond)
+	require.Eventually(t, func() bool { return c.Stats().KeysHeld == 0 && outstanding() == 0 }, 5*time.Second, time.Millisecond, "returned, not renewed")
+
+	// Idle, the key costs no call, however long.
+	calls := c.Stats().ServerCalls
+	for range 20 {
+		clk.advance(t, time.Second)
+	}
+	assert.Equal(t, calls, c.Stats().ServerCalls, "an idle key costs no call")
+}
