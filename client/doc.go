@@ -69,6 +69,10 @@
 //
 // # The settle loop
 //
+// Its time comes through the client's clock (the monotonic clock; the
+// package's tests drive their own, so renewals, returns and idle keys are
+// tested at chosen instants rather than by sleeping).
+//
 // One goroutine keeps time for the leases of the leased keys (it never
 // visits a direct key, so a process may decide millions of keys directly
 // at no cost to the loop) and, at each tick (Config.SettleInterval), sends
