@@ -14,6 +14,8 @@ import (
 // decoder fuzz tests.
 var fuzzSeeds = []string{
 	`{"client_id":"checkout-7f3a","leases":[{"key":"user:42","want":50}]}`,
+	`{"client_id":"c","takes":[{"keys":["user:1","api:x"],"cost":2},{"keys":["user:1"]}]}`,
+	`{"client_id":"c","leases":[{"key":"user:1","want":1}],"takes":[{"keys":["user:é"],"cost":-1}]}`,
 	`{"client_id":"c","leases":[{"key":"user:42","want":0,"lease_id":"abc123","used":12}]}`,
 	`{"client_id":"c","leases":[{"key":"a","want":1},{"key":"b","want":2}],"extra":true}`,
 	`{"client_id":"c","leases":[{"key":"a","want":1000000000}]}`,
@@ -95,6 +97,14 @@ func FuzzDecodeLeaseRequest(f *testing.F) {
 		strs := []string{req.ClientID}
 		for _, e := range req.Leases {
 			strs = append(strs, e.Key, e.LeaseID)
+		}
+		entries := len(req.Leases)
+		for _, tk := range req.Takes {
+			strs = append(strs, tk.Keys...)
+			entries += len(tk.Keys)
+		}
+		if entries == 0 || entries > MaxEntries {
+			t.Fatalf("accepted %q with %d entries", body, entries)
 		}
 		checkText(t, body, strs...)
 		enc, err := json.Marshal(req)

@@ -45,6 +45,10 @@ func FuzzLeaseHandler(f *testing.F) {
 		`{"client_id":"c","leases":[{"key":"user:\ud83d\ude00","want":1},{"key":"user:\udc00","want":1}]}`,
 		"{\"keys\":[\"user:日本\",\"user:\xef\xbf\xbd\"]}",
 		`{"client_id":"c","leases":[` + strings.Repeat(`{"key":"k","want":1},`, 50) + `{"key":"z","want":1}]}`,
+		// Direct takes in a lease call.
+		`{"client_id":"c","takes":[{"keys":["user:1","user:2"],"cost":2},{"keys":["user:1"]}]}`,
+		`{"client_id":"c","leases":[{"key":"user:1","want":3}],"takes":[{"keys":["user:1"],"cost":0},{"keys":[]}]}`,
+		`{"client_id":"c","takes":[{"keys":["user:1","user:1"]}],"leases":[]}`,
 	}
 	for _, s := range seeds {
 		f.Add([]byte(s))
