@@ -286,11 +286,13 @@ func (s *Server) Reload() error {
 	if err != nil {
 		return s.reloadFailed(sum, fmt.Errorf("rules file %s: %w", s.opts.RulesPath, err))
 	}
-	s.setRules(r)
 	s.failedHash, s.failedMsg = [sha256.Size]byte{}, ""
 	s.metrics.reloads.WithLabelValues("ok").Inc()
 	s.log.Info("rules reloaded", "path", s.opts.RulesPath,
 		"rules", len(r.policy.Rules()), "clients", len(r.clients), "version", r.Version())
+	// Published last: whoever sees the new rules also finds the reload
+	// counted and logged.
+	s.setRules(r)
 	return nil
 }
 
@@ -302,8 +304,8 @@ func (s *Server) reloadFailed(sum [sha256.Size]byte, err error) error {
 		return err
 	}
 	s.failedHash, s.failedMsg = sum, msg
-	s.metrics.reloads.WithLabelValues("error").Inc()
 	s.log.Error("rules reload failed: keeping the rules in force", "path", s.opts.RulesPath,
 		"err", err, "version", s.Rules().Version())
+	s.metrics.reloads.WithLabelValues("error").Inc() // after the log: who sees the count finds the log
 	return err
 }
