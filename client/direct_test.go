@@ -11,7 +11,6 @@ import (
 
 	"github.com/ratelease/ratelease/client"
 	"github.com/ratelease/ratelease/e2e/leasetest"
-	"github.com/ratelease/ratelease/leases"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -46,44 +45,6 @@ func TestSlowServerIsNoOutage(t *testing.T) {
 	st := c.Stats()
 	assert.Zero(t, st.FallbackDecisions)
 	assert.True(t, st.Online)
-}
-
-// TestIdleLeaseReturned: a leased key nobody spends from is returned at
-// its renewal point, not renewed: it holds no tokens and costs no calls.
-func TestIdleLeaseReturned(t *testing.T) {
-	const idleRules = `
-rules:
-  - {name: short, match: "s:*", limit: 1000, period: 1s, lease_ttl: 400ms}
-`
-	store := leases.NewMemoryStore(leases.MemoryOptions{})
-	srv := leasetest.Start(t, idleRules, leasetest.Options{Store: store})
-	c := newClient(t, client.Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 50})
-	leaseKey(t, c, "s:idle")
-	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 1000, Period: time.Second, Burst: 1000, LeaseTTL: 400 * time.Millisecond}
-	st, err := store.State(context.Background(), "s:idle", b)
-	require.NoError(t, err)
-	require.Positive(t, st.Outstanding)
-
-	// No more demand: by the lease's halfway point (200 ms) the client
-	// returns what is left instead of renewing.
-	require.Eventually(t, func() bool {
-		st, err := store.State(context.Background(), "s:idle", b)
-		return err == nil && st.Outstanding == 0 && st.Leases == 0
-	}, 2*time.Second, 5*time.Millisecond, "the unspent lease was returned")
-	require.Eventually(t, func() bool { return c.Stats().KeysHeld == 0 }, time.Second, 5*time.Millisecond)
-	calls := c.Stats().ServerCalls
-	assert.Never(t, func() bool { return c.Stats().ServerCalls != calls }, 600*time.Millisecond, 20*time.Millisecond,
-		"an idle key costs no calls")
-	// The key is decided directly again on demand, and promoted again; until
-	// its new lease is in, it is still decided directly, never denied for
-	// want of the lease it returned.
-	d := c.Allow(context.Background(), "s:idle")
-	assert.True(t, d.Allowed)
-	assert.Equal(t, client.SourceDirect, d.Source)
-	for range 5 {
-		d := c.Allow(context.Background(), "s:idle")
-		assert.True(t, d.Allowed, "%v", d.Source)
-	}
 }
 
 // TestKeyCapRefusalIsAnAnswer: a lease call whose every entry the server's
