@@ -51,7 +51,7 @@ type MemoryStore struct {
 
 type memShard struct {
 	mu sync.Mutex
-	m  map[string]*tbState
+	m  map[string]keyState
 	_  [48]byte // keep shards on separate cache lines
 }
 
@@ -68,7 +68,7 @@ func NewMemoryStore(opts MemoryOptions) *MemoryStore {
 		s.now = time.Now
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[string]*tbState)
+		s.shards[i].m = make(map[string]keyState)
 	}
 	if iv := opts.SweepInterval; iv >= 0 {
 		if iv == 0 {
@@ -111,17 +111,31 @@ func (s *MemoryStore) check(ctx context.Context) error {
 }
 
 // with runs fn on key's state under the shard lock, creating the state when
-// missing.
-func (s *MemoryStore) with(key string, b *Bucket, now int64, fn func(*tbState)) {
+// missing or kept under another algorithm (a rule changed its algorithm:
+// the key starts afresh, as it would on a new Redis key).
+func (s *MemoryStore) with(key string, b *Bucket, now int64, fn func(keyState)) error {
+	a, err := algorithmOf(b)
+	if err != nil {
+		return err
+	}
 	sh := s.shard(key)
 	sh.mu.Lock()
 	st, ok := sh.m[key]
-	if !ok {
-		st = newTBState(b, now)
+	if !ok || st.algorithm() != algName(b) {
+		st = a.newState(b, now)
 		sh.m[key] = st
 	}
 	fn(st)
 	sh.mu.Unlock()
+	return nil
+}
+
+// algName returns b's algorithm, token_bucket when it names none.
+func algName(b *Bucket) Algorithm {
+	if b.Algorithm == "" {
+		return TokenBucket
+	}
+	return b.Algorithm
 }
 
 // sweepShard drops the idle buckets of one shard, the shards taken in turn.
@@ -158,9 +172,11 @@ func (s *MemoryStore) Lease(ctx context.Context, owner Owner, ops []LeaseOp) ([]
 	out := make([]LeaseOutcome, len(ops))
 	for i := range ops {
 		op := &ops[i]
-		s.with(op.Key, &op.Bucket, now, func(st *tbState) {
+		if err := s.with(op.Key, &op.Bucket, now, func(st keyState) {
 			out[i] = st.lease(&op.Bucket, owner, op, now)
-		})
+		}); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }
@@ -174,9 +190,11 @@ func (s *MemoryStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, er
 	out := make([]TakeOutcome, len(ops))
 	for i := range ops {
 		op := &ops[i]
-		s.with(op.Key, &op.Bucket, now, func(st *tbState) {
+		if err := s.with(op.Key, &op.Bucket, now, func(st keyState) {
 			out[i] = st.take(&op.Bucket, op.Cost, now)
-		})
+		}); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }
@@ -189,9 +207,11 @@ func (s *MemoryStore) Refund(ctx context.Context, ops []TakeOp) error {
 	now := s.now().UnixMicro()
 	for i := range ops {
 		op := &ops[i]
-		s.with(op.Key, &op.Bucket, now, func(st *tbState) {
+		if err := s.with(op.Key, &op.Bucket, now, func(st keyState) {
 			st.refund(&op.Bucket, op.Cost, now)
-		})
+		}); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -207,8 +227,12 @@ func (s *MemoryStore) State(ctx context.Context, key string, b Bucket) (BucketSt
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	st, ok := sh.m[key]
-	if !ok {
-		return BucketState{Level: float64(b.Burst), Now: nowT}, nil
+	if !ok || st.algorithm() != algName(&b) {
+		a, err := algorithmOf(&b)
+		if err != nil {
+			return BucketState{}, err
+		}
+		st = a.newState(&b, now)
 	}
 	bs := st.snapshot(&b, now)
 	bs.Now = nowT

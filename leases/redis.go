@@ -34,8 +34,8 @@ type RedisOptions struct {
 // number of lease servers can share them. It takes a redis.UniversalClient:
 // a single node, Sentinel (failover) and Cluster are all configuration.
 //
-// Every operation on a key runs as one Lua script (scripts/token_bucket.lua,
-// embedded) under EVALSHA, atomically, with the time taken from Redis TIME.
+// Every operation on a key runs as one Lua script (one per algorithm,
+// scripts/<algorithm>.lua, embedded) under EVALSHA, atomically, with the time taken from Redis TIME.
 // A bucket with no lease open is a string (rl:{key}: its level and refill
 // clock, written with its TTL in one SET PX, as a per-request limiter
 // writes); with leases open it is a hash that holds the level, the refill
@@ -71,7 +71,7 @@ type RedisOptions struct {
 // again and can admit one extra burst.
 type RedisStore struct {
 	rdb        redis.UniversalClient
-	script     *redis.Script
+	scripts    map[Algorithm]*redis.Script
 	now        func() time.Time
 	noEviction string // the script's ARGV[16]
 }
@@ -79,7 +79,10 @@ type RedisStore struct {
 // NewRedisStore returns a store over rdb. The caller keeps ownership of rdb:
 // Close does not close it.
 func NewRedisStore(rdb redis.UniversalClient, opts RedisOptions) *RedisStore {
-	s := &RedisStore{rdb: rdb, script: redis.NewScript(tokenBucketLua), now: opts.Now, noEviction: "0"}
+	s := &RedisStore{rdb: rdb, scripts: make(map[Algorithm]*redis.Script, len(algorithms)), now: opts.Now, noEviction: "0"}
+	for name, a := range algorithms {
+		s.scripts[name] = redis.NewScript(a.script)
+	}
 	if opts.NoEviction {
 		s.noEviction = "1"
 	}
@@ -103,8 +106,23 @@ func RedisKeys(key string) (bucket, expiries, shares string) {
 	return base, base + ":z", base + ":s"
 }
 
-func redisKeyList(key string) []string {
+// AlgorithmRedisKeys returns the Redis keys of key's state under algorithm
+// a: those of RedisKeys for token_bucket, and for the others the same names
+// with the algorithm's tag after the hash tag ("rl:{user:1}:fw",
+// "rl:{user:1}:fw:z", ...), so that a rule changing algorithm never reads
+// another algorithm's state.
+func AlgorithmRedisKeys(key string, a Algorithm) (bucket, second, third string) {
 	b, z, sh := RedisKeys(key)
+	alg, ok := algorithms[a]
+	if !ok || alg.tag == "" {
+		return b, z, sh
+	}
+	b += ":" + alg.tag
+	return b, b + ":z", b + ":s"
+}
+
+func redisKeyList(key string, a Algorithm) []string {
+	b, z, sh := AlgorithmRedisKeys(key, a)
 	return []string{b, z, sh}
 }
 
@@ -126,11 +144,20 @@ var noOwner = []any{"", "", 0, "", 0, "", 0, 0, 0}
 // retries with EVAL the calls that failed with NOSCRIPT (after a Redis
 // restart or SCRIPT FLUSH); a NOSCRIPT call did not run, so the retry is
 // safe.
-func (s *RedisStore) run(ctx context.Context, keys [][]string, args [][]any) ([]*redis.Cmd, error) {
+func (s *RedisStore) run(ctx context.Context, algs []Algorithm, keys [][]string, args [][]any) ([]*redis.Cmd, error) {
+	scripts := make([]*redis.Script, len(args))
+	for i, a := range algs {
+		if a == "" {
+			a = TokenBucket
+		}
+		if scripts[i] = s.scripts[a]; scripts[i] == nil {
+			return nil, fmt.Errorf("leases: algorithm %q: %w", a, ErrAlgorithmNotImplemented)
+		}
+	}
 	cmds := make([]*redis.Cmd, len(args))
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range args {
-			cmds[i] = s.script.EvalSha(ctx, p, keys[i], args[i]...)
+			cmds[i] = scripts[i].EvalSha(ctx, p, keys[i], args[i]...)
 		}
 		return nil
 	})
@@ -144,7 +171,7 @@ func (s *RedisStore) run(ctx context.Context, keys [][]string, args [][]any) ([]
 		if len(retry) > 0 {
 			_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 				for _, i := range retry {
-					cmds[i] = s.script.Eval(ctx, p, keys[i], args[i]...)
+					cmds[i] = scripts[i].Eval(ctx, p, keys[i], args[i]...)
 				}
 				return nil
 			})
@@ -179,13 +206,15 @@ func (s *RedisStore) Lease(ctx context.Context, owner Owner, ops []LeaseOp) ([]L
 	now := s.nowArg()
 	keys := make([][]string, len(ops))
 	args := make([][]any, len(ops))
+	algs := make([]Algorithm, len(ops))
 	for i := range ops {
 		op := &ops[i]
-		keys[i] = redisKeyList(op.Key)
+		algs[i] = op.Bucket.Algorithm
+		keys[i] = redisKeyList(op.Key, algs[i])
 		args[i] = append(bucketArgs("lease", now, &op.Bucket), owner.Client, owner.Process, op.Want, op.LeaseID, op.Used, op.NewLeaseID, op.Slot,
 			op.Limits.maxLeases(), op.Limits.maxProcesses(), s.noEviction)
 	}
-	cmds, err := s.run(ctx, keys, args)
+	cmds, err := s.run(ctx, algs, keys, args)
 	if err != nil {
 		return nil, err
 	}
@@ -207,6 +236,10 @@ func (s *RedisStore) Lease(ctx context.Context, owner Owner, ops []LeaseOp) ([]L
 			o.Remaining = v[3]
 			o.Holders = int(v[4])
 			o.Settled = v[5] == 1
+			if len(v) >= 9 {
+				o.Reset = time.Duration(v[7]) * time.Millisecond
+				o.Delay = time.Duration(v[8]) * time.Millisecond
+			}
 		case 1:
 			o.Err = ErrUnknownLease
 		case 2:
@@ -226,13 +259,15 @@ func (s *RedisStore) runTake(ctx context.Context, mode string, ops []TakeOp) ([]
 	now := s.nowArg()
 	keys := make([][]string, len(ops))
 	args := make([][]any, len(ops))
+	algs := make([]Algorithm, len(ops))
 	for i := range ops {
 		op := &ops[i]
-		keys[i] = redisKeyList(op.Key)
+		algs[i] = op.Bucket.Algorithm
+		keys[i] = redisKeyList(op.Key, algs[i])
 		args[i] = append(append(bucketArgs(mode, now, &op.Bucket), noOwner[:2]...), op.Cost)
 		args[i] = append(append(args[i], noOwner[3:]...), s.noEviction)
 	}
-	return s.run(ctx, keys, args)
+	return s.run(ctx, algs, keys, args)
 }
 
 // Take implements Store.
@@ -248,6 +283,10 @@ func (s *RedisStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, err
 			return nil, err
 		}
 		out[i] = TakeOutcome{Taken: v[0] == 1, Remaining: v[2], Expired: int(v[3])}
+		if len(v) >= 6 {
+			out[i].Reset = time.Duration(v[4]) * time.Millisecond
+			out[i].Delay = time.Duration(v[5]) * time.Millisecond
+		}
 		if v[1] < 0 {
 			out[i].RetryAfter = -1
 		} else {
@@ -273,7 +312,7 @@ func (s *RedisStore) Refund(ctx context.Context, ops []TakeOp) error {
 
 // State implements Store.
 func (s *RedisStore) State(ctx context.Context, key string, b Bucket) (BucketState, error) {
-	cmds, err := s.run(ctx, [][]string{redisKeyList(key)}, [][]any{append(append(bucketArgs("state", s.nowArg(), &b), noOwner...), s.noEviction)})
+	cmds, err := s.run(ctx, []Algorithm{b.Algorithm}, [][]string{redisKeyList(key, b.Algorithm)}, [][]any{append(append(bucketArgs("state", s.nowArg(), &b), noOwner...), s.noEviction)})
 	if err != nil {
 		return BucketState{}, err
 	}

@@ -7,7 +7,9 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/ratelease/ratelease/protocol"
@@ -114,12 +116,13 @@ func (r *Rule) Validate() error {
 	if err := validGlob(r.Match); err != nil {
 		return fail("match", "%v", err)
 	}
-	switch r.Algorithm {
-	case TokenBucket:
-	case FixedWindow, SlidingWindowCounter, SlidingWindowLog, LeakyBucket:
-		return fmt.Errorf("%w: rule %q: algorithm: %q: %w (supported: %s)", ErrInvalidRules, name, r.Algorithm, ErrAlgorithmNotImplemented, TokenBucket)
+	alg, implemented := algorithms[r.Algorithm]
+	switch {
+	case implemented:
+	case slices.Contains(knownAlgorithms, r.Algorithm):
+		return fmt.Errorf("%w: rule %q: algorithm: %q: %w (supported: %s)", ErrInvalidRules, name, r.Algorithm, ErrAlgorithmNotImplemented, supported())
 	default:
-		return fail("algorithm", "unknown algorithm %q (supported: %s)", r.Algorithm, TokenBucket)
+		return fail("algorithm", "unknown algorithm %q (supported: %s)", r.Algorithm, supported())
 	}
 	if r.Limit <= 0 || r.Limit > protocol.MaxCount {
 		return fail("limit", "is %d; it must be 1 to %d", r.Limit, protocol.MaxCount)
@@ -136,7 +139,28 @@ func (r *Rule) Validate() error {
 	if rate := r.Rate(); rate*1e-6 < 1e-12 || math.IsInf(rate, 0) {
 		return fail("limit", "rate %g tokens/s is out of range", rate)
 	}
+	if alg.validate != nil {
+		b := r.Bucket()
+		if err := alg.validate(&b); err != nil {
+			return fmt.Errorf("%w: rule %q: %w", ErrInvalidRules, name, err)
+		}
+	}
 	return nil
+}
+
+// knownAlgorithms are the algorithm names a rule may give, implemented or
+// not, in the order error messages list them.
+var knownAlgorithms = []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter, LeakyBucket}
+
+// supported lists the implemented algorithms, for error messages.
+func supported() string {
+	var names []string
+	for _, a := range knownAlgorithms {
+		if algorithms[a] != nil {
+			names = append(names, string(a))
+		}
+	}
+	return strings.Join(names, ", ")
 }
 
 // Default says what happens to a key that matches no rule.

@@ -145,6 +145,14 @@ type LeaseOutcome struct {
 	// Remaining is the number of whole tokens in the bucket after the
 	// operation.
 	Remaining int64
+	// Reset is the time until the bucket is whole again (Remaining back at
+	// its size) if nothing else happens: for a token bucket, its refill to
+	// the burst; for a window, the window's end. RateLimit headers carry it.
+	Reset time.Duration
+	// Delay is set by algorithms that shape (leaky_bucket): the time from
+	// now until the first of the granted tokens may be spent; the others
+	// follow one every Period/Limit. Zero for the others.
+	Delay time.Duration
 	// Holders is the number of equal parts the key is shared in for this
 	// owner after the operation: the clients holding open leases on it
 	// times the processes of this owner's client holding open leases,
@@ -177,7 +185,13 @@ type TakeOutcome struct {
 	// negative when Cost is larger than the bucket (it can never be served).
 	RetryAfter time.Duration
 	Remaining  int64
-	Expired    int
+	// Reset is as in LeaseOutcome.
+	Reset time.Duration
+	// Delay is set by algorithms that shape (leaky_bucket) when the tokens
+	// were taken: the time from now until the request's slot. Zero for the
+	// others.
+	Delay   time.Duration
+	Expired int
 }
 
 // BucketState is a snapshot of one key's bucket, for tests and operators.

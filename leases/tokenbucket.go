@@ -160,6 +160,8 @@ type tbState struct {
 	bucket Bucket // parameters of the last operation, for the idle sweep
 }
 
+func (s *tbState) algorithm() Algorithm { return TokenBucket }
+
 func newTBState(b *Bucket, now int64) *tbState {
 	return &tbState{level: float64(b.Burst), last: now, bucket: *b}
 }
@@ -460,7 +462,14 @@ func (s *tbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 		}
 	}
 	o.Remaining = s.remaining()
+	o.Reset = s.reset(b)
 	return o
+}
+
+// reset returns the time until the bucket is full again if nothing else
+// happens and no open lease ends: its refill from the level to the burst.
+func (s *tbState) reset(b *Bucket) time.Duration {
+	return resetAfter(float64(b.Burst)-max(s.level, 0), b.ratePerMicro())
 }
 
 // take takes cost tokens outright, all or none.
@@ -476,6 +485,7 @@ func (s *tbState) take(b *Bucket, cost int64, now int64) TakeOutcome {
 		o.RetryAfter = s.retryAfter(b, float64(cost), now)
 	}
 	o.Remaining = s.remaining()
+	o.Reset = s.reset(b)
 	if !o.Taken && len(s.leases) == open {
 		// A denial that closed nothing changes nothing. The Redis store
 		// writes nothing then, and the next refill from the stored state

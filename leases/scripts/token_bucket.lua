@@ -23,6 +23,13 @@
 -- KEYS[2] Z  the expiry index once more than INLINE leases are open:
 --            member "<slot>|<client>/<process>", score expiry
 -- KEYS[3] S  the fair-share clocks: member "<client>/<process>", score clock (µs)
+-- Replies: lease {status (0 ok, 1 unknown lease, 2 used exceeds granted,
+--          3 too many leases), granted, retry ms, remaining, holders,
+--          settled (0|1), expired, reset ms, delay ms}; take {taken (0|1),
+--          retry ms (−1: never), remaining, expired, reset ms, delay ms};
+--          refund {}; state {level, outstanding, open leases, now µs}.
+--          Every algorithm's script takes these keys and arguments and
+--          answers in these shapes (see algorithm.go).
 -- ARGV     1 mode (lease|take|refund|state), 2 now µs ("" = Redis TIME),
 --          3 limit, 4 period µs, 5 burst, 6 lease ttl µs, 7 client,
 --          8 process, 9 want or cost, 10 lease id to settle, 11 used,
@@ -393,6 +400,18 @@ local function microsceil(tokens)
   return math.ceil(tokens / rate - 1e-6)
 end
 
+-- reset_ms is the time, in whole ms rounded up, until the bucket is full
+-- again if nothing else happens: its refill from the level to the burst.
+local function reset_ms()
+  local lv = level
+  if lv < 0 then lv = 0 end
+  local tk = burst - lv
+  if tk <= eps then return 0 end
+  local us = microsceil(tk)
+  if us <= 0 then return 0 end
+  return math.floor((us + 999) / 1000)
+end
+
 -- retry_after returns the time (ms) until the bucket holds target tokens if
 -- nothing else happens: the latest of the refill from the level now and,
 -- for each lease that must expire before the cap burst − O admits target,
@@ -517,7 +536,7 @@ if mode == 'take' then
   -- refill from the stored state gives the same level, so nothing is
   -- written (two commands fewer per denial).
   if taken == 1 or changed then save() end
-  return { taken, retry, remaining(), expired }
+  return { taken, retry, remaining(), expired, reset_ms(), 0 }
 end
 
 if mode == 'refund' then
@@ -689,4 +708,4 @@ if want > 0 then
   end
 end
 save()
-return { 0, granted, retry, remaining(), h, settled, expired }
+return { 0, granted, retry, remaining(), h, settled, expired, reset_ms(), 0 }
