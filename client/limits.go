@@ -31,6 +31,9 @@ type LimitState struct {
 	// Reset is when the limit is whole again if nothing else is admitted:
 	// a token bucket full, a window ended.
 	Reset time.Time
+	// Overage is, for a soft rule, the tokens beyond the base limit in use
+	// (Remaining is then 0).
+	Overage int64
 }
 
 // limitStates converts a server's per-limit states, answered at client
@@ -50,6 +53,7 @@ func (c *Client) limitStates(ls []protocol.LimitStatus, at int64) *[]LimitState 
 			Burst:     l.Burst,
 			Remaining: l.Remaining,
 			Reset:     base.Add(time.Duration(l.ResetMillis) * time.Millisecond),
+			Overage:   l.Overage,
 		}
 	}
 	return &out

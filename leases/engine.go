@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -92,6 +93,10 @@ type Report struct {
 	Denials  int // entries that wanted tokens and got none
 	Settles  int // leases settled
 	Expiries int // leases found expired (or replaced) and closed without credit
+	// ShadowDenials counts entries and takes of shadow rules that were
+	// admitted although their limits would have denied them (in part, for
+	// a lease).
+	ShadowDenials int
 }
 
 // NewLeaseID returns a fresh lease ID: 16 hex digits from a random 64-bit
@@ -139,6 +144,40 @@ type LimitStatus struct {
 	// Reset is the time until the limit is whole again if nothing else
 	// happens (see LeaseOutcome.Reset).
 	Reset time.Duration
+	// Overage is, for a soft rule, the tokens of the overage beyond the
+	// base limit in use: Remaining is then 0. Zero for a hard rule.
+	Overage int64
+}
+
+// limitStatus reports limit i of r from its store outcome: the base limit,
+// what remains of it, and a soft rule's overage in use.
+func limitStatus(r *Rule, i int, remaining int64, reset time.Duration) LimitStatus {
+	l := r.Limits[i]
+	st := LimitStatus{Limit: l, Remaining: remaining, Reset: reset}
+	if extra := r.overage(l.Burst); extra > 0 {
+		st.Remaining = max(0, remaining-extra)
+		st.Overage = max(0, extra-remaining)
+	}
+	return st
+}
+
+// shadowSep separates, in the lease ID a shadow rule's entry returns, the
+// store's lease ID from what the store granted: "<id>~<granted>". Lease IDs
+// of NewLeaseID never contain it.
+const shadowSep = "~"
+
+// splitShadowID returns the store's lease ID and grant of a lease ID a
+// shadow rule returned; ok is false for any other ID.
+func splitShadowID(id string) (storeID string, granted int64, ok bool) {
+	storeID, g, ok := strings.Cut(id, shadowSep)
+	if !ok {
+		return id, 0, false
+	}
+	n, err := strconv.ParseInt(g, 10, 64)
+	if err != nil || n < 0 {
+		return id, 0, false
+	}
+	return storeID, n, true
 }
 
 // LeaseResult is the outcome of one LeaseAsk.
@@ -173,6 +212,11 @@ type LeaseResult struct {
 	SafeRate float64
 	// Limits has the state of each of the rule's limits, in order.
 	Limits []LimitStatus
+	// ShadowDenied is true when the rule is in shadow mode and its limits
+	// would have granted less than Want: Granted is Want all the same.
+	ShadowDenied bool
+
+	settled bool // a shadow lease of nothing was settled without a store call
 }
 
 // Lease runs asks for owner and returns one result per ask, in order. Asks
@@ -216,9 +260,28 @@ func (e *Engine) Lease(ctx context.Context, owner Owner, asks []LeaseAsk) ([]Lea
 		}
 		res.Rule = r
 		id := NewLeaseID()
+		settleID, used := a.LeaseID, a.Used
+		if sid, g, ok := splitShadowID(a.LeaseID); ok {
+			// A shadow rule's lease: the limits granted g of what the
+			// owner was given, so at most g of what it used is theirs.
+			settleID, used = sid, min(used, g)
+			if g == 0 {
+				// The limits granted nothing: nothing to settle.
+				res.settled = true
+				if a.Want == 0 {
+					continue
+				}
+				settleID, used = "", 0
+			}
+		}
 		for li := range r.Limits {
-			ops = append(ops, LeaseOp{Key: limitKey(a.Key, li), Bucket: r.Limits[li].Bucket(r.LeaseTTL), Want: a.Want, LeaseID: a.LeaseID, Used: a.Used, NewLeaseID: id, Slot: a.Slot, Limits: e.limits})
+			ops = append(ops, LeaseOp{Key: limitKey(a.Key, li), Bucket: r.bucket(li), Want: a.Want, LeaseID: settleID, Used: used, NewLeaseID: id, Slot: a.Slot, Limits: e.limits})
 			at = append(at, i)
+		}
+	}
+	for i := range results {
+		if results[i].settled {
+			rep.Settles++
 		}
 	}
 	if len(ops) == 0 {
@@ -291,14 +354,13 @@ func (e *Engine) combineLease(res *LeaseResult, a *LeaseAsk, ops []LeaseOp, outs
 	settled := false
 	for k, o := range outs {
 		l := &r.Limits[k]
-		res.Limits[k] = LimitStatus{Limit: *l, Remaining: o.Remaining, Reset: o.Reset}
+		res.Limits[k] = limitStatus(r, k, o.Remaining, o.Reset)
 		settled = settled || o.Settled
 		safe := l.Rate() / float64(max(1, o.Holders))
 		if k == 0 {
-			res.Granted, res.TTL, res.Remaining, res.SafeRate = o.Granted, o.TTL, o.Remaining, safe
+			res.Granted, res.TTL, res.SafeRate = o.Granted, o.TTL, safe
 		} else {
 			res.Granted = min(res.Granted, o.Granted)
-			res.Remaining = min(res.Remaining, o.Remaining)
 			res.SafeRate = min(res.SafeRate, safe)
 			if o.TTL > 0 && (res.TTL == 0 || o.TTL < res.TTL) {
 				res.TTL = o.TTL
@@ -306,6 +368,11 @@ func (e *Engine) combineLease(res *LeaseResult, a *LeaseAsk, ops []LeaseOp, outs
 		}
 		res.RetryAfter = max(res.RetryAfter, o.RetryAfter)
 		res.Delay = max(res.Delay, o.Delay)
+	}
+	for i := range res.Limits {
+		if i == 0 || res.Limits[i].Remaining < res.Remaining {
+			res.Remaining = res.Limits[i].Remaining
+		}
 	}
 	if settled {
 		rep.Settles++
@@ -315,6 +382,19 @@ func (e *Engine) combineLease(res *LeaseResult, a *LeaseAsk, ops []LeaseOp, outs
 		res.RetryAfter = 0
 	} else {
 		res.LeaseID, res.TTL, res.Delay = "", 0, 0
+	}
+	if r.Shadow && a.Want > 0 {
+		// Admitted whatever the limits say; the ID remembers what they
+		// granted, for the settle.
+		if res.Granted < a.Want {
+			res.ShadowDenied = true
+			rep.ShadowDenials++
+		}
+		res.LeaseID = ops[0].NewLeaseID + shadowSep + strconv.FormatInt(res.Granted, 10)
+		if res.TTL == 0 {
+			res.TTL = r.LeaseTTL
+		}
+		res.Granted, res.RetryAfter, res.Delay = a.Want, 0, 0
 	}
 	if a.Want > 0 {
 		if res.Granted > 0 {
@@ -352,6 +432,9 @@ type KeyResult struct {
 	Delay time.Duration
 	// Limits has the state of each of the rule's limits, in order.
 	Limits []LimitStatus
+	// ShadowDenied is true when the key's rule is in shadow mode and its
+	// limits denied: Allowed is true all the same.
+	ShadowDenied bool
 }
 
 // TakeResult is the outcome of one TakeAsk.
@@ -364,6 +447,9 @@ type TakeResult struct {
 	Delay time.Duration
 	// Keys has one result per key, in order.
 	Keys []KeyResult
+	// ShadowDenied is true when a key of a shadow rule denied and the take
+	// was allowed all the same.
+	ShadowDenied bool
 	// Err says why the take could not be decided: a *DecisionError
 	// wrapping ErrNoRule or ErrCostExceedsBurst. Nothing was taken and
 	// the other fields are zero.
@@ -427,12 +513,13 @@ func (e *Engine) Take(ctx context.Context, takes []TakeAsk) ([]TakeResult, Repor
 			res.Limits = make([]LimitStatus, len(r.Limits))
 			for li := range r.Limits {
 				l := &r.Limits[li]
-				if t.Cost > l.Burst {
-					resp.Err = decisionErr(ErrCostExceedsBurst, "cost %d exceeds burst %d of rule %q for keys[%d] %q: it can never be allowed", t.Cost, l.Burst, r.Name, i, k)
+				b := r.bucket(li)
+				if t.Cost > b.Burst {
+					resp.Err = decisionErr(ErrCostExceedsBurst, "cost %d exceeds burst %d of rule %q for keys[%d] %q: it can never be allowed", t.Cost, b.Burst, r.Name, i, k)
 					break
 				}
 				res.Limits[li].Limit = *l
-				ops = append(ops, TakeOp{Key: limitKey(k, li), Bucket: l.Bucket(r.LeaseTTL), Cost: t.Cost})
+				ops = append(ops, TakeOp{Key: limitKey(k, li), Bucket: b, Cost: t.Cost})
 				at = append(at, [3]int{ti, i, li})
 			}
 			if resp.Err != nil {
@@ -456,12 +543,19 @@ func (e *Engine) Take(ctx context.Context, takes []TakeAsk) ([]TakeResult, Repor
 			res := &resp.Keys[at[j][1]]
 			li := at[j][2]
 			rep.Expiries += o.Expired
-			res.Limits[li].Remaining, res.Limits[li].Reset = o.Remaining, o.Reset
-			if li == 0 || o.Remaining < res.Remaining {
-				res.Remaining = o.Remaining
+			res.Limits[li] = limitStatus(res.Rule, li, o.Remaining, o.Reset)
+			if li == 0 || res.Limits[li].Remaining < res.Remaining {
+				res.Remaining = res.Limits[li].Remaining
 			}
 			res.Delay = max(res.Delay, o.Delay)
 			resp.Delay = max(resp.Delay, o.Delay)
+			if !o.Taken && res.Rule.Shadow {
+				// Decided and reported, but admitted.
+				res.ShadowDenied = true
+				resp.ShadowDenied = true
+				res.RetryAfter = max(res.RetryAfter, o.RetryAfter)
+				continue
+			}
 			if !o.Taken {
 				res.Allowed = false
 				resp.Allowed = false
@@ -478,8 +572,10 @@ func (e *Engine) Take(ctx context.Context, takes []TakeAsk) ([]TakeResult, Repor
 			if resp := &resps[at[j][0]]; o.Taken && !resp.Allowed && ops[j].Cost > 0 {
 				giveBack = append(giveBack, ops[j])
 				// Report the limit as it stands once given back.
-				ls := &resp.Keys[at[j][1]].Limits[at[j][2]]
-				ls.Remaining = min(ls.Remaining+ops[j].Cost, ls.Burst)
+				k := &resp.Keys[at[j][1]]
+				li := at[j][2]
+				b := ops[j].Bucket
+				k.Limits[li] = limitStatus(k.Rule, li, min(o.Remaining+ops[j].Cost, b.Burst), k.Limits[li].Reset)
 			}
 		}
 		for _, resp := range resps {
@@ -503,6 +599,9 @@ func (e *Engine) Take(ctx context.Context, takes []TakeAsk) ([]TakeResult, Repor
 		case resps[i].Err != nil:
 		case resps[i].Allowed:
 			rep.Grants++
+			if resps[i].ShadowDenied {
+				rep.ShadowDenials++
+			}
 		default:
 			resps[i].Delay = 0
 			rep.Denials++

@@ -328,3 +328,87 @@ func TestEngineSeveralLimits(t *testing.T) {
 	assert.EqualValues(t, 2, resp.Keys[0].Limits[1].Remaining, "reported as given back")
 	assert.EqualValues(t, 0, resp.Keys[0].Remaining)
 }
+
+// TestEngineSoft: a soft rule of 100 and 5% admits 105 and reports the
+// base limit, what remains of it, and the overage in use.
+func TestEngineSoft(t *testing.T) {
+	e, _, _ := newEngine(t, leases.RuleSet{Rules: []leases.Rule{{Name: "soft", Match: "s:*", Limit: 100, Period: time.Minute, Soft: 0.05}}})
+	ctx := context.Background()
+	resp, _, err := e.Check(ctx, []string{"s:1"}, 90)
+	require.NoError(t, err)
+	require.True(t, resp.Allowed)
+	st := resp.Keys[0].Limits[0]
+	assert.EqualValues(t, 100, st.Limit.Limit, "the base limit is reported")
+	assert.EqualValues(t, 10, st.Remaining)
+	assert.Zero(t, st.Overage)
+	resp, _, err = e.Check(ctx, []string{"s:1"}, 13)
+	require.NoError(t, err)
+	require.True(t, resp.Allowed, "103 of 105")
+	st = resp.Keys[0].Limits[0]
+	assert.Zero(t, st.Remaining)
+	assert.EqualValues(t, 3, st.Overage)
+	resp, _, err = e.Check(ctx, []string{"s:1"}, 3)
+	require.NoError(t, err)
+	assert.False(t, resp.Allowed, "106 > 105")
+	resp, _, err = e.Check(ctx, []string{"s:1"}, 2)
+	require.NoError(t, err)
+	assert.True(t, resp.Allowed, "105")
+	_, _, err = e.Check(ctx, []string{"s:2"}, 106)
+	require.ErrorIs(t, err, leases.ErrCostExceedsBurst)
+}
+
+// TestEngineShadow: a shadow rule decides and counts, but admits: checks
+// beyond the limit are allowed and reported; a lease is granted what was
+// asked, and its settle reports to the store no more than the store granted.
+func TestEngineShadow(t *testing.T) {
+	e, _, store := newEngine(t, leases.RuleSet{Rules: []leases.Rule{
+		{Name: "shadow", Match: "sh:*", Limit: 2, Period: time.Minute, Shadow: true},
+		{Name: "hard", Match: "h:*", Limit: 1, Period: time.Minute},
+	}})
+	ctx := context.Background()
+	for i := range 3 {
+		resp, rep, err := e.Check(ctx, []string{"sh:1"}, 1)
+		require.NoError(t, err)
+		assert.True(t, resp.Allowed, "shadow admits: request %d", i)
+		assert.Equal(t, i == 2, resp.ShadowDenied, "request %d", i)
+		assert.Equal(t, i == 2, resp.Keys[0].ShadowDenied)
+		assert.Equal(t, leases.Report{Grants: 1, ShadowDenials: map[bool]int{true: 1}[i == 2]}, rep)
+	}
+	// A hard key in the same take still denies.
+	resp, _, err := e.Check(ctx, []string{"sh:1", "h:1"}, 1)
+	require.NoError(t, err)
+	require.True(t, resp.Allowed)
+	resp, _, err = e.Check(ctx, []string{"sh:1", "h:1"}, 1)
+	require.NoError(t, err)
+	assert.False(t, resp.Allowed, "the hard rule denies")
+
+	r, _ := e.Policy().Match("sh:2")
+	res, rep, err := e.Lease(ctx, own("a/1"), []leases.LeaseAsk{{Key: "sh:2", Want: 5}})
+	require.NoError(t, err)
+	require.NoError(t, res[0].Err)
+	assert.EqualValues(t, 5, res[0].Granted, "granted as asked")
+	assert.True(t, res[0].ShadowDenied, "the limit would have granted 2")
+	assert.True(t, strings.HasSuffix(res[0].LeaseID, "~2"), res[0].LeaseID)
+	assert.Equal(t, 1, rep.ShadowDenials)
+	st, err := store.State(ctx, "sh:2", r.Buckets()[0])
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, st.Outstanding, "the store holds what it granted")
+	// All 5 used: the store's lease is settled as fully spent, no error.
+	res, rep, err = e.Lease(ctx, own("a/1"), []leases.LeaseAsk{{Key: "sh:2", LeaseID: res[0].LeaseID, Used: 5}})
+	require.NoError(t, err)
+	require.NoError(t, res[0].Err)
+	assert.Equal(t, 1, rep.Settles)
+	st, err = store.State(ctx, "sh:2", r.Buckets()[0])
+	require.NoError(t, err)
+	assert.Zero(t, st.Outstanding)
+	assert.InDelta(t, 0, st.Level, 1e-9)
+	// A lease the store granted nothing of settles without a store call.
+	res, _, err = e.Lease(ctx, own("a/1"), []leases.LeaseAsk{{Key: "sh:2", Want: 3}})
+	require.NoError(t, err)
+	require.True(t, strings.HasSuffix(res[0].LeaseID, "~0"), res[0].LeaseID)
+	assert.EqualValues(t, 3, res[0].Granted)
+	res, rep, err = e.Lease(ctx, own("a/1"), []leases.LeaseAsk{{Key: "sh:2", LeaseID: res[0].LeaseID, Used: 3}})
+	require.NoError(t, err)
+	require.NoError(t, res[0].Err)
+	assert.Equal(t, leases.Report{Settles: 1}, rep)
+}

@@ -107,16 +107,48 @@ type Rule struct {
 	// up to MaxLeaseTTL; 0 means DefaultLeaseTTL. A window's lease ends at
 	// the latest with its window.
 	LeaseTTL time.Duration
+
+	// Soft is soft throttling: each limit admits up to its Limit and Burst
+	// times 1 + Soft (0.05 for "5%": 500/min admits 525), 0 to MaxSoft.
+	// Responses report the base limit, what remains of it, and the
+	// overage in use (LimitStatus.Overage). Zero is hard throttling.
+	Soft float64
+	// Shadow runs the rule in shadow mode: every request is decided,
+	// counted and reported, but admitted. A lease grants what was asked,
+	// though the limits grant what they would; Report.ShadowDenials counts
+	// what they would have denied. For rolling a new rule out safely.
+	Shadow bool
 }
 
+// MaxSoft is the largest Rule.Soft: a soft limit admits at most 11 times
+// its base.
+const MaxSoft = 10.0
+
 // Buckets returns the parameters a Store needs to run each of the rule's
-// limits, in order.
+// limits, in order: with a soft rule's overage added.
 func (r *Rule) Buckets() []Bucket {
 	out := make([]Bucket, len(r.Limits))
 	for i := range r.Limits {
-		out[i] = r.Limits[i].Bucket(r.LeaseTTL)
+		out[i] = r.bucket(i)
 	}
 	return out
+}
+
+// bucket returns the store parameters of limit i: its Limit and Burst
+// raised by the soft overage.
+func (r *Rule) bucket(i int) Bucket {
+	b := r.Limits[i].Bucket(r.LeaseTTL)
+	b.Limit += r.overage(b.Limit)
+	b.Burst += r.overage(b.Burst)
+	return b
+}
+
+// overage returns the tokens a soft rule admits beyond n.
+func (r *Rule) overage(n int64) int64 {
+	if r.Soft <= 0 {
+		return 0
+	}
+	return int64(math.Floor(float64(n) * r.Soft))
 }
 
 // Binding returns the index of the limit with the lowest rate, which binds
@@ -198,6 +230,14 @@ func (r *Rule) Validate() error {
 	}
 	if d.LeaseTTL < time.Millisecond || d.LeaseTTL > MaxLeaseTTL {
 		return fail("lease_ttl", "is %v; it must be 1ms to %v (or left out for %v)", d.LeaseTTL, MaxLeaseTTL, DefaultLeaseTTL)
+	}
+	if !(r.Soft >= 0 && r.Soft <= MaxSoft) {
+		return fail("soft", "is %g; it must be 0 to %g (0%% to %g%%)", r.Soft, MaxSoft, MaxSoft*100)
+	}
+	for i := range d.Limits {
+		if b := d.bucket(i); b.Limit > protocol.MaxCount || b.Burst > protocol.MaxCount {
+			return fail("soft", "raises limits[%d] above %d", i, protocol.MaxCount)
+		}
 	}
 	return nil
 }

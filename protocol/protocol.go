@@ -129,6 +129,9 @@ type LeaseResult struct {
 	// and Burst above describe the one with the lowest rate, Remaining the
 	// least remaining.
 	Limits []LimitStatus `json:"limits,omitempty"`
+	// ShadowDenied is true when the rule runs in shadow mode and its limits
+	// would have granted less than Want: Granted is Want all the same.
+	ShadowDenied bool `json:"shadow_denied,omitempty"`
 	// Unlimited is true when no rule matched and the server's default is
 	// allow: the key has no limit, and Granted equals Want.
 	Unlimited bool `json:"unlimited,omitempty"`
@@ -153,6 +156,9 @@ type LimitStatus struct {
 	// ResetMillis is the time until the limit is whole again if nothing
 	// else happens: a token bucket's refill to its burst, a window's end.
 	ResetMillis int64 `json:"reset_ms"`
+	// Overage is, for a soft rule, the tokens beyond the base limit in use
+	// (Remaining is then 0): the rule admits up to its soft share more.
+	Overage int64 `json:"overage,omitempty"`
 }
 
 // CheckRequest is the body of POST /v1/check.
@@ -186,6 +192,9 @@ type CheckResponse struct {
 	DelayMillis int64 `json:"delay_ms,omitempty"`
 	// Keys has one result per requested key, in the request's order.
 	Keys []CheckResult `json:"keys"`
+	// ShadowDenied is true when a key of a rule in shadow mode denied and
+	// the request was allowed all the same.
+	ShadowDenied bool `json:"shadow_denied,omitempty"`
 	// Error, in a LeaseResponse's Takes only, says why the take could not
 	// be decided (a key the client may not use, a key that matches no rule
 	// under default deny, a cost above a key's bucket); Allowed is then
@@ -215,6 +224,9 @@ type CheckResult struct {
 	Algorithm   string        `json:"algorithm,omitempty"`
 	DelayMillis int64         `json:"delay_ms,omitempty"`
 	Limits      []LimitStatus `json:"limits,omitempty"`
+	// ShadowDenied is true when the key's rule runs in shadow mode and
+	// denied: Allowed is true all the same.
+	ShadowDenied bool `json:"shadow_denied,omitempty"`
 }
 
 // Errors returned by ValidateKey; match them with errors.Is.

@@ -51,6 +51,12 @@ type RuleInfo struct {
 	// milliseconds.
 	LeaseTTL       string `json:"lease_ttl"`
 	LeaseTTLMillis int64  `json:"lease_ttl_ms"`
+	// Soft is the soft overage as a fraction (0.05 for 5%); 0 for a hard
+	// rule.
+	Soft float64 `json:"soft,omitempty"`
+	// Shadow is true for a rule in shadow mode: decided and counted, but
+	// every request is admitted.
+	Shadow bool `json:"shadow,omitempty"`
 }
 
 // LimitInfo describes one limit of a rule in a RuleInfo.

@@ -576,6 +576,8 @@ func (s *Server) handleRules(w http.ResponseWriter, r *http.Request, st *state, 
 			Limits:         make([]protocol.LimitInfo, len(rl.Limits)),
 			LeaseTTL:       formatDuration(rl.LeaseTTL),
 			LeaseTTLMillis: rl.LeaseTTL.Milliseconds(),
+			Soft:           rl.Soft,
+			Shadow:         rl.Shadow,
 		}
 		for i, l := range rl.Limits {
 			info.Limits[i] = protocol.LimitInfo{Algorithm: string(l.Algorithm), Limit: l.Limit, Period: formatDuration(l.Period), PeriodMillis: l.Period.Milliseconds(), Burst: l.Burst}

@@ -17,6 +17,7 @@ const namespace = "ratelease"
 //	ratelease_denials_total                     entries that wanted tokens and got none (and denied checks)
 //	ratelease_settles_total                     leases settled
 //	ratelease_expiries_total                    leases closed unsettled (expired or replaced)
+//	ratelease_shadow_denials_total              entries and checks of shadow rules admitted though their limits denied
 //	ratelease_requests_total{route,code}        HTTP requests by route pattern and status
 //	ratelease_request_duration_seconds{route}   HTTP request latency
 //	ratelease_store_latency_seconds{op}         store call latency (op: lease, take, refund)
@@ -24,6 +25,7 @@ const namespace = "ratelease"
 //	ratelease_rules_reloads_total{result}       rules file reloads (result: ok, error)
 type metrics struct {
 	grants, denials, settles, expiries prometheus.Counter
+	shadowDenials                      prometheus.Counter
 
 	requests     *prometheus.CounterVec
 	duration     *prometheus.HistogramVec
@@ -41,10 +43,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help})
 	}
 	m := &metrics{
-		grants:   counter("grants_total", "Lease entries granted at least one token, and checks allowed."),
-		denials:  counter("denials_total", "Lease entries that wanted tokens and got none, and checks denied."),
-		settles:  counter("settles_total", "Leases settled."),
-		expiries: counter("expiries_total", "Leases closed without being settled: expired, or replaced by a new lease of the same client."),
+		grants:        counter("grants_total", "Lease entries granted at least one token, and checks allowed."),
+		denials:       counter("denials_total", "Lease entries that wanted tokens and got none, and checks denied."),
+		settles:       counter("settles_total", "Leases settled."),
+		expiries:      counter("expiries_total", "Leases closed without being settled: expired, or replaced by a new lease of the same client."),
+		shadowDenials: counter("shadow_denials_total", "Lease entries and checks of rules in shadow mode that their limits would have denied (in part, for a lease), admitted all the same."),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "requests_total",
 			Help: "HTTP requests by route pattern and status code.",
@@ -69,7 +72,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 	}
 	for _, c := range []prometheus.Collector{
-		m.grants, m.denials, m.settles, m.expiries,
+		m.grants, m.denials, m.settles, m.expiries, m.shadowDenials,
 		m.requests, m.duration, m.storeLatency, m.rulesLoaded, m.reloads,
 	} {
 		if err := reg.Register(c); err != nil {
@@ -90,6 +93,7 @@ func (m *metrics) record(r leases.Report) {
 	m.denials.Add(float64(r.Denials))
 	m.settles.Add(float64(r.Settles))
 	m.expiries.Add(float64(r.Expiries))
+	m.shadowDenials.Add(float64(r.ShadowDenials))
 }
 
 // observeStore is the engine's OnStoreCall hook.

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ratelease/ratelease/leases"
@@ -67,6 +69,30 @@ type RuleConfig struct {
 	Burst     int64            `yaml:"burst"`
 	Limits    []LimitConfig    `yaml:"limits"`
 	LeaseTTL  time.Duration    `yaml:"lease_ttl"`
+	// Soft is soft throttling, as a percentage ("5%": each limit admits
+	// 5% more) or a fraction (0.05).
+	Soft Percent `yaml:"soft"`
+	// Shadow runs the rule in shadow mode (see leases.Rule.Shadow).
+	Shadow bool `yaml:"shadow"`
+}
+
+// Percent is a fraction written in a rules file as a percentage ("5%") or
+// as a number (0.05).
+type Percent float64
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (p *Percent) UnmarshalYAML(n *yaml.Node) error {
+	v := strings.TrimSpace(n.Value)
+	pct, isPct := strings.CutSuffix(v, "%")
+	f, err := strconv.ParseFloat(strings.TrimSpace(pct), 64)
+	if err != nil || n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: %q is not a percentage (\"5%%\") or a fraction (0.05)", n.Line, v)
+	}
+	if isPct {
+		f /= 100
+	}
+	*p = Percent(f)
+	return nil
 }
 
 // LimitConfig is one entry of a rule's limits (see leases.Limit).
@@ -81,7 +107,7 @@ type LimitConfig struct {
 func (f *RulesFile) RuleSet() leases.RuleSet {
 	rs := leases.RuleSet{Default: f.Default, Rules: make([]leases.Rule, len(f.Rules))}
 	for i, rc := range f.Rules {
-		r := leases.Rule{Name: rc.Name, Match: rc.Match, Algorithm: rc.Algorithm, Limit: rc.Limit, Period: rc.Period, Burst: rc.Burst, LeaseTTL: rc.LeaseTTL}
+		r := leases.Rule{Name: rc.Name, Match: rc.Match, Algorithm: rc.Algorithm, Limit: rc.Limit, Period: rc.Period, Burst: rc.Burst, LeaseTTL: rc.LeaseTTL, Soft: float64(rc.Soft), Shadow: rc.Shadow}
 		for _, lc := range rc.Limits {
 			r.Limits = append(r.Limits, leases.Limit{Algorithm: lc.Algorithm, Limit: lc.Limit, Period: lc.Period, Burst: lc.Burst})
 		}

@@ -295,3 +295,30 @@ rules:
 		{Algorithm: leases.TokenBucket, Limit: 100, Period: time.Hour, Burst: 20},
 	}, r.Limits)
 }
+
+func TestParseRulesThrottlingModes(t *testing.T) {
+	rules, err := ParseRules([]byte(`
+rules:
+  - {name: soft, match: "s:*", limit: 500, period: 1m, soft: 5%}
+  - {name: frac, match: "f:*", limit: 500, period: 1m, soft: 0.1}
+  - {name: shadow, match: "x:*", limit: 5, period: 1s, shadow: true}
+`))
+	require.NoError(t, err)
+	r, _ := rules.Policy().Match("s:1")
+	assert.InDelta(t, 0.05, r.Soft, 1e-12)
+	assert.EqualValues(t, 525, r.Buckets()[0].Limit, "500/min + 5% admits 525")
+	r, _ = rules.Policy().Match("f:1")
+	assert.InDelta(t, 0.1, r.Soft, 1e-12)
+	r, _ = rules.Policy().Match("x:1")
+	assert.True(t, r.Shadow)
+
+	for _, tc := range []struct{ yaml, want string }{
+		{"rules:\n- {name: a, match: x, limit: 1, period: 1s, soft: lots}", `"lots" is not a percentage`},
+		{"rules:\n- {name: a, match: x, limit: 1, period: 1s, soft: -5%}", `rule "a": soft: is -0.05`},
+		{"rules:\n- {name: a, match: x, limit: 1, period: 1s, soft: 2000%}", `rule "a": soft: is 20`},
+	} {
+		_, err := ParseRules([]byte(tc.yaml))
+		require.ErrorIs(t, err, leases.ErrInvalidRules, tc.yaml)
+		assert.Contains(t, err.Error(), tc.want)
+	}
+}

@@ -56,7 +56,7 @@ func limitStatuses(ls []leases.LimitStatus) []protocol.LimitStatus {
 	}
 	out := make([]protocol.LimitStatus, len(ls))
 	for i, l := range ls {
-		out[i] = protocol.LimitStatus{Algorithm: string(l.Algorithm), Limit: l.Limit.Limit, PeriodMillis: millis(l.Period), Burst: l.Burst, Remaining: l.Remaining, ResetMillis: millis(l.Reset)}
+		out[i] = protocol.LimitStatus{Algorithm: string(l.Algorithm), Limit: l.Limit.Limit, PeriodMillis: millis(l.Period), Burst: l.Burst, Remaining: l.Remaining, ResetMillis: millis(l.Reset), Overage: l.Overage}
 	}
 	return out
 }
@@ -93,6 +93,7 @@ func leaseResultWire(r *leases.LeaseResult) protocol.LeaseResult {
 	out.Rule = r.Rule.Name
 	out.DelayMillis = millis(r.Delay)
 	out.Limits = limitStatuses(r.Limits)
+	out.ShadowDenied = r.ShadowDenied
 	return out
 }
 
@@ -100,10 +101,10 @@ func takeResultWire(r *leases.TakeResult) protocol.CheckResponse {
 	if r.Err != nil {
 		return protocol.CheckResponse{Error: decisionProblem(r.Err)}
 	}
-	out := protocol.CheckResponse{Allowed: r.Allowed, RetryAfterMillis: millis(r.RetryAfter), DelayMillis: millis(r.Delay), Keys: make([]protocol.CheckResult, len(r.Keys))}
+	out := protocol.CheckResponse{Allowed: r.Allowed, RetryAfterMillis: millis(r.RetryAfter), DelayMillis: millis(r.Delay), ShadowDenied: r.ShadowDenied, Keys: make([]protocol.CheckResult, len(r.Keys))}
 	for i := range r.Keys {
 		k := &r.Keys[i]
-		kr := protocol.CheckResult{Key: k.Key, Allowed: k.Allowed, RetryAfterMillis: millis(k.RetryAfter), Remaining: k.Remaining, Unlimited: k.Unlimited}
+		kr := protocol.CheckResult{Key: k.Key, Allowed: k.Allowed, RetryAfterMillis: millis(k.RetryAfter), Remaining: k.Remaining, Unlimited: k.Unlimited, ShadowDenied: k.ShadowDenied}
 		if k.Rule != nil {
 			l := binding(k.Rule)
 			kr.Limit, kr.PeriodMillis, kr.Burst, kr.Algorithm = l.Limit, millis(l.Period), l.Burst, string(l.Algorithm)
