@@ -132,24 +132,25 @@ type keyState struct {
 
 	// Atomics read and written by the decisions, the direct path and the
 	// loop.
-	denyUntil    atomic.Int64  // client clock (ns): denied locally until then
-	safeRate     atomic.Uint64 // float64 bits of the last safe_rate
-	unserved     atomic.Int64  // tokens asked for that no lease served (demand)
-	unlimitedOK  atomic.Int64  // requests allowed as unlimited
-	fallbackOK   atomic.Int64  // requests allowed by the fallback
-	need         atomic.Bool   // the key wants a lease (promoted, or its lease ran out)
-	refused      atomic.Bool   // the server refused the key (no rule, forbidden)
-	paused       atomic.Bool   // denyUntil comes from DenyFor
-	dead         atomic.Bool   // forgotten by the client; resolve again
-	closedUsed   atomic.Int64  // tokens used from leases no longer active
-	deadline     atomic.Int64  // client clock: deadline of the latest lease
-	leasing      atomic.Bool   // the key is leased: the settle loop keeps its leases
-	lastDirect   atomic.Int64  // client clock of the last direct decision, or of creation
-	unlimitedExp atomic.Int64  // client clock: a key a direct take found unlimited is asked again then; 0: never
-	leaseTTL     atomic.Int64  // ns: the rule's lease TTL, from any answer
-	ruleBurst    atomic.Int64  // the rule's burst, from any answer
-	ruleFill     atomic.Int64  // ns the rule's bucket takes to fill, from any answer
-	directUntil  atomic.Int64  // client clock: not promoted before this (a server refused it more leases)
+	denyUntil    atomic.Int64                 // client clock (ns): denied locally until then
+	safeRate     atomic.Uint64                // float64 bits of the last safe_rate
+	unserved     atomic.Int64                 // tokens asked for that no lease served (demand)
+	unlimitedOK  atomic.Int64                 // requests allowed as unlimited
+	fallbackOK   atomic.Int64                 // requests allowed by the fallback
+	need         atomic.Bool                  // the key wants a lease (promoted, or its lease ran out)
+	refused      atomic.Bool                  // the server refused the key (no rule, forbidden)
+	refusal      atomic.Pointer[RefusedError] // why, when it was forbidden; nil for no rule
+	paused       atomic.Bool                  // denyUntil comes from DenyFor
+	dead         atomic.Bool                  // forgotten by the client; resolve again
+	closedUsed   atomic.Int64                 // tokens used from leases no longer active
+	deadline     atomic.Int64                 // client clock: deadline of the latest lease
+	leasing      atomic.Bool                  // the key is leased: the settle loop keeps its leases
+	lastDirect   atomic.Int64                 // client clock of the last direct decision, or of creation
+	unlimitedExp atomic.Int64                 // client clock: a key a direct take found unlimited is asked again then; 0: never
+	leaseTTL     atomic.Int64                 // ns: the rule's lease TTL, from any answer
+	ruleBurst    atomic.Int64                 // the rule's burst, from any answer
+	ruleFill     atomic.Int64                 // ns the rule's bucket takes to fill, from any answer
+	directUntil  atomic.Int64                 // client clock: not promoted before this (a server refused it more leases)
 
 	// mu guards its fields.
 	mu struct {
