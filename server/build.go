@@ -29,9 +29,15 @@ type Build struct {
 
 // ReadBuild returns the build of the running program.
 func ReadBuild() Build {
+	info, _ := debug.ReadBuildInfo()
+	return buildOf(info)
+}
+
+// buildOf returns the Build that info describes; info nil means a binary
+// without build information.
+func buildOf(info *debug.BuildInfo) Build {
 	b := Build{Version: "unknown", Revision: "unknown", GoVersion: runtime.Version()}
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
+	if info == nil {
 		return b
 	}
 	if info.GoVersion != "" {

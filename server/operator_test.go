@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"regexp"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -198,4 +200,33 @@ func TestRunTLS(t *testing.T) {
 
 	_, err = New(Options{Store: ms, TLSConfig: &tls.Config{}})
 	assert.ErrorContains(t, err, "no certificate")
+}
+
+// TestBuildOf: the version and revision of the builds rateleased comes
+// from: go install module@version, a source build, an embedding program,
+// and a binary without build information.
+func TestBuildOf(t *testing.T) {
+	tests := []struct {
+		name string
+		info *debug.BuildInfo
+		want Build
+	}{
+		{"go install @version", &debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Path: modulePath, Version: "v1.2.3"}},
+			Build{Version: "v1.2.3", Revision: "unknown", GoVersion: "go1.26.0"}},
+		{"source build", &debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Path: modulePath, Version: "(devel)"},
+			Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "abc123"}, {Key: "vcs.modified", Value: "false"}}},
+			Build{Version: "(devel)", Revision: "abc123", GoVersion: "go1.26.0"}},
+		{"source build with changes", &debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Path: modulePath, Version: "(devel)"},
+			Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "abc123"}, {Key: "vcs.modified", Value: "true"}}},
+			Build{Version: "(devel)", Revision: "abc123-dirty", GoVersion: "go1.26.0"}},
+		{"embedded in another program", &debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Path: "example.com/app", Version: "v9.0.0"},
+			Deps: []*debug.Module{{Path: "example.com/other", Version: "v1.0.0"}, {Path: modulePath, Version: "v0.4.0"}}},
+			Build{Version: "v0.4.0", Revision: "unknown", GoVersion: "go1.26.0"}},
+		{"no build information", nil, Build{Version: "unknown", Revision: "unknown", GoVersion: runtime.Version()}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, buildOf(tt.info))
+		})
+	}
 }
