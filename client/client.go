@@ -89,6 +89,13 @@ type Decision struct {
 	// ErrForbidden). It is a *RefusedError. Nil for every other decision,
 	// denials by a limit included.
 	Err error
+	// Limits are the limits of the rule of the key that decided (the key
+	// that denied, or the one with the least Remaining), as the lease
+	// servers last saw them, fleet-wide: enough to write RateLimit
+	// headers. Nil when no answer about the key carried them yet (an
+	// unlimited key, the fallback before any answer). The slice is shared:
+	// do not modify it.
+	Limits []LimitState
 }
 
 // Stats counts what a client did since New.
@@ -396,6 +403,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState) Decisi
 			d.Source = SourceLease
 			if r := l.left(); d.Remaining < 0 || r < d.Remaining {
 				d.Remaining = r
+				d.Limits = ks.limitsView()
 			}
 			continue
 		}
@@ -424,7 +432,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState) Decisi
 				}
 				return d
 			}
-			return Decision{Source: SourceRetryAfter, RetryAfter: time.Duration(du - now)}
+			return Decision{Source: SourceRetryAfter, RetryAfter: time.Duration(du - now), Limits: ks.limitsView()}
 		}
 		if ks.paused.Load() {
 			ks.paused.Store(false) // a DenyFor that has run out
@@ -440,7 +448,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState) Decisi
 			c.wake()
 			c.undo(n, done)
 			c.denied.Add(1)
-			return Decision{Source: SourceLease, RetryAfter: c.cfg.SettleInterval}
+			return Decision{Source: SourceLease, RetryAfter: c.cfg.SettleInterval, Limits: ks.limitsView()}
 		}
 		if ks.leasing.Load() {
 			// Promoted, its first lease not in yet: decided directly
@@ -468,6 +476,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState) Decisi
 		}
 		if dd.Source == SourceDirect && (d.Remaining < 0 || dd.Remaining < d.Remaining) {
 			d.Remaining = dd.Remaining
+			d.Limits = dd.Limits
 		}
 	}
 	for _, s := range done {

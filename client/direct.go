@@ -201,6 +201,9 @@ func (c *Client) applyDirect(r *directReq) Decision {
 		ks.refused.Store(false)
 		ks.unlimited.Store(false)
 		ks.learn(kr.Limit, kr.PeriodMillis, kr.Burst, kr.LeaseTTLMillis)
+		if v := c.limitStates(kr.Limits, r.sent); v != nil {
+			ks.limits.Store(v)
+		}
 		if !kr.Allowed && kr.RetryAfterMillis > 0 && !res.Allowed {
 			// This key denied: it is denied locally until its bucket can
 			// serve again, without a call. Keys that would have allowed are
@@ -210,22 +213,31 @@ func (c *Client) applyDirect(r *directReq) Decision {
 	}
 	if !res.Allowed {
 		wait := time.Duration(res.RetryAfterMillis) * time.Millisecond
-		return Decision{Source: SourceDirect, RetryAfter: wait}
+		d := Decision{Source: SourceDirect, RetryAfter: wait}
+		for i, ks := range r.states {
+			if !res.Keys[i].Allowed {
+				d.Limits = ks.limitsView()
+				break
+			}
+		}
+		return d
 	}
 	c.directOK.Add(r.n)
 	remaining := int64(-1)
+	var limits []LimitState
 	for i, ks := range r.states {
 		if res.Keys[i].Unlimited {
 			continue
 		}
 		if remaining < 0 || res.Keys[i].Remaining < remaining {
 			remaining = res.Keys[i].Remaining
+			limits = ks.limitsView()
 		}
 		if c.admitted(ks, r.n, now) {
 			c.promote(ks)
 		}
 	}
-	return Decision{Allowed: true, Source: SourceDirect, Remaining: max(remaining, 0)}
+	return Decision{Allowed: true, Source: SourceDirect, Remaining: max(remaining, 0), Limits: limits}
 }
 
 func keysOf(states []*keyState) []string {

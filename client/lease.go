@@ -151,6 +151,7 @@ type keyState struct {
 	ruleBurst    atomic.Int64                 // the rule's burst, from any answer
 	ruleFill     atomic.Int64                 // ns the rule's bucket takes to fill, from any answer
 	directUntil  atomic.Int64                 // client clock: not promoted before this (a server refused it more leases)
+	limits       atomic.Pointer[[]LimitState] // the rule's limits as of the latest answer (see LimitState)
 
 	// mu guards its fields.
 	mu struct {

@@ -552,6 +552,9 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		ks.safeRate.Store(math.Float64bits(cur))
 	}
 	ks.learn(res.Limit, res.PeriodMillis, res.Burst, res.TTLMillis)
+	if v := c.limitStates(res.Limits, sent); v != nil {
+		ks.limits.Store(v)
+	}
 	if res.Unlimited {
 		// No rule: allowed locally until asked again, directly.
 		ks.setUnlimited(now + int64(max(c.cfg.Horizon, time.Duration(ks.leaseTTL.Load()))))

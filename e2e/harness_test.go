@@ -96,7 +96,7 @@ rules:
   - {name: many,     match: "many:*",  limit: %[9]g, period: 1s, burst: %[10]d, lease_ttl: 1s}
   - {name: faults,   match: "fault:*", limit: %[1]g, period: 1s, burst: %[2]d, lease_ttl: 1s}
   - {name: cutoff,   match: "cut:*",   limit: %[6]g, period: 1s, burst: %[7]d, lease_ttl: %[8]v}
-`, rate, burst, userRate, userBurst, userTTL, cutRate, cutBurst, cutTTL, manyRate, manyBurst)
+`, rate, burst, userRate, userBurst, userTTL, cutRate, cutBurst, cutTTL, manyRate, manyBurst) + algorithmRules
 
 // cluster is one redis-server and three rateleased daemons sharing it.
 type cluster struct {

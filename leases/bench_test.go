@@ -9,7 +9,6 @@ import (
 
 	"github.com/ratelease/ratelease/e2e/redistest"
 	"github.com/ratelease/ratelease/leases"
-	"github.com/ratelease/ratelease/protocol"
 )
 
 // settleLoop runs the steady state of a client's settle loop against store:
@@ -105,9 +104,9 @@ func BenchmarkEngineLease(b *testing.B) {
 		b.Fatal(err)
 	}
 	e := leases.NewEngine(leases.EngineOptions{Store: leases.NewMemoryStore(leases.MemoryOptions{}), Policy: p})
-	entries := make([]protocol.LeaseEntry, 100)
+	entries := make([]leases.LeaseAsk, 100)
 	for i := range entries {
-		entries[i] = protocol.LeaseEntry{Key: fmt.Sprintf("user:%d", i), Want: 100}
+		entries[i] = leases.LeaseAsk{Key: fmt.Sprintf("user:%d", i), Want: 100}
 	}
 	ctx := context.Background()
 	b.ReportAllocs()

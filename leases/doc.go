@@ -1,5 +1,6 @@
 // Package leases is the accounting engine of ratelease: the rules and their
-// matching, the token bucket with leases, the Store interface with a memory
+// matching, the algorithms with leases (token bucket, fixed window, sliding
+// window log and counter, leaky bucket), the Store interface with a memory
 // store and a Redis store, and the Engine that applies rules to requests.
 // It knows nothing of HTTP; package server puts it on the wire.
 //
@@ -147,11 +148,36 @@
 // forgotten its open leases: that can admit one extra burst, and nothing
 // in the store can tell.
 //
-// # Other algorithms
+// # Algorithms
 //
-// Rule.Algorithm names the algorithm, and the Store dispatches on it. Only
-// the token bucket is implemented; fixed window, sliding window (counter and
-// log) and leaky bucket are reserved names that fail validation with
-// ErrAlgorithmNotImplemented. Each will keep the lease contract (a grant, a
-// deadline, a settle), so adding one changes no wire type.
+// Each limit names its algorithm, and both stores dispatch on it through
+// one table (algorithm.go): an algorithm is a keyState in Go, which the
+// memory store runs, and a Lua script, which the Redis store runs, the two
+// performing the same operations in the same order; a differential test
+// per algorithm holds them to identical answers. Every algorithm keeps the
+// lease contract — a grant, a deadline, a settle with what was used, an
+// expiry that counts the lease as fully spent — and a direct take for keys
+// that do not lease. Its Redis keys carry its tag after the key's hash
+// tag, so a rule that changes algorithm starts its keys afresh (and may
+// admit one limit's worth more in the moment it changes). The sections
+// below state each algorithm's bound and what leasing costs it.
+//
+// # Several limits per rule
+//
+// A rule may hold several limits ("3 per minute and 100 per hour"), each
+// with its own algorithm; a request needs all of them. The Engine runs a
+// lease entry against every limit in one store call, with one lease ID,
+// each limit under its own store key (the key itself for the first limit,
+// so that adding a limit keeps the first one's state; the key, a unit
+// separator and the limit's index for the others). The grant is the least
+// of the limits' grants; a settle reports the same used count to each,
+// which credits each with what it granted beyond it. A limit that granted
+// more than the least keeps the difference reserved until the settle or
+// the expiry: that costs utilization, never a bound, because every limit
+// counts at least what the owner may spend. When any limit grants nothing,
+// the others' grants are returned at once, in a second store call. A take
+// takes its cost from every limit of every key, all or nothing, and gives
+// back what the denied takes took. Each limit's own bound therefore holds
+// on its own: TestTwoLimits (e2e) checks 5/s and 20/10s together in every
+// window across processes and servers.
 package leases

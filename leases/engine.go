@@ -2,12 +2,11 @@ package leases
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"time"
-
-	"github.com/ratelease/ratelease/protocol"
 )
 
 // EngineOptions configure an Engine.
@@ -25,12 +24,17 @@ type EngineOptions struct {
 	OnStoreCall func(op string, elapsed time.Duration, err error)
 }
 
-// Engine applies the rules to lease and check requests: it matches each key
-// to its rule, handles keys that match none, and runs the store. It is
-// immutable and safe for concurrent use. To change the rules, build a new
-// Engine over the same Store (package server does so on every reload):
-// buckets live in the store, so they keep their state, and a changed rule
-// applies to a key from its next operation on.
+// Engine applies the rules to lease and take requests: it matches each key
+// to its rule, handles keys that match none, runs each of the rule's
+// limits in the store and combines their answers. It is immutable and safe
+// for concurrent use. To change the rules, build a new Engine over the same
+// Store (package server does so on every reload): buckets live in the
+// store, so they keep their state, and a changed rule applies to a key from
+// its next operation on.
+//
+// The Engine speaks in domain terms (LeaseAsk, LeaseResult, TakeAsk,
+// TakeResult, errors wrapping this package's sentinels); package server
+// maps them to the wire.
 type Engine struct {
 	store  Store
 	policy *Policy
@@ -53,6 +57,34 @@ func NewEngine(opts EngineOptions) *Engine {
 
 // Policy returns the engine's rules.
 func (e *Engine) Policy() *Policy { return e.policy }
+
+// Errors of a decision, in LeaseResult.Err and TakeResult.Err, besides the
+// Store's per-operation errors (ErrUnknownLease, ErrUsedExceedsGranted,
+// ErrTooManyLeases). Each comes wrapped in a *DecisionError that says what
+// was asked.
+var (
+	// ErrNoRule: the key matches no rule and the policy's default is deny.
+	ErrNoRule = errors.New("no rule matches the key")
+	// ErrCostExceedsBurst: a take's cost is larger than a limit of the
+	// key's rule can ever hold.
+	ErrCostExceedsBurst = errors.New("cost exceeds the limit's burst")
+)
+
+// DecisionError is the error of one entry or take: a sentinel of this
+// package (Err) and a sentence for the caller (Detail).
+type DecisionError struct {
+	Err    error
+	Detail string
+}
+
+func (e *DecisionError) Error() string { return e.Detail }
+
+// Unwrap returns the sentinel.
+func (e *DecisionError) Unwrap() error { return e.Err }
+
+func decisionErr(err error, format string, args ...any) error {
+	return &DecisionError{Err: err, Detail: fmt.Sprintf(format, args...)}
+}
 
 // Report counts what one call did, for metrics.
 type Report struct {
@@ -77,44 +109,117 @@ func (e *Engine) observe(op string, start time.Time, err error) {
 	}
 }
 
-// Lease runs the entries of a lease request for owner and returns one
-// result per entry, in order. Entries must be valid (see
-// protocol.LeaseRequest.Validate). A store failure fails the whole call with
-// an error wrapping ErrStoreUnavailable. The per-operation errors of a Store,
-// ErrUnknownLease and ErrUsedExceedsGranted, fail their entry alone: they
-// are in the results' Error, and so is ErrTooManyLeases. Any other
-// per-operation error fails the whole call with an error that names the key
-// and wraps it.
-func (e *Engine) Lease(ctx context.Context, owner Owner, entries []protocol.LeaseEntry) ([]protocol.LeaseResult, Report, error) {
+// limitKey returns the store key of limit i of key's rule: the key itself
+// for the first limit (so a rule's first limit keeps its state when more
+// are added) and key, a unit separator and i for the others. Keys never
+// contain control characters, so no key collides with another's limit.
+func limitKey(key string, i int) string {
+	if i == 0 {
+		return key
+	}
+	return key + "\x1f" + strconv.Itoa(i)
+}
+
+// LeaseAsk asks for, renews or returns the lease of one key (see
+// protocol.LeaseEntry, which the server decodes into it).
+type LeaseAsk struct {
+	Key     string
+	Want    int64
+	LeaseID string
+	Used    int64
+	Slot    int
+}
+
+// LimitStatus is the state of one limit of a key's rule after a decision,
+// enough to write RateLimit headers.
+type LimitStatus struct {
+	Limit
+	// Remaining is what the limit would still admit now.
+	Remaining int64
+	// Reset is the time until the limit is whole again if nothing else
+	// happens (see LeaseOutcome.Reset).
+	Reset time.Duration
+}
+
+// LeaseResult is the outcome of one LeaseAsk.
+type LeaseResult struct {
+	// Key and Slot repeat the ask's.
+	Key  string
+	Slot int
+	// Err says why the entry failed: a *DecisionError wrapping ErrNoRule,
+	// ErrUnknownLease, ErrUsedExceedsGranted or ErrTooManyLeases. The other
+	// fields are then zero.
+	Err error
+	// Granted tokens are in the new lease LeaseID, valid for TTL.
+	Granted int64
+	LeaseID string
+	TTL     time.Duration
+	// RetryAfter is set when tokens were wanted and none granted.
+	RetryAfter time.Duration
+	// Delay is the wait before the first granted token may be spent
+	// (leaky_bucket); zero for the other algorithms.
+	Delay time.Duration
+	// Rule is the rule that matched; nil when the key is unlimited.
+	Rule *Rule
+	// Unlimited is true when no rule matched and the default is allow:
+	// Granted equals Want.
+	Unlimited bool
+	// Remaining is the least over the limits of what each would still
+	// admit.
+	Remaining int64
+	// SafeRate is the rate, in tokens per second, the owner may use on its
+	// own if it loses every server: the least over the limits of the
+	// limit's rate over the key's holders.
+	SafeRate float64
+	// Limits has the state of each of the rule's limits, in order.
+	Limits []LimitStatus
+}
+
+// Lease runs asks for owner and returns one result per ask, in order. Asks
+// must be valid (see protocol.LeaseRequest.Validate). A store failure
+// fails the whole call with an error wrapping ErrStoreUnavailable; the
+// per-entry errors are in the results' Err. Any other per-operation error
+// of the store fails the whole call with an error that names the key and
+// wraps it.
+//
+// A rule with several limits leases from each, with one lease ID: the
+// grant is the least of their grants, and a settle credits each what the
+// owner did not use of its own grant. A limit that granted more than
+// another keeps the difference reserved until the settle, which costs
+// utilization, never the bound; when any limit grants nothing, the others'
+// grants are returned at once (a second store call).
+func (e *Engine) Lease(ctx context.Context, owner Owner, asks []LeaseAsk) ([]LeaseResult, Report, error) {
 	p := e.policy
-	results := make([]protocol.LeaseResult, len(entries))
-	ops := make([]LeaseOp, 0, len(entries))
-	idx := make([]int, 0, len(entries))
-	rules := make([]*Rule, 0, len(entries))
+	results := make([]LeaseResult, len(asks))
+	var ops []LeaseOp
+	var at []int // the ask of each op
 	var rep Report
-	for i := range entries {
-		en := &entries[i]
-		results[i].Key = en.Key
-		results[i].Slot = en.Slot
-		r, ok := p.Match(en.Key)
+	for i := range asks {
+		a := &asks[i]
+		res := &results[i]
+		res.Key, res.Slot = a.Key, a.Slot
+		r, ok := p.Match(a.Key)
 		if !ok {
 			if p.Default() == DefaultDeny {
-				results[i].Error = protocol.NewProblem(protocol.CodeNoRule, fmt.Sprintf("key %q matches no rule and the server's default is deny", en.Key))
+				res.Err = decisionErr(ErrNoRule, "key %q matches no rule and the server's default is deny", a.Key)
 				continue
 			}
 			// Unlimited. A lease_id is accepted and ignored: a lease of a
 			// key whose rule was removed just expires by its TTL.
-			results[i].Granted = en.Want
-			results[i].TTLMillis = DefaultLeaseTTL.Milliseconds()
-			results[i].Unlimited = true
-			if en.Want > 0 {
+			res.Granted = a.Want
+			res.TTL = DefaultLeaseTTL
+			res.Unlimited = true
+			if a.Want > 0 {
 				rep.Grants++
 			}
 			continue
 		}
-		ops = append(ops, LeaseOp{Key: en.Key, Bucket: r.Bucket(), Want: en.Want, LeaseID: en.LeaseID, Used: en.Used, NewLeaseID: NewLeaseID(), Slot: en.Slot, Limits: e.limits})
-		idx = append(idx, i)
-		rules = append(rules, r)
+		res.Rule = r
+		id := NewLeaseID()
+		for li := range r.Limits {
+			ops = append(ops, LeaseOp{Key: limitKey(a.Key, li), Bucket: r.Limits[li].Bucket(r.LeaseTTL), Want: a.Want, LeaseID: a.LeaseID, Used: a.Used, NewLeaseID: id, Slot: a.Slot, Limits: e.limits})
+			at = append(at, i)
+		}
 	}
 	if len(ops) == 0 {
 		return results, rep, nil
@@ -125,90 +230,184 @@ func (e *Engine) Lease(ctx context.Context, owner Owner, entries []protocol.Leas
 	if err != nil {
 		return nil, Report{}, err
 	}
+	// Combine the outcomes of each ask's limits.
+	for j := 0; j < len(outs); {
+		i := at[j]
+		n := 1
+		for j+n < len(outs) && at[j+n] == i {
+			n++
+		}
+		if err := e.combineLease(&results[i], &asks[i], ops[j:j+n], outs[j:j+n], &rep); err != nil {
+			return nil, Report{}, err
+		}
+		j += n
+	}
+	// Give back the grants of limits whose ask was denied or failed.
+	var giveBack []LeaseOp
 	for j, o := range outs {
-		i, r, en := idx[j], rules[j], &entries[idx[j]]
-		rep.Expiries += o.Expired
-		res := &results[i]
-		switch o.Err {
-		case nil:
-		case ErrUnknownLease:
-			res.Error = protocol.NewProblem(protocol.CodeUnknownLease, fmt.Sprintf("lease %q of key %q is not open for this client: it expired, was settled already, or was never this client's; nothing was settled or granted: ask again without lease_id", en.LeaseID, en.Key))
-			continue
-		case ErrUsedExceedsGranted:
-			res.Error = protocol.NewProblem(protocol.CodeUsedExceedsGranted, fmt.Sprintf("used %d for lease %q of key %q is more than it granted; nothing changed", en.Used, en.LeaseID, en.Key))
-			continue
-		case ErrTooManyLeases:
-			res.Error = protocol.NewProblem(protocol.CodeTooManyLeases, fmt.Sprintf("key %q already has the most open leases the server allows (per key, or per client on the key); nothing was granted: take tokens directly for this key (POST %s), or ask the operator to raise the cap", en.Key, protocol.PathCheck))
-			continue
-		default:
-			// A failure the store does not document per operation: the
-			// outcome of the call is unknown, so it fails whole, with the
-			// cause, for the caller to log.
-			return nil, Report{}, fmt.Errorf("lease %q: %w", en.Key, o.Err)
+		if res := &results[at[j]]; o.Err == nil && o.Granted > 0 && res.Granted == 0 {
+			op := ops[j]
+			op.Want, op.LeaseID, op.Used, op.NewLeaseID = 0, o.LeaseID, 0, ""
+			giveBack = append(giveBack, op)
 		}
-		if o.Settled {
-			rep.Settles++
-		}
-		if en.Want > 0 {
-			if o.Granted > 0 {
-				rep.Grants++
-			} else {
-				rep.Denials++
-			}
-		}
-		res.LeaseID = o.LeaseID
-		res.Granted = o.Granted
-		res.TTLMillis = o.TTL.Milliseconds()
-		res.RetryAfterMillis = o.RetryAfter.Milliseconds()
-		res.Limit = r.Limit
-		res.PeriodMillis = r.Period.Milliseconds()
-		res.Burst = r.Burst
-		res.Remaining = o.Remaining
-		res.SafeRate = r.Rate() / float64(max(1, o.Holders))
-		res.Rule = r.Name
+	}
+	if len(giveBack) > 0 {
+		// The ask is denied either way; tokens not given back only cost
+		// utilization until the lease expires, so a failure here is not
+		// reported.
+		start := time.Now()
+		_, err := e.store.Lease(ctx, owner, giveBack)
+		e.observe("lease", start, err)
 	}
 	return results, rep, nil
 }
 
-// Check takes cost tokens from every key, all or nothing: when any key
-// denies, the tokens taken from the others are given back. It returns a
-// *protocol.Problem for a key that matches no rule under default deny or
-// whose bucket is smaller than cost, and an error wrapping
-// ErrStoreUnavailable when the store fails.
+// combineLease fills res from the outcomes of ask a's limits.
+func (e *Engine) combineLease(res *LeaseResult, a *LeaseAsk, ops []LeaseOp, outs []LeaseOutcome, rep *Report) error {
+	r := res.Rule
+	for k, o := range outs {
+		rep.Expiries += o.Expired
+		switch {
+		case o.Err == nil:
+			continue
+		case errors.Is(o.Err, ErrUnknownLease):
+			res.Err = decisionErr(ErrUnknownLease, "lease %q of key %q is not open for this client: it expired, was settled already, or was never this client's; nothing was settled or granted: ask again without lease_id", a.LeaseID, a.Key)
+		case errors.Is(o.Err, ErrUsedExceedsGranted):
+			res.Err = decisionErr(ErrUsedExceedsGranted, "used %d for lease %q of key %q is more than it granted; nothing changed", a.Used, a.LeaseID, a.Key)
+		case errors.Is(o.Err, ErrTooManyLeases):
+			res.Err = decisionErr(ErrTooManyLeases, "key %q already has the most open leases the server allows (per key, or per client on the key); nothing was granted: take tokens directly for this key, or ask the operator to raise the cap", a.Key)
+		default:
+			// A failure the store does not document per operation: the
+			// outcome of the call is unknown, so it fails whole, with the
+			// cause, for the caller to log.
+			return fmt.Errorf("lease %q (limit %d of rule %q): %w", a.Key, k, r.Name, o.Err)
+		}
+		// One limit failed: the entry fails, and the other limits' grants
+		// are given back (see Lease).
+		*res = LeaseResult{Key: res.Key, Slot: res.Slot, Err: res.Err}
+		return nil
+	}
+	res.Limits = make([]LimitStatus, len(outs))
+	settled := false
+	for k, o := range outs {
+		l := &r.Limits[k]
+		res.Limits[k] = LimitStatus{Limit: *l, Remaining: o.Remaining, Reset: o.Reset}
+		settled = settled || o.Settled
+		safe := l.Rate() / float64(max(1, o.Holders))
+		if k == 0 {
+			res.Granted, res.TTL, res.Remaining, res.SafeRate = o.Granted, o.TTL, o.Remaining, safe
+		} else {
+			res.Granted = min(res.Granted, o.Granted)
+			res.Remaining = min(res.Remaining, o.Remaining)
+			res.SafeRate = min(res.SafeRate, safe)
+			if o.TTL > 0 && (res.TTL == 0 || o.TTL < res.TTL) {
+				res.TTL = o.TTL
+			}
+		}
+		res.RetryAfter = max(res.RetryAfter, o.RetryAfter)
+		res.Delay = max(res.Delay, o.Delay)
+	}
+	if settled {
+		rep.Settles++
+	}
+	if res.Granted > 0 {
+		res.LeaseID = ops[0].NewLeaseID
+		res.RetryAfter = 0
+	} else {
+		res.LeaseID, res.TTL, res.Delay = "", 0, 0
+	}
+	if a.Want > 0 {
+		if res.Granted > 0 {
+			rep.Grants++
+		} else {
+			rep.Denials++
+		}
+	}
+	return nil
+}
+
+// TakeAsk takes Cost tokens from every one of Keys, all or nothing (see
+// protocol.CheckRequest, which the server decodes into it).
+type TakeAsk struct {
+	Keys []string
+	Cost int64
+}
+
+// KeyResult is the outcome of a take for one of its keys.
+type KeyResult struct {
+	Key string
+	// Allowed is true when every limit of the key's rule had Cost tokens
+	// (or the key is unlimited).
+	Allowed bool
+	// Unlimited is true when no rule matched and the default is allow.
+	Unlimited bool
+	// Rule is the rule that matched; nil when Unlimited.
+	Rule *Rule
+	// Remaining is the least over the limits of what each would still
+	// admit.
+	Remaining int64
+	// RetryAfter is set when the key denied.
+	RetryAfter time.Duration
+	// Delay is the wait until the request's slot (leaky_bucket).
+	Delay time.Duration
+	// Limits has the state of each of the rule's limits, in order.
+	Limits []LimitStatus
+}
+
+// TakeResult is the outcome of one TakeAsk.
+type TakeResult struct {
+	// Allowed is true when every key allowed.
+	Allowed bool
+	// RetryAfter is the longest RetryAfter of the keys that denied.
+	RetryAfter time.Duration
+	// Delay is the longest Delay of the keys.
+	Delay time.Duration
+	// Keys has one result per key, in order.
+	Keys []KeyResult
+	// Err says why the take could not be decided: a *DecisionError
+	// wrapping ErrNoRule or ErrCostExceedsBurst. Nothing was taken and
+	// the other fields are zero.
+	Err error
+}
+
+// Check takes cost tokens from every key, all or nothing: when any key (or
+// any limit of a key's rule) denies, the tokens taken from the others are
+// given back. It returns the take's error (a *DecisionError) for a key that
+// matches no rule under default deny or whose limit is smaller than cost,
+// and an error wrapping ErrStoreUnavailable when the store fails.
 //
 // Giving back is not atomic with taking, so a concurrent request may be
 // denied by tokens that are about to be given back; it can never be allowed
 // by tokens it should not have had. Check errs on the side of the limit.
-func (e *Engine) Check(ctx context.Context, keys []string, cost int64) (protocol.CheckResponse, Report, error) {
-	resps, rep, err := e.Take(ctx, []protocol.CheckRequest{{Keys: keys, Cost: &cost}})
+func (e *Engine) Check(ctx context.Context, keys []string, cost int64) (TakeResult, Report, error) {
+	resps, rep, err := e.Take(ctx, []TakeAsk{{Keys: keys, Cost: cost}})
 	if err != nil {
-		return protocol.CheckResponse{}, Report{}, err
+		return TakeResult{}, Report{}, err
 	}
-	if p := resps[0].Error; p != nil {
-		return protocol.CheckResponse{}, rep, p
+	if err := resps[0].Err; err != nil {
+		return TakeResult{}, rep, err
 	}
 	return resps[0], rep, nil
 }
 
 // Take decides many takes at once, each as Check decides it (all or
-// nothing across its keys), in one store call plus one to give back the
-// tokens of the takes that were denied. A take that cannot be decided (a
-// key that matches no rule under default deny, a cost above a key's
-// bucket) gets its problem in its Error and takes nothing; the others are
-// decided. Only a store failure fails the whole call. The same key may
-// appear in several takes: they are decided in order.
-func (e *Engine) Take(ctx context.Context, takes []protocol.CheckRequest) ([]protocol.CheckResponse, Report, error) {
+// nothing across its keys and their rules' limits), in one store call plus
+// one to give back the tokens of the takes that were denied. A take that
+// cannot be decided (a key that matches no rule under default deny, a cost
+// above a limit's burst) gets its error in Err and takes nothing; the
+// others are decided. Only a store failure fails the whole call. The same
+// key may appear in several takes: they are decided in order.
+func (e *Engine) Take(ctx context.Context, takes []TakeAsk) ([]TakeResult, Report, error) {
 	p := e.policy
-	resps := make([]protocol.CheckResponse, len(takes))
+	resps := make([]TakeResult, len(takes))
 	var ops []TakeOp
-	var at [][2]int // take and key index of each op
+	var at [][3]int // take, key and limit index of each op
 	var rep Report
 	for ti := range takes {
 		t := &takes[ti]
 		resp := &resps[ti]
-		cost := t.CostOrDefault()
 		resp.Allowed = true
-		resp.Keys = make([]protocol.CheckResult, len(t.Keys))
+		resp.Keys = make([]KeyResult, len(t.Keys))
 		first := len(ops)
 		for i, k := range t.Keys {
 			res := &resp.Keys[i]
@@ -216,25 +415,33 @@ func (e *Engine) Take(ctx context.Context, takes []protocol.CheckRequest) ([]pro
 			r, ok := p.Match(k)
 			if !ok {
 				if p.Default() == DefaultDeny {
-					resp.Error = protocol.NewProblem(protocol.CodeNoRule, fmt.Sprintf("keys[%d] %q matches no rule and the server's default is deny", i, k))
+					resp.Err = decisionErr(ErrNoRule, "keys[%d] %q matches no rule and the server's default is deny", i, k)
 					break
 				}
 				res.Allowed = true
 				res.Unlimited = true
 				continue
 			}
-			if cost > r.Burst {
-				resp.Error = protocol.NewProblem(protocol.CodeCostExceedsBurst, fmt.Sprintf("cost %d exceeds burst %d of rule %q for keys[%d] %q: it can never be allowed", cost, r.Burst, r.Name, i, k))
+			res.Rule = r
+			res.Allowed = true
+			res.Limits = make([]LimitStatus, len(r.Limits))
+			for li := range r.Limits {
+				l := &r.Limits[li]
+				if t.Cost > l.Burst {
+					resp.Err = decisionErr(ErrCostExceedsBurst, "cost %d exceeds burst %d of rule %q for keys[%d] %q: it can never be allowed", t.Cost, l.Burst, r.Name, i, k)
+					break
+				}
+				res.Limits[li].Limit = *l
+				ops = append(ops, TakeOp{Key: limitKey(k, li), Bucket: l.Bucket(r.LeaseTTL), Cost: t.Cost})
+				at = append(at, [3]int{ti, i, li})
+			}
+			if resp.Err != nil {
 				break
 			}
-			res.Limit, res.PeriodMillis, res.Burst, res.Rule = r.Limit, r.Period.Milliseconds(), r.Burst, r.Name
-			res.LeaseTTLMillis = r.LeaseTTL.Milliseconds()
-			ops = append(ops, TakeOp{Key: k, Bucket: r.Bucket(), Cost: cost})
-			at = append(at, [2]int{ti, i})
 		}
-		if resp.Error != nil {
+		if resp.Err != nil {
 			ops, at = ops[:first], at[:first]
-			*resp = protocol.CheckResponse{Error: resp.Error}
+			*resp = TakeResult{Err: resp.Err}
 		}
 	}
 	if len(ops) > 0 {
@@ -247,22 +454,42 @@ func (e *Engine) Take(ctx context.Context, takes []protocol.CheckRequest) ([]pro
 		for j, o := range outs {
 			resp := &resps[at[j][0]]
 			res := &resp.Keys[at[j][1]]
+			li := at[j][2]
 			rep.Expiries += o.Expired
-			res.Allowed = o.Taken
-			res.Remaining = o.Remaining
+			res.Limits[li].Remaining, res.Limits[li].Reset = o.Remaining, o.Reset
+			if li == 0 || o.Remaining < res.Remaining {
+				res.Remaining = o.Remaining
+			}
+			res.Delay = max(res.Delay, o.Delay)
+			resp.Delay = max(resp.Delay, o.Delay)
 			if !o.Taken {
+				res.Allowed = false
 				resp.Allowed = false
-				res.RetryAfterMillis = o.RetryAfter.Milliseconds()
-				resp.RetryAfterMillis = max(resp.RetryAfterMillis, res.RetryAfterMillis)
+				res.RetryAfter = max(res.RetryAfter, o.RetryAfter)
+				resp.RetryAfter = max(resp.RetryAfter, o.RetryAfter)
 			}
 		}
-		// Give back what the denied takes took from their other keys. The
-		// request is denied either way; tokens not given back only cost
-		// utilization, never accuracy, so a failure here is not reported.
+		// Give back what the denied takes took from their other keys and
+		// limits. The request is denied either way; tokens not given back
+		// only cost utilization, never accuracy, so a failure here is not
+		// reported.
 		var giveBack []TakeOp
 		for j, o := range outs {
-			if o.Taken && !resps[at[j][0]].Allowed && ops[j].Cost > 0 {
+			if resp := &resps[at[j][0]]; o.Taken && !resp.Allowed && ops[j].Cost > 0 {
 				giveBack = append(giveBack, ops[j])
+				// Report the limit as it stands once given back.
+				ls := &resp.Keys[at[j][1]].Limits[at[j][2]]
+				ls.Remaining = min(ls.Remaining+ops[j].Cost, ls.Burst)
+			}
+		}
+		for _, resp := range resps {
+			for i := range resp.Keys {
+				if k := &resp.Keys[i]; !resp.Allowed && len(k.Limits) > 0 {
+					k.Remaining = k.Limits[0].Remaining
+					for _, ls := range k.Limits[1:] {
+						k.Remaining = min(k.Remaining, ls.Remaining)
+					}
+				}
 			}
 		}
 		if len(giveBack) > 0 {
@@ -273,10 +500,11 @@ func (e *Engine) Take(ctx context.Context, takes []protocol.CheckRequest) ([]pro
 	}
 	for i := range resps {
 		switch {
-		case resps[i].Error != nil:
+		case resps[i].Err != nil:
 		case resps[i].Allowed:
 			rep.Grants++
 		default:
+			resps[i].Delay = 0
 			rep.Denials++
 		}
 	}

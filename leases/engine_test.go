@@ -10,15 +10,12 @@ import (
 
 	"github.com/ratelease/ratelease/leases"
 	"github.com/ratelease/ratelease/leases/storetest"
-	"github.com/ratelease/ratelease/protocol"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-func newEngine(t *testing.T, yaml string) (*leases.Engine, *storetest.Clock, *leases.MemoryStore) {
+func newEngine(t *testing.T, rs leases.RuleSet) (*leases.Engine, *storetest.Clock, *leases.MemoryStore) {
 	t.Helper()
-	rs, err := leases.ParseRuleSet([]byte(yaml))
-	require.NoError(t, err)
 	p, err := leases.NewPolicy(rs)
 	require.NoError(t, err)
 	clock := storetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
@@ -26,31 +23,29 @@ func newEngine(t *testing.T, yaml string) (*leases.Engine, *storetest.Clock, *le
 	return leases.NewEngine(leases.EngineOptions{Store: store, Policy: p}), clock, store
 }
 
-const engineRules = `
-default: allow
-rules:
-  - {name: per-user, match: "user:*", limit: 100, period: 1s, lease_ttl: 2s}
-  - {name: search, match: "api:search", limit: 10, period: 1s}
-`
+var engineRules = leases.RuleSet{Default: leases.DefaultAllow, Rules: []leases.Rule{
+	{Name: "per-user", Match: "user:*", Limit: 100, Period: time.Second, LeaseTTL: 2 * time.Second},
+	{Name: "search", Match: "api:search", Limit: 10, Period: time.Second},
+}}
 
 func TestEngineLease(t *testing.T) {
 	e, _, _ := newEngine(t, engineRules)
 	ctx := context.Background()
-	res, rep, err := e.Lease(ctx, own("svc/a"), []protocol.LeaseEntry{{Key: "user:42", Want: 50}, {Key: "other", Want: 7}})
+	res, rep, err := e.Lease(ctx, own("svc/a"), []leases.LeaseAsk{{Key: "user:42", Want: 50}, {Key: "other", Want: 7}})
 	require.NoError(t, err)
 	require.Len(t, res, 2)
 	u := res[0]
-	assert.Nil(t, u.Error)
+	assert.NoError(t, u.Err)
 	assert.Equal(t, "user:42", u.Key)
 	assert.EqualValues(t, 50, u.Granted)
 	assert.Len(t, u.LeaseID, 16)
-	assert.EqualValues(t, 2000, u.TTLMillis)
-	assert.EqualValues(t, 100, u.Limit)
-	assert.EqualValues(t, 1000, u.PeriodMillis)
-	assert.EqualValues(t, 100, u.Burst)
+	assert.Equal(t, 2*time.Second, u.TTL)
+	require.NotNil(t, u.Rule)
+	assert.Equal(t, "per-user", u.Rule.Name)
+	require.Len(t, u.Limits, 1)
+	assert.Equal(t, leases.LimitStatus{Limit: leases.Limit{Algorithm: leases.TokenBucket, Limit: 100, Period: time.Second, Burst: 100}, Remaining: 50, Reset: 500 * time.Millisecond}, u.Limits[0])
 	assert.EqualValues(t, 50, u.Remaining)
 	assert.InDelta(t, 100.0, u.SafeRate, 1e-9)
-	assert.Equal(t, "per-user", u.Rule)
 
 	o := res[1]
 	assert.True(t, o.Unlimited, "no rule and default allow: unlimited")
@@ -59,38 +54,33 @@ func TestEngineLease(t *testing.T) {
 	assert.Equal(t, leases.Report{Grants: 2}, rep)
 
 	// A second client: fair share and safe rate split between two holders.
-	res, _, err = e.Lease(ctx, own("svc/b"), []protocol.LeaseEntry{{Key: "user:42", Want: 100}})
+	res, _, err = e.Lease(ctx, own("svc/b"), []leases.LeaseAsk{{Key: "user:42", Want: 100}})
 	require.NoError(t, err)
 	assert.EqualValues(t, 50, res[0].Granted)
 	assert.InDelta(t, 50.0, res[0].SafeRate, 1e-9)
 
 	// Settle, with the per-entry errors.
-	res, rep, err = e.Lease(ctx, own("svc/a"), []protocol.LeaseEntry{
+	res, rep, err = e.Lease(ctx, own("svc/a"), []leases.LeaseAsk{
 		{Key: "user:42", Want: 0, LeaseID: u.LeaseID, Used: 50},
 		{Key: "user:42x", Want: 1, LeaseID: "nope", Used: 0},
 	})
 	require.NoError(t, err)
-	assert.Nil(t, res[0].Error)
+	assert.NoError(t, res[0].Err)
 	assert.Zero(t, res[0].Granted)
-	require.NotNil(t, res[1].Error)
-	assert.Equal(t, protocol.CodeUnknownLease, res[1].Error.Code)
-	assert.Equal(t, 409, res[1].Error.Status)
+	assert.ErrorIs(t, res[1].Err, leases.ErrUnknownLease)
 	assert.Equal(t, leases.Report{Settles: 1}, rep)
 }
 
 func TestEngineDenyDefault(t *testing.T) {
-	e, _, _ := newEngine(t, "default: deny\nrules: [{name: u, match: 'user:*', limit: 1, period: 1s}]")
-	res, _, err := e.Lease(context.Background(), own("a/1"), []protocol.LeaseEntry{{Key: "svc:x", Want: 1}, {Key: "user:1", Want: 1}})
+	e, _, _ := newEngine(t, leases.RuleSet{Default: leases.DefaultDeny, Rules: []leases.Rule{{Name: "u", Match: "user:*", Limit: 1, Period: time.Second}}})
+	res, _, err := e.Lease(context.Background(), own("a/1"), []leases.LeaseAsk{{Key: "svc:x", Want: 1}, {Key: "user:1", Want: 1}})
 	require.NoError(t, err)
-	require.NotNil(t, res[0].Error)
-	assert.Equal(t, protocol.CodeNoRule, res[0].Error.Code)
-	assert.Nil(t, res[1].Error)
+	assert.ErrorIs(t, res[0].Err, leases.ErrNoRule)
+	assert.NoError(t, res[1].Err)
 	assert.EqualValues(t, 1, res[1].Granted)
 
 	_, _, err = e.Check(context.Background(), []string{"user:2", "svc:x"}, 1)
-	var p *protocol.Problem
-	require.ErrorAs(t, err, &p)
-	assert.Equal(t, protocol.CodeNoRule, p.Code)
+	require.ErrorIs(t, err, leases.ErrNoRule)
 }
 
 func TestEngineCheckAllOrNothing(t *testing.T) {
@@ -110,14 +100,14 @@ func TestEngineCheckAllOrNothing(t *testing.T) {
 	resp, rep, err := e.Check(ctx, []string{"user:1", "api:search"}, 1)
 	require.NoError(t, err)
 	assert.False(t, resp.Allowed)
-	assert.EqualValues(t, 100, resp.RetryAfterMillis)
+	assert.Equal(t, 100*time.Millisecond, resp.RetryAfter)
 	assert.True(t, resp.Keys[0].Allowed)
 	assert.False(t, resp.Keys[1].Allowed)
 	assert.Equal(t, leases.Report{Denials: 1}, rep)
-	st, err := store.State(ctx, "user:1", user.Bucket())
+	st, err := store.State(ctx, "user:1", user.Buckets()[0])
 	require.NoError(t, err)
 	assert.InDelta(t, 90, st.Level, 1e-9, "the denied call took nothing")
-	st, err = store.State(ctx, "api:search", search.Bucket())
+	st, err = store.State(ctx, "api:search", search.Buckets()[0])
 	require.NoError(t, err)
 	assert.InDelta(t, 0, st.Level, 1e-9)
 
@@ -127,9 +117,7 @@ func TestEngineCheckAllOrNothing(t *testing.T) {
 	assert.True(t, resp.Allowed)
 
 	_, _, err = e.Check(ctx, []string{"api:search"}, 11)
-	var p *protocol.Problem
-	require.ErrorAs(t, err, &p)
-	assert.Equal(t, protocol.CodeCostExceedsBurst, p.Code)
+	require.ErrorIs(t, err, leases.ErrCostExceedsBurst)
 }
 
 type failingStore struct{ leases.Store }
@@ -149,7 +137,7 @@ func TestEngineStoreFailure(t *testing.T) {
 		}(),
 		OnStoreCall: func(op string, _ time.Duration, err error) { calls = append(calls, fmt.Sprint(op, " ", err != nil)) },
 	})
-	_, _, err := e.Lease(context.Background(), own("a/1"), []protocol.LeaseEntry{{Key: "k", Want: 1}})
+	_, _, err := e.Lease(context.Background(), own("a/1"), []leases.LeaseAsk{{Key: "k", Want: 1}})
 	assert.True(t, errors.Is(err, leases.ErrStoreUnavailable))
 	assert.Equal(t, []string{"lease true"}, calls)
 }
@@ -179,13 +167,11 @@ func TestEngineUnexpectedOpErrorFailsTheCall(t *testing.T) {
 	ms := leases.NewMemoryStore(leases.MemoryOptions{})
 	t.Cleanup(func() { _ = ms.Close() })
 	cause := errors.New("script returned an unexpected reply")
-	rs, err := leases.ParseRuleSet([]byte(engineRules))
-	require.NoError(t, err)
-	p, err := leases.NewPolicy(rs)
+	p, err := leases.NewPolicy(engineRules)
 	require.NoError(t, err)
 	e := leases.NewEngine(leases.EngineOptions{Store: opErrStore{Store: ms, bad: "user:2", err: cause}, Policy: p})
 
-	res, rep, err := e.Lease(context.Background(), own("svc/a"), []protocol.LeaseEntry{{Key: "user:1", Want: 1}, {Key: "user:2", Want: 1}})
+	res, rep, err := e.Lease(context.Background(), own("svc/a"), []leases.LeaseAsk{{Key: "user:1", Want: 1}, {Key: "user:2", Want: 1}})
 	require.ErrorIs(t, err, cause, "the cause is kept")
 	assert.Contains(t, err.Error(), `lease "user:2"`)
 	assert.False(t, errors.Is(err, leases.ErrStoreUnavailable))
@@ -194,11 +180,10 @@ func TestEngineUnexpectedOpErrorFailsTheCall(t *testing.T) {
 
 	// The documented per-operation errors still fail their entry alone.
 	e = leases.NewEngine(leases.EngineOptions{Store: opErrStore{Store: ms, bad: "user:2", err: leases.ErrUnknownLease}, Policy: p})
-	res, _, err = e.Lease(context.Background(), own("svc/a"), []protocol.LeaseEntry{{Key: "user:1", Want: 1}, {Key: "user:2", Want: 1}})
+	res, _, err = e.Lease(context.Background(), own("svc/a"), []leases.LeaseAsk{{Key: "user:1", Want: 1}, {Key: "user:2", Want: 1}})
 	require.NoError(t, err)
-	assert.Nil(t, res[0].Error)
-	require.NotNil(t, res[1].Error)
-	assert.Equal(t, protocol.CodeUnknownLease, res[1].Error.Code)
+	assert.NoError(t, res[0].Err)
+	assert.ErrorIs(t, res[1].Err, leases.ErrUnknownLease)
 }
 
 func TestNewLeaseID(t *testing.T) {
@@ -270,4 +255,76 @@ func TestMemoryStoreClosed(t *testing.T) {
 func own(s string) leases.Owner {
 	c, p, _ := strings.Cut(s, "/")
 	return leases.Owner{Client: c, Process: p}
+}
+
+// TestEngineSeveralLimits: a rule of two limits grants the least of their
+// grants under one lease ID; a settle credits each limit; a limit that
+// grants nothing denies the entry, and the other's grant is given back.
+func TestEngineSeveralLimits(t *testing.T) {
+	rs := leases.RuleSet{Rules: []leases.Rule{{Name: "two", Match: "k:*", LeaseTTL: time.Second, Limits: []leases.Limit{
+		{Limit: 10, Period: time.Second},
+		{Limit: 20, Period: 10 * time.Second},
+	}}}}
+	e, clock, store := newEngine(t, rs)
+	ctx := context.Background()
+	r, _ := e.Policy().Match("k:1")
+	b := r.Buckets()
+	level := func(i int) float64 {
+		key := "k:1"
+		if i > 0 {
+			key += "\x1f1"
+		}
+		st, err := store.State(ctx, key, b[i])
+		require.NoError(t, err)
+		return st.Level
+	}
+
+	res, rep, err := e.Lease(ctx, own("a/1"), []leases.LeaseAsk{{Key: "k:1", Want: 15}})
+	require.NoError(t, err)
+	require.NoError(t, res[0].Err)
+	assert.EqualValues(t, 10, res[0].Granted, "the least of 10 and 15")
+	require.Len(t, res[0].Limits, 2)
+	assert.EqualValues(t, 0, res[0].Limits[0].Remaining)
+	assert.EqualValues(t, 5, res[0].Limits[1].Remaining, "the second limit granted 15 and keeps them until the settle")
+	assert.EqualValues(t, 0, res[0].Remaining)
+	assert.InDelta(t, 2.0, res[0].SafeRate, 1e-9, "the lower of 10/s and 2/s")
+	assert.Equal(t, leases.Report{Grants: 1}, rep)
+
+	// 4 used: the first limit gets 6 back, the second 11.
+	res, rep, err = e.Lease(ctx, own("a/1"), []leases.LeaseAsk{{Key: "k:1", LeaseID: res[0].LeaseID, Used: 4}})
+	require.NoError(t, err)
+	require.NoError(t, res[0].Err)
+	assert.Equal(t, leases.Report{Settles: 1}, rep)
+	assert.InDelta(t, 6, level(0), 1e-9)
+	assert.InDelta(t, 16, level(1), 1e-9)
+
+	// A direct take of 6 empties the first limit.
+	resp, _, err := e.Check(ctx, []string{"k:1"}, 6)
+	require.NoError(t, err)
+	require.True(t, resp.Allowed)
+	assert.InDelta(t, 0, level(0), 1e-9)
+	assert.InDelta(t, 10, level(1), 1e-9)
+	// The first limit is empty: nothing is granted, and the second limit's
+	// grant is given back at once.
+	res, rep, err = e.Lease(ctx, own("a/1"), []leases.LeaseAsk{{Key: "k:1", Want: 5}})
+	require.NoError(t, err)
+	assert.Zero(t, res[0].Granted)
+	assert.Empty(t, res[0].LeaseID)
+	assert.Equal(t, 100*time.Millisecond, res[0].RetryAfter)
+	assert.Equal(t, leases.Report{Denials: 1}, rep)
+	assert.InDelta(t, 10, level(1), 1e-9, "the second limit's grant came back")
+
+	// A take needs both limits: the first refills, the second binds.
+	clock.Advance(time.Second)
+	resp, _, err = e.Check(ctx, []string{"k:1"}, 10)
+	require.NoError(t, err)
+	assert.True(t, resp.Allowed)
+	resp, _, err = e.Check(ctx, []string{"k:1"}, 2)
+	require.NoError(t, err)
+	assert.False(t, resp.Allowed, "the first limit is empty")
+	require.Len(t, resp.Keys[0].Limits, 2)
+	assert.InDelta(t, 2, level(1), 1e-9, "the denied take gave the second limit its 2 back")
+	assert.EqualValues(t, 0, resp.Keys[0].Limits[0].Remaining)
+	assert.EqualValues(t, 2, resp.Keys[0].Limits[1].Remaining, "reported as given back")
+	assert.EqualValues(t, 0, resp.Keys[0].Remaining)
 }

@@ -2,28 +2,20 @@ package leases_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/ratelease/ratelease/leases"
-	"github.com/ratelease/ratelease/protocol"
 )
 
 // An Engine over the memory store: lease a batch, then settle it and take
 // the next one in the same call.
 func ExampleEngine() {
-	rs, err := leases.ParseRuleSet([]byte(`
-default: deny
-rules:
-  - name: per-user
-    match: "user:*"
-    limit: 100
-    period: 1s
-`))
-	if err != nil {
-		panic(err)
-	}
-	policy, err := leases.NewPolicy(rs)
+	policy, err := leases.NewPolicy(leases.RuleSet{
+		Default: leases.DefaultDeny,
+		Rules:   []leases.Rule{{Name: "per-user", Match: "user:*", Limit: 100, Period: time.Second}},
+	})
 	if err != nil {
 		panic(err)
 	}
@@ -34,26 +26,26 @@ rules:
 	// The authenticated client "checkout", process 7f3a.
 	owner := leases.Owner{Client: "checkout", Process: "7f3a"}
 
-	res, _, err := engine.Lease(ctx, owner, []protocol.LeaseEntry{{Key: "user:42", Want: 30}})
+	res, _, err := engine.Lease(ctx, owner, []leases.LeaseAsk{{Key: "user:42", Want: 30}})
 	if err != nil {
 		panic(err)
 	}
 	first := res[0]
-	fmt.Println("granted", first.Granted, "remaining", first.Remaining, "rule", first.Rule)
+	fmt.Println("granted", first.Granted, "remaining", first.Remaining, "rule", first.Rule.Name)
 
 	// 12 of the 30 were used: 18 go back, and a new batch of 30 is taken.
-	res, _, err = engine.Lease(ctx, owner, []protocol.LeaseEntry{{Key: "user:42", Want: 30, LeaseID: first.LeaseID, Used: 12}})
+	res, _, err = engine.Lease(ctx, owner, []leases.LeaseAsk{{Key: "user:42", Want: 30, LeaseID: first.LeaseID, Used: 12}})
 	if err != nil {
 		panic(err)
 	}
 	fmt.Println("granted", res[0].Granted, "remaining", res[0].Remaining)
 
-	res, _, _ = engine.Lease(ctx, owner, []protocol.LeaseEntry{{Key: "svc:other", Want: 1}})
-	fmt.Println(res[0].Error.Code)
+	res, _, _ = engine.Lease(ctx, owner, []leases.LeaseAsk{{Key: "svc:other", Want: 1}})
+	fmt.Println(errors.Is(res[0].Err, leases.ErrNoRule), res[0].Err)
 	// Output:
 	// granted 30 remaining 70 rule per-user
 	// granted 30 remaining 58
-	// no_rule
+	// true key "svc:other" matches no rule and the server's default is deny
 }
 
 // Policy.Match picks the most specific rule.

@@ -1,28 +1,22 @@
 package leases
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"math"
-	"os"
 	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/ratelease/ratelease/protocol"
-	"go.yaml.in/yaml/v3"
 )
 
 // Algorithm names a rate-limiting algorithm of a rule.
 type Algorithm string
 
-// The algorithms a rule may name. Only TokenBucket is implemented; the others
-// are reserved names: they share the lease contract (a grant, a deadline, a
-// settle) and will not change the wire protocol when they are added, but a
-// rule that names one is refused today with ErrAlgorithmNotImplemented.
+// The algorithms a limit may name. A name the stores do not implement is
+// refused by validation with ErrAlgorithmNotImplemented (see Implemented).
 const (
 	TokenBucket          Algorithm = "token_bucket"
 	FixedWindow          Algorithm = "fixed_window"
@@ -35,8 +29,8 @@ const (
 // that names a known but not yet implemented algorithm.
 var ErrAlgorithmNotImplemented = errors.New("algorithm not implemented yet")
 
-// ErrInvalidRules is wrapped by every error of ParseRuleSet and
-// NewPolicy, so callers can tell a bad rules file from an I/O error.
+// ErrInvalidRules is wrapped by every error of NewPolicy and
+// Rule.Validate, so callers can tell bad rules from an I/O error.
 var ErrInvalidRules = errors.New("invalid rules")
 
 // Limits on rule fields.
@@ -51,48 +45,114 @@ const (
 	MinPeriod = time.Millisecond
 )
 
-// Rule is one limit of the rules file. A rule matches keys by a glob
-// pattern; among the rules that match a key, the most specific wins (see
+// MaxLimitsPerRule is the most limits one rule may hold.
+const MaxLimitsPerRule = 8
+
+// Limit is one limit of a rule: Limit tokens per Period under Algorithm.
+// A request needs every limit of its rule ("3 per minute and 100 per
+// hour").
+type Limit struct {
+	// Algorithm defaults to token_bucket.
+	Algorithm Algorithm
+	// Limit is the number of tokens per Period: for a token bucket and a
+	// leaky bucket its refill (outflow) rate, for a window the most
+	// admitted per window. 1 to protocol.MaxCount.
+	Limit int64
+	// Period is the refill period or the window: MinPeriod to MaxPeriod.
+	Period time.Duration
+	// Burst is the bucket size of a token bucket and the queue size of a
+	// leaky bucket: 1 to protocol.MaxCount; 0 means Limit. The windows
+	// take no burst (it is their Limit).
+	Burst int64
+}
+
+// Rate returns the limit's rate in tokens per second.
+func (l *Limit) Rate() float64 {
+	return float64(l.Limit) / l.Period.Seconds()
+}
+
+// Bucket returns the parameters a Store needs to run this limit with
+// leases of lifetime ttl.
+func (l *Limit) Bucket(ttl time.Duration) Bucket {
+	return Bucket{Algorithm: l.Algorithm, Limit: l.Limit, Period: l.Period, Burst: l.Burst, LeaseTTL: ttl}
+}
+
+// Rule is one rule of a rule set. A rule matches keys by a glob pattern;
+// among the rules that match a key, the most specific wins (see
 // Policy.Match).
+//
+// A rule holds one limit or several: a rule with one may give it in the
+// shorthand fields (Algorithm, Limit, Period, Burst) instead of Limits. The
+// rules of a Policy always carry their limits in Limits, with defaults
+// filled in, and the shorthand fields zero.
 type Rule struct {
 	// Name identifies the rule in responses, metrics and errors. Required
 	// and unique.
-	Name string `yaml:"name" json:"name"`
+	Name string
 	// Match is the glob pattern of the keys this rule governs: '*' matches
 	// any run of characters, '?' one character, '\' escapes. Required and
 	// unique.
-	Match string `yaml:"match" json:"match"`
-	// Algorithm defaults to token_bucket.
-	Algorithm Algorithm `yaml:"algorithm" json:"algorithm"`
-	// Limit is the number of tokens added per Period: 1 to
-	// protocol.MaxCount.
-	Limit int64 `yaml:"limit" json:"limit"`
-	// Period is the refill period: MinPeriod to MaxPeriod.
-	Period time.Duration `yaml:"period" json:"-"`
-	// Burst is the bucket size: 1 to protocol.MaxCount; 0 means Limit.
-	Burst int64 `yaml:"burst" json:"burst"`
+	Match string
+
+	// Algorithm, Limit, Period and Burst are the shorthand of a rule with
+	// one limit (see Limit); leave them zero when Limits is set.
+	Algorithm Algorithm
+	Limit     int64
+	Period    time.Duration
+	Burst     int64
+
+	// Limits are the rule's limits, 1 to MaxLimitsPerRule.
+	Limits []Limit
 	// LeaseTTL is how long a lease lives before it expires unsettled:
-	// up to MaxLeaseTTL; 0 means DefaultLeaseTTL.
-	LeaseTTL time.Duration `yaml:"lease_ttl" json:"-"`
+	// up to MaxLeaseTTL; 0 means DefaultLeaseTTL. A window's lease ends at
+	// the latest with its window.
+	LeaseTTL time.Duration
 }
 
-// Rate returns the rule's refill rate in tokens per second.
-func (r *Rule) Rate() float64 {
-	return float64(r.Limit) / r.Period.Seconds()
-}
-
-// Bucket returns the parameters a Store needs to run this rule.
-func (r *Rule) Bucket() Bucket {
-	return Bucket{Algorithm: r.Algorithm, Limit: r.Limit, Period: r.Period, Burst: r.Burst, LeaseTTL: r.LeaseTTL}
-}
-
-// withDefaults fills the zero fields that have defaults.
-func (r Rule) withDefaults() Rule {
-	if r.Algorithm == "" {
-		r.Algorithm = TokenBucket
+// Buckets returns the parameters a Store needs to run each of the rule's
+// limits, in order.
+func (r *Rule) Buckets() []Bucket {
+	out := make([]Bucket, len(r.Limits))
+	for i := range r.Limits {
+		out[i] = r.Limits[i].Bucket(r.LeaseTTL)
 	}
-	if r.Burst == 0 {
-		r.Burst = r.Limit
+	return out
+}
+
+// Binding returns the index of the limit with the lowest rate, which binds
+// first under steady demand; clients pace by it.
+func (r *Rule) Binding() int {
+	best := 0
+	for i := range r.Limits {
+		if r.Limits[i].Rate() < r.Limits[best].Rate() {
+			best = i
+		}
+	}
+	return best
+}
+
+// shorthand reports whether any of the one-limit shorthand fields is set.
+func (r *Rule) shorthand() bool {
+	return r.Algorithm != "" || r.Limit != 0 || r.Period != 0 || r.Burst != 0
+}
+
+// withDefaults returns the rule with its limits in Limits and the zero
+// fields that have defaults filled in. The Limits slice is a copy.
+func (r Rule) withDefaults() Rule {
+	if len(r.Limits) == 0 {
+		r.Limits = []Limit{{Algorithm: r.Algorithm, Limit: r.Limit, Period: r.Period, Burst: r.Burst}}
+		r.Algorithm, r.Limit, r.Period, r.Burst = "", 0, 0, 0
+	} else {
+		r.Limits = append([]Limit(nil), r.Limits...)
+	}
+	for i := range r.Limits {
+		l := &r.Limits[i]
+		if l.Algorithm == "" {
+			l.Algorithm = TokenBucket
+		}
+		if l.Burst == 0 {
+			l.Burst = l.Limit
+		}
 	}
 	if r.LeaseTTL == 0 {
 		r.LeaseTTL = DefaultLeaseTTL
@@ -100,8 +160,9 @@ func (r Rule) withDefaults() Rule {
 	return r
 }
 
-// Validate checks a rule, after defaults, and returns an error that names
-// the rule and the field.
+// Validate checks a rule, after defaults (the rules of a Policy have them;
+// a Rule written by hand is checked as NewPolicy would check it), and
+// returns an error that names the rule and the field.
 func (r *Rule) Validate() error {
 	name := r.Name
 	if name == "" {
@@ -116,33 +177,65 @@ func (r *Rule) Validate() error {
 	if err := validGlob(r.Match); err != nil {
 		return fail("match", "%v", err)
 	}
-	alg, implemented := algorithms[r.Algorithm]
+	if len(r.Limits) > 0 && r.shorthand() {
+		return fail("limits", "give algorithm, limit, period and burst either on the rule (one limit) or in limits, not both")
+	}
+	d := r.withDefaults()
+	if len(d.Limits) > MaxLimitsPerRule {
+		return fail("limits", "has %d limits; a rule holds at most %d", len(d.Limits), MaxLimitsPerRule)
+	}
+	for i := range d.Limits {
+		prefix := ""
+		if len(r.Limits) > 0 {
+			prefix = fmt.Sprintf("limits[%d].", i)
+		}
+		if err := d.Limits[i].validate(); err != nil {
+			return fmt.Errorf("%w: rule %q: %s%w", ErrInvalidRules, name, prefix, err)
+		}
+		if d.Limits[i].Algorithm == LeakyBucket && len(d.Limits) > 1 {
+			return fail(prefix+"algorithm", "leaky_bucket shapes requests into a schedule of its own and must be the rule's only limit")
+		}
+	}
+	if d.LeaseTTL < time.Millisecond || d.LeaseTTL > MaxLeaseTTL {
+		return fail("lease_ttl", "is %v; it must be 1ms to %v (or left out for %v)", d.LeaseTTL, MaxLeaseTTL, DefaultLeaseTTL)
+	}
+	return nil
+}
+
+// fieldError is a limit's validation error: the field, then what is wrong.
+type fieldError struct{ field, msg string }
+
+func (e *fieldError) Error() string { return e.field + ": " + e.msg }
+
+// validate checks one limit, after defaults.
+func (l *Limit) validate() error {
+	fail := func(field, format string, args ...any) error {
+		return &fieldError{field, fmt.Sprintf(format, args...)}
+	}
+	alg, implemented := algorithms[l.Algorithm]
 	switch {
 	case implemented:
-	case slices.Contains(knownAlgorithms, r.Algorithm):
-		return fmt.Errorf("%w: rule %q: algorithm: %q: %w (supported: %s)", ErrInvalidRules, name, r.Algorithm, ErrAlgorithmNotImplemented, supported())
+	case slices.Contains(knownAlgorithms, l.Algorithm):
+		return fmt.Errorf("algorithm: %q: %w (supported: %s)", l.Algorithm, ErrAlgorithmNotImplemented, supported())
 	default:
-		return fail("algorithm", "unknown algorithm %q (supported: %s)", r.Algorithm, supported())
+		return fail("algorithm", "unknown algorithm %q (supported: %s)", l.Algorithm, supported())
 	}
-	if r.Limit <= 0 || r.Limit > protocol.MaxCount {
-		return fail("limit", "is %d; it must be 1 to %d", r.Limit, protocol.MaxCount)
+	if l.Limit <= 0 || l.Limit > protocol.MaxCount {
+		return fail("limit", "is %d; it must be 1 to %d", l.Limit, protocol.MaxCount)
 	}
-	if r.Period < MinPeriod || r.Period > MaxPeriod {
-		return fail("period", "is %v; it must be %v to %v", r.Period, MinPeriod, MaxPeriod)
+	if l.Period < MinPeriod || l.Period > MaxPeriod {
+		return fail("period", "is %v; it must be %v to %v", l.Period, MinPeriod, MaxPeriod)
 	}
-	if r.Burst <= 0 || r.Burst > protocol.MaxCount {
-		return fail("burst", "is %d; it must be 1 to %d (or left out to default to limit)", r.Burst, protocol.MaxCount)
+	if l.Burst <= 0 || l.Burst > protocol.MaxCount {
+		return fail("burst", "is %d; it must be 1 to %d (or left out to default to limit)", l.Burst, protocol.MaxCount)
 	}
-	if r.LeaseTTL < time.Millisecond || r.LeaseTTL > MaxLeaseTTL {
-		return fail("lease_ttl", "is %v; it must be 1ms to %v (or left out for %v)", r.LeaseTTL, MaxLeaseTTL, DefaultLeaseTTL)
-	}
-	if rate := r.Rate(); rate*1e-6 < 1e-12 || math.IsInf(rate, 0) {
+	if rate := l.Rate(); rate*1e-6 < 1e-12 || math.IsInf(rate, 0) {
 		return fail("limit", "rate %g tokens/s is out of range", rate)
 	}
 	if alg.validate != nil {
-		b := r.Bucket()
+		b := l.Bucket(DefaultLeaseTTL)
 		if err := alg.validate(&b); err != nil {
-			return fmt.Errorf("%w: rule %q: %w", ErrInvalidRules, name, err)
+			return err
 		}
 	}
 	return nil
@@ -173,52 +266,13 @@ const (
 	DefaultDeny Default = "deny"
 )
 
-// RuleSet is the rules part of a rules file, as written. Server-side
-// sections (clients) are decoded by package server, which embeds RuleSet.
+// RuleSet is a set of rules as written, before validation. Package server
+// reads it from a rules file.
 type RuleSet struct {
 	// Default applies to keys that match no rule; empty means allow.
-	Default Default `yaml:"default"`
-	// Rules in file order.
-	Rules []Rule `yaml:"rules"`
-}
-
-// ParseRuleSet decodes YAML rules. Unknown fields are an error, so a typo
-// ("limt") is reported rather than silently ignored. It does not validate:
-// NewPolicy does.
-func ParseRuleSet(data []byte) (RuleSet, error) {
-	var rs RuleSet
-	if err := DecodeYAMLStrict(data, &rs); err != nil {
-		return RuleSet{}, err
-	}
-	return rs, nil
-}
-
-// DecodeYAMLStrict decodes one YAML document into v, refusing unknown fields.
-// An empty document decodes to the zero value. Errors wrap ErrInvalidRules.
-func DecodeYAMLStrict(data []byte, v any) error {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("%w: %w", ErrInvalidRules, err)
-	}
-	return nil
-}
-
-// LoadPolicy reads a rules file and compiles it.
-func LoadPolicy(path string) (*Policy, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read rules: %w", err)
-	}
-	rs, err := ParseRuleSet(data)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	p, err := NewPolicy(rs)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return p, nil
+	Default Default
+	// Rules in order.
+	Rules []Rule
 }
 
 // Policy is a validated, compiled RuleSet. It is immutable and safe for
@@ -245,10 +299,10 @@ func NewPolicy(rs RuleSet) (*Policy, error) {
 	names := map[string]bool{}
 	matches := map[string]string{}
 	for i, r := range rs.Rules {
-		r = r.withDefaults()
 		if err := r.Validate(); err != nil {
 			return nil, err
 		}
+		r = r.withDefaults()
 		if names[r.Name] {
 			return nil, fmt.Errorf("%w: rule %q: name: used by more than one rule", ErrInvalidRules, r.Name)
 		}

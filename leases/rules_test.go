@@ -1,9 +1,6 @@
 package leases
 
 import (
-	"errors"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -88,87 +85,56 @@ func TestRuleDefaults(t *testing.T) {
 	p, err := NewPolicy(RuleSet{Rules: []Rule{{Name: "u", Match: "user:*", Limit: 100, Period: time.Second}}})
 	require.NoError(t, err)
 	r := p.Rules()[0]
-	assert.Equal(t, TokenBucket, r.Algorithm)
-	assert.EqualValues(t, 100, r.Burst, "burst defaults to limit")
+	require.Len(t, r.Limits, 1)
+	l := r.Limits[0]
+	assert.Equal(t, TokenBucket, l.Algorithm)
+	assert.EqualValues(t, 100, l.Burst, "burst defaults to limit")
 	assert.Equal(t, DefaultLeaseTTL, r.LeaseTTL)
-	assert.InDelta(t, 100.0, r.Rate(), 1e-12)
+	assert.InDelta(t, 100.0, l.Rate(), 1e-12)
 }
 
-func TestParseRuleSetErrors(t *testing.T) {
+func TestPolicyErrors(t *testing.T) {
+	sec := time.Second
 	tests := []struct {
-		name, yaml, want string
+		name string
+		rs   RuleSet
+		want string
 	}{
-		{"zero period", "rules:\n- {name: a, match: 'x', limit: 1, period: 0s}", `rule "a": period: is 0s`},
-		{"missing period", "rules:\n- {name: a, match: 'x', limit: 1}", `rule "a": period`},
-		{"negative limit", "rules:\n- {name: a, match: 'x', limit: -5, period: 1s}", `rule "a": limit: is -5`},
-		{"huge limit", "rules:\n- {name: a, match: 'x', limit: 2000000000, period: 1s}", `rule "a": limit`},
-		{"negative burst", "rules:\n- {name: a, match: 'x', limit: 1, period: 1s, burst: -1}", `rule "a": burst`},
-		{"long ttl", "rules:\n- {name: a, match: 'x', limit: 1, period: 1s, lease_ttl: 2h}", `rule "a": lease_ttl`},
-		{"no name", "rules:\n- {match: 'x', limit: 1, period: 1s}", `rule "(match \"x\")": name: is required`},
-		{"empty match", "rules:\n- {name: a, match: '', limit: 1, period: 1s}", `rule "a": match: pattern is empty`},
-		{"dup name", "rules:\n- {name: a, match: 'x', limit: 1, period: 1s}\n- {name: a, match: 'y', limit: 1, period: 1s}", `rule "a": name: used by more than one rule`},
-		{"dup match", "rules:\n- {name: a, match: 'x', limit: 1, period: 1s}\n- {name: b, match: 'x', limit: 1, period: 1s}", `rule "b": match`},
-		{"unknown algorithm", "rules:\n- {name: a, match: 'x', algorithm: magic, limit: 1, period: 1s}", `rule "a": algorithm: unknown algorithm "magic"`},
-		{"not implemented", "rules:\n- {name: a, match: 'x', algorithm: leaky_bucket, limit: 1, period: 1s}", "not implemented yet"},
-		{"bad default", "default: maybe", `default: "maybe" must be allow or deny`},
-		{"typo field", "rules:\n- {name: a, match: 'x', limt: 1, period: 1s}", "field limt not found"},
-		{"bad duration", "rules:\n- {name: a, match: 'x', limit: 1, period: soon}", "invalid rules"},
-		{"not yaml", "rules: [", "invalid rules"},
+		{"zero period", RuleSet{Rules: []Rule{{Name: "a", Match: "x", Limit: 1}}}, `rule "a": period: is 0s`},
+		{"negative limit", RuleSet{Rules: []Rule{{Name: "a", Match: "x", Limit: -5, Period: sec}}}, `rule "a": limit: is -5`},
+		{"negative burst", RuleSet{Rules: []Rule{{Name: "a", Match: "x", Limit: 1, Period: sec, Burst: -1}}}, `rule "a": burst`},
+		{"long ttl", RuleSet{Rules: []Rule{{Name: "a", Match: "x", Limit: 1, Period: sec, LeaseTTL: 2 * time.Hour}}}, `rule "a": lease_ttl`},
+		{"no name", RuleSet{Rules: []Rule{{Match: "x", Limit: 1, Period: sec}}}, `rule "(match \"x\")": name: is required`},
+		{"dup name", RuleSet{Rules: []Rule{{Name: "a", Match: "x", Limit: 1, Period: sec}, {Name: "a", Match: "y", Limit: 1, Period: sec}}}, `rule "a": name: used by more than one rule`},
+		{"unknown algorithm", RuleSet{Rules: []Rule{{Name: "a", Match: "x", Algorithm: "magic", Limit: 1, Period: sec}}}, `rule "a": algorithm: unknown algorithm "magic"`},
+		{"bad default", RuleSet{Default: "maybe"}, `default: "maybe" must be allow or deny`},
+		{"both forms", RuleSet{Rules: []Rule{{Name: "a", Match: "x", Limit: 1, Period: sec, Limits: []Limit{{Limit: 1, Period: sec}}}}}, `rule "a": limits: give algorithm`},
+		{"bad second limit", RuleSet{Rules: []Rule{{Name: "a", Match: "x", Limits: []Limit{{Limit: 1, Period: sec}, {Limit: 1}}}}}, `rule "a": limits[1].period: is 0s`},
+		{"too many limits", RuleSet{Rules: []Rule{{Name: "a", Match: "x", Limits: make([]Limit, MaxLimitsPerRule+1)}}}, `rule "a": limits: has 9 limits`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rs, err := ParseRuleSet([]byte(tt.yaml))
-			if err == nil {
-				_, err = NewPolicy(rs)
-			}
+			_, err := NewPolicy(tt.rs)
 			require.Error(t, err)
 			assert.ErrorIs(t, err, ErrInvalidRules)
 			assert.Contains(t, err.Error(), tt.want)
 		})
 	}
-	_, err := NewPolicy(RuleSet{Rules: []Rule{{Name: "a", Match: "x", Algorithm: FixedWindow, Limit: 1, Period: time.Second}}})
-	assert.True(t, errors.Is(err, ErrAlgorithmNotImplemented))
 }
 
-func TestLoadPolicy(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "rules.yaml")
-	require.NoError(t, os.WriteFile(path, []byte(`
-default: deny
-rules:
-  - name: per-user
-    match: "user:*"
-    algorithm: token_bucket
-    limit: 100
-    period: 1s
-    burst: 150
-    lease_ttl: 2s
-  - name: create-url
-    match: "api:createURL"
-    limit: 1000
-    period: 1m
-`), 0o600))
-	p, err := LoadPolicy(path)
+func TestRuleSeveralLimits(t *testing.T) {
+	p, err := NewPolicy(RuleSet{Rules: []Rule{{Name: "login", Match: "login:*", Limits: []Limit{
+		{Limit: 3, Period: time.Minute},
+		{Limit: 100, Period: time.Hour, Burst: 20},
+	}}}})
 	require.NoError(t, err)
-	assert.Equal(t, DefaultDeny, p.Default())
-	r, ok := p.Match("api:createURL")
+	r, ok := p.Match("login:ann")
 	require.True(t, ok)
-	assert.Equal(t, time.Minute, r.Period)
-	assert.EqualValues(t, 1000, r.Burst)
-	r, ok = p.Match("user:9")
-	require.True(t, ok)
-	assert.EqualValues(t, 150, r.Burst)
-
-	_, err = LoadPolicy(filepath.Join(dir, "missing.yaml"))
-	require.Error(t, err)
-	assert.NotErrorIs(t, err, ErrInvalidRules)
-
-	// An empty file is no rules and default allow.
-	require.NoError(t, os.WriteFile(path, nil, 0o600))
-	p, err = LoadPolicy(path)
-	require.NoError(t, err)
-	assert.Equal(t, DefaultAllow, p.Default())
-	assert.Empty(t, p.Rules())
+	require.Len(t, r.Limits, 2)
+	assert.Equal(t, Limit{Algorithm: TokenBucket, Limit: 3, Period: time.Minute, Burst: 3}, r.Limits[0])
+	assert.Equal(t, Limit{Algorithm: TokenBucket, Limit: 100, Period: time.Hour, Burst: 20}, r.Limits[1])
+	assert.Equal(t, 1, r.Binding(), "100/h is the lower rate")
+	assert.Zero(t, r.Limit, "compiled rules carry their limits in Limits only")
 }
 
 func FuzzGlobMatch(f *testing.F) {

@@ -117,12 +117,42 @@ type LeaseResult struct {
 	// Rule names the rule that matched; empty when no rule matched and the
 	// server's default is allow.
 	Rule string `json:"rule,omitempty"`
+	// Algorithm is the algorithm of the rule's binding limit (the one
+	// Limit, PeriodMillis and Burst describe).
+	Algorithm string `json:"algorithm,omitempty"`
+	// DelayMillis is set by a shaping algorithm (leaky_bucket): the wait
+	// from the server's answer until the first granted token may be spent;
+	// the others follow one every PeriodMillis/Limit.
+	DelayMillis int64 `json:"delay_ms,omitempty"`
+	// Limits has the state of each limit of the rule after this entry, in
+	// the rule's order: a request needs all of them. Limit, PeriodMillis
+	// and Burst above describe the one with the lowest rate, Remaining the
+	// least remaining.
+	Limits []LimitStatus `json:"limits,omitempty"`
 	// Unlimited is true when no rule matched and the server's default is
 	// allow: the key has no limit, and Granted equals Want.
 	Unlimited bool `json:"unlimited,omitempty"`
 	// Error, when set, says why this entry failed; the other fields are then
 	// zero apart from Key.
 	Error *Problem `json:"error,omitempty"`
+}
+
+// LimitStatus is the state of one limit of a key's rule after a decision,
+// from the store's view (all clients together): what RateLimit headers
+// carry.
+type LimitStatus struct {
+	// Algorithm, Limit, PeriodMillis and Burst describe the limit: Limit
+	// tokens per period; Burst is a token bucket's size or a leaky bucket's
+	// queue, and equals Limit for the windows.
+	Algorithm    string `json:"algorithm"`
+	Limit        int64  `json:"limit"`
+	PeriodMillis int64  `json:"period_ms"`
+	Burst        int64  `json:"burst"`
+	// Remaining is what the limit would still admit now.
+	Remaining int64 `json:"remaining"`
+	// ResetMillis is the time until the limit is whole again if nothing
+	// else happens: a token bucket's refill to its burst, a window's end.
+	ResetMillis int64 `json:"reset_ms"`
 }
 
 // CheckRequest is the body of POST /v1/check.
@@ -150,6 +180,10 @@ type CheckResponse struct {
 	// RetryAfterMillis is set when Allowed is false: the longest wait among
 	// the keys that denied.
 	RetryAfterMillis int64 `json:"retry_after_ms"`
+	// DelayMillis is set when the request was allowed by a shaping
+	// algorithm (leaky_bucket): the wait until its slot. The caller should
+	// wait that long before acting.
+	DelayMillis int64 `json:"delay_ms,omitempty"`
 	// Keys has one result per requested key, in the request's order.
 	Keys []CheckResult `json:"keys"`
 	// Error, in a LeaseResponse's Takes only, says why the take could not
@@ -176,6 +210,11 @@ type CheckResult struct {
 	// LeaseTTLMillis is the lease TTL of the rule: a client deciding the
 	// key directly learns from it how long a lease of the key would live.
 	LeaseTTLMillis int64 `json:"lease_ttl_ms,omitempty"`
+	// Algorithm, DelayMillis and Limits are as in LeaseResult; Limit,
+	// PeriodMillis and Burst describe the rule's binding limit.
+	Algorithm   string        `json:"algorithm,omitempty"`
+	DelayMillis int64         `json:"delay_ms,omitempty"`
+	Limits      []LimitStatus `json:"limits,omitempty"`
 }
 
 // Errors returned by ValidateKey; match them with errors.Is.

@@ -14,7 +14,7 @@
 //
 //	POST /v1/leases   acquire, renew and return leases (protocol.LeaseRequest)
 //	POST /v1/check    one all-or-nothing decision (protocol.CheckRequest)
-//	GET  /v1/rules    the rules the caller's key patterns reach, and those patterns (RulesResponse)
+//	GET  /v1/rules    the rules the caller's key patterns reach, and those patterns (protocol.RulesResponse)
 //	GET  /healthz     the process is alive
 //	GET  /readyz      the store answers and the server is not shutting down; a failed rules reload is in its detail
 //	GET  /metrics     Prometheus metrics (Options.MetricsTokenSHA256 may require a token)

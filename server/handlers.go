@@ -24,55 +24,6 @@ import (
 	"github.com/ratelease/ratelease/protocol"
 )
 
-// RulesResponse is the body of GET /v1/rules: the rules in force that the
-// caller can reach, and what the caller may do. It never carries the
-// clients' token hashes.
-//
-// Rules are filtered by the caller's key patterns: a rule is listed only
-// when some valid key (see protocol.ValidateKey) matches both the rule's
-// pattern and one of the caller's, so a client does not learn the patterns
-// and limits of keys it may not use. A client whose patterns include "*"
-// (and the anonymous caller of a server without clients) sees every rule
-// that can match a key at all.
-type RulesResponse struct {
-	// Version is the hex SHA-256 of the rules file in force; it changes
-	// with every reload.
-	Version string `json:"version"`
-	// Default says what happens to keys that match no rule: "allow" or
-	// "deny".
-	Default leases.Default `json:"default"`
-	// Rules are the rules the caller's key patterns can reach (see above),
-	// in file order, with defaults filled in.
-	Rules []RuleInfo `json:"rules"`
-	// Client is the caller's client name, AnonymousClient when the server
-	// has no clients configured.
-	Client string `json:"client"`
-	// Keys are the glob patterns of the keys the caller may use.
-	Keys []string `json:"keys"`
-}
-
-// RuleInfo describes one rule in a RulesResponse. Durations are given both
-// as Go duration strings ("1s", "1m") and in milliseconds.
-type RuleInfo struct {
-	// Name identifies the rule.
-	Name string `json:"name"`
-	// Match is the rule's glob pattern.
-	Match string `json:"match"`
-	// Algorithm is the rule's algorithm, "token_bucket" today.
-	Algorithm leases.Algorithm `json:"algorithm"`
-	// Limit tokens are added per Period.
-	Limit int64 `json:"limit"`
-	// Period is the refill period, as "1s"; PeriodMillis in milliseconds.
-	Period       string `json:"period"`
-	PeriodMillis int64  `json:"period_ms"`
-	// Burst is the bucket size.
-	Burst int64 `json:"burst"`
-	// LeaseTTL is the lifetime of a lease, as "2s"; LeaseTTLMillis in
-	// milliseconds.
-	LeaseTTL       string `json:"lease_ttl"`
-	LeaseTTLMillis int64  `json:"lease_ttl_ms"`
-}
-
 // routes builds the handler. Every route is instrumented and recovers from
 // panics. Besides the API's method patterns, each API path is registered
 // without a method, which answers 405 with an Allow header, and "/" catches
@@ -420,8 +371,15 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 	}
 	if len(permitted) > 0 {
 		ctx, cancel := context.WithTimeout(r.Context(), s.opts.StoreTimeout)
-		out, rep, err := st.engine.Lease(ctx, leases.Owner{Client: who.name, Process: req.ClientID}, permitted)
+		decided, rep, err := st.engine.Lease(ctx, leases.Owner{Client: who.name, Process: req.ClientID}, leaseAsks(permitted))
 		cancel()
+		var out []protocol.LeaseResult
+		if err == nil {
+			out = make([]protocol.LeaseResult, len(decided))
+			for j := range decided {
+				out[j] = leaseResultWire(&decided[j])
+			}
+		}
 		hk.finish(held, out, s.opts.Now().UnixNano())
 		if err != nil {
 			s.storeFailed(w, r, err)
@@ -482,18 +440,19 @@ func (s *Server) takes(w http.ResponseWriter, r *http.Request, st *state, who *c
 		return out, true
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.opts.StoreTimeout)
-	res, rep, err := st.engine.Take(ctx, permitted)
+	decided, rep, err := st.engine.Take(ctx, takeAsks(permitted))
 	cancel()
 	if err != nil {
 		s.storeFailed(w, r, err)
 		return nil, false
 	}
 	s.metrics.record(rep)
-	if idx == nil {
-		return res, true
-	}
-	for j := range res {
-		out[idx[j]] = res[j]
+	for j := range decided {
+		i := j
+		if idx != nil {
+			i = idx[j]
+		}
+		out[i] = takeResultWire(&decided[j])
 	}
 	return out, true
 }
@@ -564,17 +523,18 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request, st *state, 
 		}
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.opts.StoreTimeout)
-	resp, rep, err := st.engine.Check(ctx, req.Keys, req.CostOrDefault())
+	decided, rep, err := st.engine.Check(ctx, req.Keys, req.CostOrDefault())
 	cancel()
 	if err != nil {
-		if p, ok := errors.AsType[*protocol.Problem](err); ok {
-			writeProblem(w, p)
+		if _, ok := errors.AsType[*leases.DecisionError](err); ok {
+			writeProblem(w, decisionProblem(err))
 			return
 		}
 		s.storeFailed(w, r, err)
 		return
 	}
 	s.metrics.record(rep)
+	resp := takeResultWire(&decided)
 	if !resp.Allowed {
 		w.Header().Set("Retry-After", retryAfterSeconds(resp.RetryAfterMillis))
 	}
@@ -588,14 +548,14 @@ func retryAfterSeconds(ms int64) string {
 }
 
 // handleRules serves GET /v1/rules, listing the rules that the caller's key
-// patterns can reach (see RulesResponse).
+// patterns can reach (see protocol.RulesResponse).
 func (s *Server) handleRules(w http.ResponseWriter, r *http.Request, st *state, who *client) {
 	p := st.rules.policy
 	rules := p.Rules()
-	resp := RulesResponse{
+	resp := protocol.RulesResponse{
 		Version: st.rules.Version(),
-		Default: p.Default(),
-		Rules:   make([]RuleInfo, 0, len(rules)),
+		Default: string(p.Default()),
+		Rules:   make([]protocol.RuleInfo, 0, len(rules)),
 		Client:  who.name,
 		Keys:    who.keys,
 	}
@@ -613,17 +573,19 @@ func (s *Server) handleRules(w http.ResponseWriter, r *http.Request, st *state, 
 		}) {
 			continue
 		}
-		resp.Rules = append(resp.Rules, RuleInfo{
+		info := protocol.RuleInfo{
 			Name:           rl.Name,
 			Match:          rl.Match,
-			Algorithm:      rl.Algorithm,
-			Limit:          rl.Limit,
-			Period:         formatDuration(rl.Period),
-			PeriodMillis:   rl.Period.Milliseconds(),
-			Burst:          rl.Burst,
+			Limits:         make([]protocol.LimitInfo, len(rl.Limits)),
 			LeaseTTL:       formatDuration(rl.LeaseTTL),
 			LeaseTTLMillis: rl.LeaseTTL.Milliseconds(),
-		})
+		}
+		for i, l := range rl.Limits {
+			info.Limits[i] = protocol.LimitInfo{Algorithm: string(l.Algorithm), Limit: l.Limit, Period: formatDuration(l.Period), PeriodMillis: l.Period.Milliseconds(), Burst: l.Burst}
+		}
+		first := info.Limits[0]
+		info.Algorithm, info.Limit, info.Period, info.PeriodMillis, info.Burst = first.Algorithm, first.Limit, first.Period, first.PeriodMillis, first.Burst
+		resp.Rules = append(resp.Rules, info)
 	}
 	writeJSON(w, http.StatusOK, resp)
 }

@@ -400,23 +400,25 @@ func TestRulesEndpoint(t *testing.T) {
 	assert.NotContains(t, string(r.body), sha(betaToken))
 	assert.NotContains(t, string(r.body), "token_sha256")
 
-	var rr RulesResponse
+	var rr protocol.RulesResponse
 	require.NoError(t, json.Unmarshal(r.body, &rr))
 	assert.Equal(t, f.srv.Rules().Version(), rr.Version)
 	assert.Len(t, rr.Version, 64)
-	assert.Equal(t, leases.DefaultAllow, rr.Default)
+	assert.Equal(t, string(leases.DefaultAllow), rr.Default)
 	assert.Equal(t, "alpha", rr.Client)
 	assert.Equal(t, []string{"user:*", "tiny:*"}, rr.Keys)
 	require.Len(t, rr.Rules, 2)
-	assert.Equal(t, RuleInfo{Name: "per-user", Match: "user:*", Algorithm: leases.TokenBucket, Limit: 100,
-		Period: "1s", PeriodMillis: 1000, Burst: 100, LeaseTTL: "2s", LeaseTTLMillis: 2000}, rr.Rules[0])
-	assert.Equal(t, RuleInfo{Name: "tiny", Match: "tiny:*", Algorithm: leases.TokenBucket, Limit: 1,
-		Period: "1h", PeriodMillis: 3_600_000, Burst: 1, LeaseTTL: "2s", LeaseTTLMillis: 2000}, rr.Rules[1])
+	assert.Equal(t, protocol.RuleInfo{Name: "per-user", Match: "user:*", Algorithm: "token_bucket", Limit: 100,
+		Period: "1s", PeriodMillis: 1000, Burst: 100, LeaseTTL: "2s", LeaseTTLMillis: 2000,
+		Limits: []protocol.LimitInfo{{Algorithm: "token_bucket", Limit: 100, Period: "1s", PeriodMillis: 1000, Burst: 100}}}, rr.Rules[0])
+	assert.Equal(t, protocol.RuleInfo{Name: "tiny", Match: "tiny:*", Algorithm: "token_bucket", Limit: 1,
+		Period: "1h", PeriodMillis: 3_600_000, Burst: 1, LeaseTTL: "2s", LeaseTTLMillis: 2000,
+		Limits: []protocol.LimitInfo{{Algorithm: "token_bucket", Limit: 1, Period: "1h", PeriodMillis: 3_600_000, Burst: 1}}}, rr.Rules[1])
 
 	// beta may use user:* only, so it does not see tiny.
 	r = f.do(http.MethodGet, protocol.PathRules, betaToken, "", nil)
 	require.Equal(t, http.StatusOK, r.status)
-	rr = RulesResponse{}
+	rr = protocol.RulesResponse{}
 	require.NoError(t, json.Unmarshal(r.body, &rr))
 	assert.Equal(t, "beta", rr.Client)
 	require.Len(t, rr.Rules, 1)
@@ -471,7 +473,7 @@ clients:
 	} {
 		r := f.do(http.MethodGet, protocol.PathRules, tt.token, "", nil)
 		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
-		var rr RulesResponse
+		var rr protocol.RulesResponse
 		require.NoError(t, json.Unmarshal(r.body, &rr))
 		names := []string{}
 		for _, rl := range rr.Rules {

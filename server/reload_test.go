@@ -24,7 +24,7 @@ func (f *fixture) rulesLimit(token string) int64 {
 	f.t.Helper()
 	r := f.do(http.MethodGet, protocol.PathRules, token, "", nil)
 	require.Equal(f.t, http.StatusOK, r.status, "body: %s", r.body)
-	var rr RulesResponse
+	var rr protocol.RulesResponse
 	require.NoError(f.t, json.Unmarshal(r.body, &rr))
 	for _, rl := range rr.Rules {
 		if rl.Name == "per-user" {

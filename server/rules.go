@@ -1,13 +1,18 @@
 package server
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
 	"os"
+	"time"
 
 	"github.com/ratelease/ratelease/leases"
+	"go.yaml.in/yaml/v3"
 )
 
 // AnonymousClient is the client name of every caller when the rules file
@@ -17,8 +22,8 @@ const AnonymousClient = "anonymous"
 // maxClientNameBytes is the longest client name.
 const maxClientNameBytes = 64
 
-// RulesFile is a rules file as written: the rules of package leases (default
-// and rules) and the clients section, which only the server reads.
+// RulesFile is a rules file as written: the default, the rules, and the
+// clients that may call the API.
 //
 //	default: allow
 //	rules:
@@ -26,6 +31,11 @@ const maxClientNameBytes = 64
 //	    match: "user:*"
 //	    limit: 100
 //	    period: 1s
+//	  - name: login
+//	    match: "login:*"
+//	    limits:
+//	      - {limit: 3, period: 1m, algorithm: sliding_window_log}
+//	      - {limit: 100, period: 1h}
 //	clients:
 //	  - name: checkout
 //	    token_sha256: "<64 hex digits: printf %s "$TOKEN" | sha256sum>"
@@ -34,10 +44,62 @@ const maxClientNameBytes = 64
 // Unknown fields are an error, so that a typo is reported rather than
 // silently ignored.
 type RulesFile struct {
-	leases.RuleSet `yaml:",inline"`
+	// Default applies to keys that match no rule: "allow" (the default) or
+	// "deny".
+	Default leases.Default `yaml:"default"`
+	// Rules in file order.
+	Rules []RuleConfig `yaml:"rules"`
 	// Clients are the callers allowed to use the API. When the list is
 	// empty, the API needs no authentication.
 	Clients []ClientConfig `yaml:"clients"`
+}
+
+// RuleConfig is one entry of a rules file's rules section (see
+// leases.Rule for the meaning and bounds of each field). A rule with one
+// limit gives it in algorithm, limit, period and burst; a rule with several
+// gives them in limits, and a request needs all of them.
+type RuleConfig struct {
+	Name      string           `yaml:"name"`
+	Match     string           `yaml:"match"`
+	Algorithm leases.Algorithm `yaml:"algorithm"`
+	Limit     int64            `yaml:"limit"`
+	Period    time.Duration    `yaml:"period"`
+	Burst     int64            `yaml:"burst"`
+	Limits    []LimitConfig    `yaml:"limits"`
+	LeaseTTL  time.Duration    `yaml:"lease_ttl"`
+}
+
+// LimitConfig is one entry of a rule's limits (see leases.Limit).
+type LimitConfig struct {
+	Algorithm leases.Algorithm `yaml:"algorithm"`
+	Limit     int64            `yaml:"limit"`
+	Period    time.Duration    `yaml:"period"`
+	Burst     int64            `yaml:"burst"`
+}
+
+// RuleSet returns the file's rules as package leases takes them.
+func (f *RulesFile) RuleSet() leases.RuleSet {
+	rs := leases.RuleSet{Default: f.Default, Rules: make([]leases.Rule, len(f.Rules))}
+	for i, rc := range f.Rules {
+		r := leases.Rule{Name: rc.Name, Match: rc.Match, Algorithm: rc.Algorithm, Limit: rc.Limit, Period: rc.Period, Burst: rc.Burst, LeaseTTL: rc.LeaseTTL}
+		for _, lc := range rc.Limits {
+			r.Limits = append(r.Limits, leases.Limit{Algorithm: lc.Algorithm, Limit: lc.Limit, Period: lc.Period, Burst: lc.Burst})
+		}
+		rs.Rules[i] = r
+	}
+	return rs
+}
+
+// decodeYAMLStrict decodes one YAML document into v, refusing unknown
+// fields. An empty document decodes to the zero value. Errors wrap
+// leases.ErrInvalidRules.
+func decodeYAMLStrict(data []byte, v any) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("%w: %w", leases.ErrInvalidRules, err)
+	}
+	return nil
 }
 
 // ClientConfig is one entry of a rules file's clients section.
@@ -79,10 +141,10 @@ type client struct {
 // leases.ErrInvalidRules and name the rule or client and the field at fault.
 func ParseRules(data []byte) (*Rules, error) {
 	var f RulesFile
-	if err := leases.DecodeYAMLStrict(data, &f); err != nil {
+	if err := decodeYAMLStrict(data, &f); err != nil {
 		return nil, err
 	}
-	p, err := leases.NewPolicy(f.RuleSet)
+	p, err := leases.NewPolicy(f.RuleSet())
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -200,4 +201,97 @@ func TestNewErrors(t *testing.T) {
 	require.ErrorIs(t, err, leases.ErrInvalidRules)
 	assert.Contains(t, err.Error(), `rule "per-user"`)
 	assert.Contains(t, err.Error(), "burst")
+}
+
+func TestParseRulesRuleErrors(t *testing.T) {
+	tests := []struct {
+		name, yaml, want string
+	}{
+		{"zero period", "rules:\n- {name: a, match: 'x', limit: 1, period: 0s}", `rule "a": period: is 0s`},
+		{"missing period", "rules:\n- {name: a, match: 'x', limit: 1}", `rule "a": period`},
+		{"negative limit", "rules:\n- {name: a, match: 'x', limit: -5, period: 1s}", `rule "a": limit: is -5`},
+		{"huge limit", "rules:\n- {name: a, match: 'x', limit: 2000000000, period: 1s}", `rule "a": limit`},
+		{"negative burst", "rules:\n- {name: a, match: 'x', limit: 1, period: 1s, burst: -1}", `rule "a": burst`},
+		{"long ttl", "rules:\n- {name: a, match: 'x', limit: 1, period: 1s, lease_ttl: 2h}", `rule "a": lease_ttl`},
+		{"no name", "rules:\n- {match: 'x', limit: 1, period: 1s}", `rule "(match \"x\")": name: is required`},
+		{"empty match", "rules:\n- {name: a, match: '', limit: 1, period: 1s}", `rule "a": match: pattern is empty`},
+		{"dup name", "rules:\n- {name: a, match: 'x', limit: 1, period: 1s}\n- {name: a, match: 'y', limit: 1, period: 1s}", `rule "a": name: used by more than one rule`},
+		{"dup match", "rules:\n- {name: a, match: 'x', limit: 1, period: 1s}\n- {name: b, match: 'x', limit: 1, period: 1s}", `rule "b": match`},
+		{"unknown algorithm", "rules:\n- {name: a, match: 'x', algorithm: magic, limit: 1, period: 1s}", `rule "a": algorithm: unknown algorithm "magic"`},
+		{"both forms", "rules:\n- {name: a, match: 'x', limit: 1, period: 1s, limits: [{limit: 2, period: 1m}]}", `rule "a": limits: give algorithm`},
+		{"bad limit of several", "rules:\n- {name: a, match: 'x', limits: [{limit: 2, period: 1m}, {limit: 0, period: 1h}]}", `rule "a": limits[1].limit: is 0`},
+		{"typo in limits", "rules:\n- {name: a, match: 'x', limits: [{limt: 2, period: 1m}]}", "field limt not found"},
+		{"bad default", "default: maybe", `default: "maybe" must be allow or deny`},
+		{"typo field", "rules:\n- {name: a, match: 'x', limt: 1, period: 1s}", "field limt not found"},
+		{"bad duration", "rules:\n- {name: a, match: 'x', limit: 1, period: soon}", "invalid rules"},
+		{"not yaml", "rules: [", "invalid rules"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseRules([]byte(tt.yaml))
+			require.Error(t, err)
+			assert.ErrorIs(t, err, leases.ErrInvalidRules)
+			assert.Contains(t, err.Error(), tt.want)
+		})
+	}
+}
+
+func TestLoadRulesPolicy(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "rules.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(`
+default: deny
+rules:
+  - name: per-user
+    match: "user:*"
+    algorithm: token_bucket
+    limit: 100
+    period: 1s
+    burst: 150
+    lease_ttl: 2s
+  - name: create-url
+    match: "api:createURL"
+    limit: 1000
+    period: 1m
+`), 0o600))
+	rules, err := LoadRules(path)
+	require.NoError(t, err)
+	p := rules.Policy()
+	assert.Equal(t, leases.DefaultDeny, p.Default())
+	r, ok := p.Match("api:createURL")
+	require.True(t, ok)
+	assert.Equal(t, time.Minute, r.Limits[0].Period)
+	assert.EqualValues(t, 1000, r.Limits[0].Burst)
+	r, ok = p.Match("user:9")
+	require.True(t, ok)
+	assert.EqualValues(t, 150, r.Limits[0].Burst)
+
+	_, err = LoadRules(filepath.Join(dir, "missing.yaml"))
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, leases.ErrInvalidRules)
+
+	// An empty file is no rules and default allow.
+	require.NoError(t, os.WriteFile(path, nil, 0o600))
+	rules, err = LoadRules(path)
+	require.NoError(t, err)
+	assert.Equal(t, leases.DefaultAllow, rules.Policy().Default())
+	assert.Empty(t, rules.Policy().Rules())
+}
+
+func TestParseRulesSeveralLimits(t *testing.T) {
+	rules, err := ParseRules([]byte(`
+rules:
+  - name: login
+    match: "login:*"
+    limits:
+      - {limit: 3, period: 1m}
+      - {limit: 100, period: 1h, burst: 20}
+`))
+	require.NoError(t, err)
+	r, ok := rules.Policy().Match("login:ann")
+	require.True(t, ok)
+	assert.Equal(t, []leases.Limit{
+		{Algorithm: leases.TokenBucket, Limit: 3, Period: time.Minute, Burst: 3},
+		{Algorithm: leases.TokenBucket, Limit: 100, Period: time.Hour, Burst: 20},
+	}, r.Limits)
 }

@@ -79,6 +79,7 @@ var clockBase = time.Now()
 func BenchmarkCompare(b *testing.B) {
 	e := startEnv(b)
 	setMemory(measureMemory(b, e.rdb))
+	setAlgorithms(measureAlgorithms(b, e.redis.Client(b), algoRun))
 	measureTimerFloor()
 	d := runLength()
 	setRun(d)

@@ -76,6 +76,7 @@ var collected struct {
 	floorP50, floorP99 float64
 	run                time.Duration
 	memory             storetest.BucketMemory
+	algorithms         []algoResult
 }
 
 func record(r result) {
@@ -103,6 +104,12 @@ func setMemory(m storetest.BucketMemory) {
 	collected.Lock()
 	defer collected.Unlock()
 	collected.memory = m
+}
+
+func setAlgorithms(rs []algoResult) {
+	collected.Lock()
+	defer collected.Unlock()
+	collected.algorithms = rs
 }
 
 func setRun(d time.Duration) {
@@ -139,6 +146,7 @@ type reportData struct {
 	Took               time.Duration // the whole benchmark
 	FloorP50, FloorP99 float64
 	Memory             storetest.BucketMemory
+	Algorithms         []algoResult
 }
 
 type machine struct {
@@ -162,14 +170,15 @@ var processStart = time.Now()
 func writeReport(dir string) error {
 	collected.Lock()
 	d := reportData{
-		Machine:  currentMachine(collected.redisVersion),
-		Command:  command(),
-		Date:     time.Now().UTC(),
-		Run:      collected.run,
-		Took:     time.Since(processStart),
-		FloorP50: collected.floorP50,
-		FloorP99: collected.floorP99,
-		Memory:   collected.memory,
+		Machine:    currentMachine(collected.redisVersion),
+		Command:    command(),
+		Date:       time.Now().UTC(),
+		Run:        collected.run,
+		Took:       time.Since(processStart),
+		FloorP50:   collected.floorP50,
+		FloorP99:   collected.floorP99,
+		Memory:     collected.memory,
+		Algorithms: collected.algorithms,
 	}
 	var missing []string
 	for _, wl := range workloads {
@@ -695,6 +704,7 @@ func renderMarkdown(d reportData) string {
 		p("\n")
 	}
 
+	p("%s", algorithmsText(d.Algorithms))
 	p("%s", memoryText(d.Memory))
 	p("## How it is measured\n\n")
 	p("- **Arrivals**: a Poisson process at the workload's rate, keys drawn from its distribution, the i-th arrival sent to instance i mod n; a fixed seed per workload, so every system, and every run, gets the same schedule. ")

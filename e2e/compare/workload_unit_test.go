@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratelease/ratelease/leases"
+	"github.com/ratelease/ratelease/server"
 )
 
 func TestArrivals(t *testing.T) {
@@ -81,10 +82,9 @@ func TestArrivalsBounds(t *testing.T) {
 // TestRulesYAML checks that rateleased's rules give every workload's keys
 // the workload's rule, and deny every other key.
 func TestRulesYAML(t *testing.T) {
-	rs, err := leases.ParseRuleSet([]byte(rulesYAML()))
+	rules, err := server.ParseRules([]byte(rulesYAML()))
 	require.NoError(t, err)
-	p, err := leases.NewPolicy(rs)
-	require.NoError(t, err)
+	p := rules.Policy()
 	assert.Equal(t, leases.DefaultDeny, p.Default())
 	for _, wl := range workloads {
 		for _, tag := range []string{"a1", "c27"} {
@@ -92,7 +92,7 @@ func TestRulesYAML(t *testing.T) {
 				r, ok := p.Match(wl.key(tag, id))
 				require.True(t, ok, wl.key(tag, id))
 				assert.Equal(t, wl.name, r.Name)
-				assert.Equal(t, wl.rule, rule{limit: r.Limit, period: r.Period, burst: r.Burst}, wl.name)
+				assert.Equal(t, wl.rule, rule{limit: r.Limits[0].Limit, period: r.Limits[0].Period, burst: r.Limits[0].Burst}, wl.name)
 			}
 		}
 	}
