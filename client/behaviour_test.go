@@ -148,11 +148,24 @@ clients:
 	}
 	assert.Equal(t, calls, c.Stats().ServerCalls, "a refused key is denied locally")
 
+	// A forbidden key is a misconfiguration too: the decision says so.
+	d = c.Allow(ctx, "admin:1")
+	require.Error(t, d.Err)
+	assert.ErrorIs(t, d.Err, client.ErrForbidden)
+	err := c.Wait(ctx, "admin:1")
+	assert.ErrorIs(t, err, client.ErrForbidden)
+	assert.NotErrorIs(t, err, client.ErrRateLimited)
+	// No rule under default deny is the rules' answer, a denial.
+	d = c.Allow(ctx, "nomatch:1")
+	assert.NoError(t, d.Err)
+
 	// A wrong token: the server refuses every call. That is a
-	// misconfiguration, not an outage: the decision is denied, the error is
-	// reported with its cause, and the fallback (open here) does not decide.
+	// misconfiguration, not an outage: the decision is denied with its
+	// cause, the error is reported, and the fallback (open here) does not
+	// decide. (New would fail on it: the probe is skipped to reach the
+	// decisions; see TestMisconfiguration.)
 	var refused atomic.Int64
-	bad := newClient(t, client.Config{Servers: []string{srv.URL()}, Token: "wrong", Fallback: client.FallbackOpen, OnServerError: func(err error) {
+	bad := newClient(t, client.Config{Servers: []string{srv.URL()}, Token: "wrong", Fallback: client.FallbackOpen, ProbeTimeout: -1, OnServerError: func(err error) {
 		if errors.Is(err, client.ErrServerRefused) {
 			refused.Add(1)
 		}
@@ -160,12 +173,14 @@ clients:
 	for range 3 {
 		d = bad.Allow(ctx, "user:1")
 		assert.False(t, d.Allowed)
-		assert.Equal(t, client.SourceDenied, d.Source)
+		assert.Equal(t, client.SourceRefused, d.Source)
+		assert.ErrorIs(t, d.Err, client.ErrUnauthorized)
 	}
 	st := bad.Stats()
 	assert.True(t, st.Online, "the server answered")
 	assert.Zero(t, st.FallbackDecisions)
 	assert.Positive(t, refused.Load())
+	assert.Positive(t, st.Refusals)
 }
 
 func TestMaxKeysAndIdle(t *testing.T) {

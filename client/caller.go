@@ -29,10 +29,77 @@ var (
 	// answer to the request (garbage, wrong entries, impossible grants). The
 	// client treats it like a server that did not answer.
 	ErrServerResponse = errors.New("invalid response from lease server")
-	// ErrServerRefused: a server refused the call itself (401, 403, 4xx):
-	// a configuration problem (token, client ID) that retrying won't fix.
+	// ErrServerRefused is matched by the error of a call a server refused
+	// as a whole (401, 403, another 4xx without per-entry answers): a
+	// configuration problem (token, key patterns, client ID) that retrying
+	// will not fix. Use errors.As with *RefusedError for the status and the
+	// server's explanation.
 	ErrServerRefused = errors.New("lease server refused the call")
+	// ErrUnauthorized is matched, besides ErrServerRefused, by the error of
+	// a call a server answered 401: the client sent no bearer token, or one
+	// the server does not know. Check Config.Token.
+	ErrUnauthorized = errors.New("unauthorized")
+	// ErrForbidden is matched, besides ErrServerRefused, by the error of a
+	// call a server answered 403, and by the error of a decision on a key
+	// the client's token may not use: check the client's key patterns in
+	// the server's rules.
+	ErrForbidden = errors.New("forbidden")
 )
+
+// RefusedError is a refusal by a lease server: of a whole call (a 4xx
+// status such as 401 or 403), or of one key (code forbidden). It is a
+// misconfiguration, never a rate limit. It matches ErrServerRefused with
+// errors.Is, and ErrUnauthorized or ErrForbidden as its status or code says.
+type RefusedError struct {
+	// Server is the host that refused.
+	Server string
+	// Status is the HTTP status of the refusal: 401, 403, another 4xx.
+	Status int
+	// Code is the problem code the server gave (protocol.CodeUnauthorized,
+	// protocol.CodeForbidden, ...), empty when its answer carried none.
+	Code protocol.Code
+	// Detail is the server's explanation, when it gave one.
+	Detail string
+}
+
+// Error describes the refusal and what to check.
+func (e *RefusedError) Error() string {
+	var hint string
+	switch {
+	case e.Status == http.StatusUnauthorized:
+		hint = "unauthorized: check the client's token (Config.Token)"
+	case e.Status == http.StatusForbidden:
+		hint = "forbidden: check the client's key patterns in the server's rules"
+	default:
+		hint = "refused: check the client's configuration"
+	}
+	who := "a lease server"
+	if e.Server != "" {
+		who = "lease server " + e.Server
+	}
+	msg := fmt.Sprintf("%s refused (HTTP %d): %s", who, e.Status, hint)
+	if e.Code != "" {
+		msg += " (code " + string(e.Code) + ")"
+	}
+	if e.Detail != "" {
+		msg += ": " + e.Detail
+	}
+	return msg
+}
+
+// Is makes errors.Is match ErrServerRefused always, ErrUnauthorized for a
+// 401 and ErrForbidden for a 403.
+func (e *RefusedError) Is(target error) bool {
+	switch target {
+	case ErrServerRefused:
+		return true
+	case ErrUnauthorized:
+		return e.Status == http.StatusUnauthorized
+	case ErrForbidden:
+		return e.Status == http.StatusForbidden
+	}
+	return false
+}
 
 // caller makes the calls to the lease servers: one server at a time, moving
 // to the next on failure, with go-retryablehttp's retries and a capped
@@ -134,7 +201,7 @@ func isProblem(resp *http.Response) bool {
 }
 
 // lease sends one lease request and returns the validated response: one
-// result per lease entry and one per take. It fails with ErrServerRefused,
+// result per lease entry and one per take. It fails with a *RefusedError,
 // ErrServerResponse, a transport error or ctx's error.
 func (h *caller) lease(ctx context.Context, req *protocol.LeaseRequest) (*protocol.LeaseResponse, error) {
 	body, err := json.Marshal(req)
@@ -155,6 +222,9 @@ func (h *caller) lease(ctx context.Context, req *protocol.LeaseRequest) (*protoc
 	r.SetResponseHandler(func(resp *http.Response) error {
 		res, err := decodeLeaseResponse(resp, req)
 		if err != nil {
+			if _, ok := errors.AsType[permanent](err); ok {
+				return err // a RefusedError names its server
+			}
 			return fmt.Errorf("%s: %w", resp.Request.URL.Host, err)
 		}
 		results = res
@@ -162,14 +232,28 @@ func (h *caller) lease(ctx context.Context, req *protocol.LeaseRequest) (*protoc
 	})
 	resp, err := h.rc.Do(r)
 	if err != nil {
-		h.failures.Add(1)
 		if ctx.Err() != nil {
+			h.failures.Add(1)
 			return nil, ctx.Err()
 		}
+		if errors.Is(err, ErrServerRefused) {
+			// A server answered: a refusal, counted by the client, not a
+			// failure of every server.
+			return nil, fmt.Errorf("client: %w", err)
+		}
+		h.failures.Add(1)
 		return nil, fmt.Errorf("client: lease servers %v: %w", h.cfg.Servers, err)
 	}
 	resp.Body.Close()
 	return results, nil
+}
+
+// hostOf returns the host resp came from, empty when unknown.
+func hostOf(resp *http.Response) string {
+	if resp.Request == nil || resp.Request.URL == nil {
+		return ""
+	}
+	return resp.Request.URL.Host
 }
 
 // decodeLeaseResponse reads a lease server's answer. A 4xx problem that
@@ -191,10 +275,11 @@ func decodeLeaseResponse(resp *http.Response, req *protocol.LeaseRequest) (*prot
 	case resp.StatusCode >= 400 && resp.StatusCode < 500:
 		var p protocol.Problem
 		if err := json.Unmarshal(data, &p); err != nil || p.Code == "" {
-			return nil, permanent{fmt.Errorf("%w: HTTP %d: %s", ErrServerRefused, resp.StatusCode, bytes.TrimSpace(data[:min(len(data), 200)]))}
+			return nil, permanent{&RefusedError{Server: hostOf(resp), Status: resp.StatusCode,
+				Detail: string(bytes.ToValidUTF8(bytes.TrimSpace(data[:min(len(data), 200)]), nil))}}
 		}
 		if len(p.Leases) == 0 || len(req.Takes) > 0 {
-			return nil, permanent{fmt.Errorf("%w: %w", ErrServerRefused, &p)}
+			return nil, permanent{&RefusedError{Server: hostOf(resp), Status: resp.StatusCode, Code: p.Code, Detail: p.Detail}}
 		}
 		out.Leases = p.Leases
 	default:

@@ -36,6 +36,13 @@ const (
 	// take (one call, coalesced with the process's other decisions in
 	// flight): the key holds no lease in this process.
 	SourceDirect
+	// SourceRefused: denied because a lease server refused the client's
+	// calls as a whole (401 unauthorized, 403 forbidden, another 4xx): a
+	// misconfiguration, not a rate limit. Decision.Err says why. The
+	// fallback does not decide: a server answered. For about a second
+	// after a refusal, decisions are denied without a call; then the next
+	// one asks again, so a corrected token on the server is seen.
+	SourceRefused
 )
 
 // String returns the source's name.
@@ -55,6 +62,8 @@ func (s Source) String() string {
 		return "closed"
 	case SourceDirect:
 		return "direct"
+	case SourceRefused:
+		return "refused"
 	}
 	return fmt.Sprintf("Source(%d)", uint8(s))
 }
@@ -72,6 +81,14 @@ type Decision struct {
 	Remaining int64
 	// Source says which path decided.
 	Source Source
+	// Err is set when the request was denied because of a misconfiguration
+	// rather than a limit: a server refused the client's calls (Source
+	// SourceRefused; the error matches ErrUnauthorized for a 401,
+	// ErrForbidden for a 403, and always ErrServerRefused), or refused a key
+	// this client may not use (Source SourceDenied; it matches
+	// ErrForbidden). It is a *RefusedError. Nil for every other decision,
+	// denials by a limit included.
+	Err error
 	// Limits are the limits of the rule of the key that decided (the key
 	// that denied, or the one with the least Remaining), as the lease
 	// servers last saw them, fleet-wide: enough to write RateLimit
@@ -90,8 +107,13 @@ type Stats struct {
 	Denied int64
 	// ServerCalls counts HTTP calls to lease servers, retries included.
 	ServerCalls int64
-	// ServerErrors counts calls that failed on every server.
+	// ServerErrors counts calls that failed on every server. Calls a
+	// server refused are counted in Refusals instead.
 	ServerErrors int64
+	// Refusals counts calls a lease server refused as a whole (401, 403,
+	// another 4xx; see ErrServerRefused): a misconfiguration. The first
+	// refusal after an answer is logged at level error, the others not.
+	Refusals int64
 	// FallbackDecisions counts requests decided by the fallback.
 	FallbackDecisions int64
 	// DirectDecisions counts requests sent to a lease server as direct
@@ -112,7 +134,8 @@ var (
 	ErrClosed = errors.New("client: closed")
 	// ErrRateLimited is matched by the errors of Wait, Transport and
 	// RetryableClient when the budget denies a request. Use errors.As with
-	// *RateLimitedError for the retry time.
+	// *RateLimitedError for the retry time. A refusal by a server (see
+	// ErrServerRefused) never matches it.
 	ErrRateLimited = errors.New("rate limited")
 )
 
@@ -152,8 +175,15 @@ type Client struct {
 	closeCtx  chan context.Context
 	closeErr  error // set by the loop before it stops
 
-	denied       atomic.Int64
-	fallbacks    atomic.Int64
+	denied    atomic.Int64
+	fallbacks atomic.Int64
+	refusals  atomic.Int64 // calls a server refused as a whole
+
+	// refusal is the last refusal of a call as a whole, while it stands:
+	// decisions that need a server are denied with it until refusedUntil
+	// (client clock), then the next one asks again. Cleared by any answer.
+	refusal      atomic.Pointer[RefusedError]
+	refusedUntil atomic.Int64
 	forgottenUse atomic.Int64 // Allowed of keys no longer held
 	directOK     atomic.Int64 // tokens allowed by direct takes
 	directs      atomic.Int64 // decisions sent as direct takes
@@ -171,9 +201,29 @@ type Client struct {
 	endLife context.CancelFunc
 }
 
-// New returns a Client and starts its settle loop. It does not contact a
-// server: the first Allow of a key does.
-func New(cfg Config) (*Client, error) { return newClient(cfg, nil) }
+// New returns a Client and starts its settle loop.
+//
+// Before it returns, New asks the servers, in order, whether they accept
+// the client's token (GET /v1/rules, within Config.ProbeTimeout), so that a
+// misconfiguration fails at start rather than denying every request: when
+// the first server that answers refuses with 401 or 403, New fails with a
+// *RefusedError that matches ErrUnauthorized or ErrForbidden. When no
+// server answers in time, New starts anyway: servers that are down are an
+// outage, which the fallback covers, not a misconfiguration. A negative
+// ProbeTimeout skips the probe.
+func New(cfg Config) (*Client, error) {
+	c, err := newClient(cfg, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.probeStart(); err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.ProbeTimeout)
+		defer cancel()
+		_ = c.Close(ctx) // nothing leased yet: nothing to settle
+		return nil, err
+	}
+	return c, nil
+}
 
 // newClient is New with a clock (nil: the monotonic clock).
 func newClient(cfg Config, clk clock) (*Client, error) {
@@ -263,8 +313,10 @@ func (c *Client) AllowN(ctx context.Context, n int64, keys ...string) Decision {
 
 // Wait blocks until one request may happen for every key, spending one
 // token of each, or until ctx ends. It returns ctx's error, an error
-// matching ErrRateLimited when ctx would end before the wait is over, or
-// ErrClosed.
+// matching ErrRateLimited when ctx would end before the wait is over,
+// ErrClosed, or at once an error wrapping the *RefusedError of a server
+// that refused the client or a key (matching ErrServerRefused, and
+// ErrUnauthorized or ErrForbidden): waiting would not fix that.
 func (c *Client) Wait(ctx context.Context, keys ...string) error {
 	return c.WaitN(ctx, 1, keys...)
 }
@@ -288,6 +340,9 @@ func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) error {
 		d := c.decide(ctx, n, states)
 		if d.Allowed {
 			return nil
+		}
+		if d.Err != nil {
+			return fmt.Errorf("client: %v: %w", keys, d.Err)
 		}
 		switch d.Source {
 		case SourceClosed:
@@ -361,12 +416,21 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState) Decisi
 			c.undo(n, done)
 			return Decision{Source: SourceClosed}
 		}
+		if err := c.refused(now); err != nil {
+			c.undo(n, done)
+			c.denied.Add(1)
+			return Decision{Source: SourceRefused, Err: err, RetryAfter: time.Duration(c.refusedUntil.Load() - now)}
+		}
 		du := ks.denyUntil.Load()
 		if du > now {
 			c.undo(n, done)
 			c.denied.Add(1)
 			if ks.refused.Load() {
-				return Decision{Source: SourceDenied, RetryAfter: time.Duration(du - now)}
+				d := Decision{Source: SourceDenied, RetryAfter: time.Duration(du - now)}
+				if e := ks.refusal.Load(); e != nil {
+					d.Err = e
+				}
+				return d
 			}
 			return Decision{Source: SourceRetryAfter, RetryAfter: time.Duration(du - now), Limits: ks.limitsView()}
 		}
@@ -544,6 +608,7 @@ func (c *Client) Stats() Stats {
 		ServerCalls:       c.http.calls.Load(),
 		ServerErrors:      c.http.failures.Load(),
 		FallbackDecisions: c.fallbacks.Load(),
+		Refusals:          c.refusals.Load(),
 		DirectDecisions:   c.directs.Load(),
 		Online:            c.online.Load(),
 		Allowed:           c.forgottenUse.Load() + c.directOK.Load(),

@@ -110,6 +110,11 @@ type Config struct {
 	// MaxRetryWait caps any wait between two attempts, whatever a server's
 	// Retry-After says. Default 1s.
 	MaxRetryWait time.Duration
+	// ProbeTimeout bounds the probe New sends before it returns (GET
+	// /v1/rules with Token, to each server in turn until one answers): New
+	// fails when a server answers 401 or 403, and starts anyway when none
+	// answers within ProbeTimeout. Default 2s; negative skips the probe.
+	ProbeTimeout time.Duration
 	// HTTPClient makes the calls to the lease servers; nil means a pooled
 	// client of its own. Its Timeout is replaced by RequestTimeout.
 	HTTPClient *http.Client
@@ -163,6 +168,9 @@ func (c *Config) withDefaults() (Config, error) {
 	def(&cfg.IdleTimeout, 30*time.Second)
 	def(&cfg.RequestTimeout, time.Second)
 	def(&cfg.MaxRetryWait, time.Second)
+	if cfg.ProbeTimeout == 0 {
+		cfg.ProbeTimeout = 2 * time.Second
+	}
 	if cfg.LeaseMinTokens <= 0 {
 		cfg.LeaseMinTokens = 8
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"net/http"
 	"sync"
 	"time"
 
@@ -118,7 +119,7 @@ func (c *Client) callDirect(batch []*directReq) {
 			// A server answered, refusing the call (a bad token, a call too
 			// large): a misconfiguration, not an outage. The decisions are
 			// denied; the fallback is not for this.
-			c.noteRefused(err)
+			c.noteRefused(err, now)
 		default:
 			c.directFailed(now)
 			c.noteServerError(err)
@@ -147,6 +148,7 @@ func (c *Client) directFailed(now int64) {
 
 // directAnswered records that a server answered a direct call.
 func (c *Client) directAnswered() {
+	c.accepted()
 	c.directBackoff.Store(0)
 	c.directRetryAt.Store(0)
 	if !c.online.Swap(true) {
@@ -158,25 +160,34 @@ func (c *Client) directAnswered() {
 // what it taught about the keys: their rules, denials and demand.
 func (c *Client) applyDirect(r *directReq) Decision {
 	now := c.nanos()
-	if errors.Is(r.err, ErrServerRefused) {
-		return Decision{Source: SourceDenied}
+	if re, ok := errors.AsType[*RefusedError](r.err); ok {
+		return Decision{Source: SourceRefused, Err: re, RetryAfter: refusalHold}
 	}
 	if r.err != nil {
 		return c.fallbackAll(r.n, r.states)
 	}
 	res := &r.res
 	if p := res.Error; p != nil {
+		var re *RefusedError
 		switch p.Code {
 		case protocol.CodeForbidden, protocol.CodeNoRule:
 			// Refused: deny locally for a while, then ask again (the rules
-			// or permissions may change).
+			// or permissions may change). A forbidden key is this client's
+			// misconfiguration, and the decision says so.
+			if p.Code == protocol.CodeForbidden {
+				re = &RefusedError{Status: http.StatusForbidden, Code: p.Code, Detail: p.Detail}
+			}
 			for _, ks := range r.states {
 				ks.refused.Store(true)
+				ks.refusal.Store(re)
 				ks.extendDenial(now + int64(max(time.Second, c.cfg.Horizon)))
 			}
 			c.cfg.Logger.Warn("ratelease: server refused a key", "keys", keysOf(r.states), "code", p.Code, "detail", p.Detail)
 		default:
 			c.cfg.Logger.Error("ratelease: direct take failed", "keys", keysOf(r.states), "code", p.Code, "detail", p.Detail)
+		}
+		if re != nil {
+			return Decision{Source: SourceDenied, Err: re}
 		}
 		return Decision{Source: SourceDenied}
 	}
@@ -312,15 +323,6 @@ func (c *Client) fallbackAll(n int64, states []*keyState) Decision {
 		done = append(done, sp)
 	}
 	return Decision{Allowed: true, Source: SourceFallback}
-}
-
-// noteRefused reports a call a server refused (ErrServerRefused): logged
-// at ERROR, and passed to Config.OnServerError.
-func (c *Client) noteRefused(err error) {
-	c.cfg.Logger.Error("ratelease: a lease server refused the call: check the client's token and configuration; its decisions are denied", "error", err)
-	if c.cfg.OnServerError != nil {
-		c.cfg.OnServerError(err)
-	}
 }
 
 // noteServerError reports a call that no server answered: logged, and

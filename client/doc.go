@@ -117,6 +117,24 @@
 // server answers again, leases resume. Decision.Source says which path
 // decided.
 //
+// # Misconfiguration
+//
+// A refusal is not a rate limit. A server that refuses the client's calls
+// as a whole — 401 for a missing or wrong Config.Token, 403, or another 4xx
+// — is answering, so the fallback does not decide: the decisions that need
+// a server are denied with Source SourceRefused and Decision.Err set to a
+// *RefusedError (matching ErrServerRefused, and ErrUnauthorized or
+// ErrForbidden), for about a second without a call, then asked again.
+// Wait, Transport and RetryableClient return that error at once, never
+// one matching ErrRateLimited. Stats.Refusals counts the refused calls; the
+// first refusal after an answer is logged at level error, once, and
+// Config.OnServerError sees each. A key the client's token may not use is
+// denied with Source SourceDenied and an Err matching ErrForbidden. New
+// probes the servers (GET /v1/rules, within Config.ProbeTimeout) and fails
+// when the first that answers refuses the client with 401 or 403; when none
+// answers, it starts, because servers that are down are an outage, which
+// the fallback is for.
+//
 // # HTTP
 //
 // Client.Transport wraps an http.RoundTripper so that every outgoing request

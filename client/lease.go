@@ -139,6 +139,7 @@ type keyState struct {
 	fallbackOK   atomic.Int64                 // requests allowed by the fallback
 	need         atomic.Bool                  // the key wants a lease (promoted, or its lease ran out)
 	refused      atomic.Bool                  // the server refused the key (no rule, forbidden)
+	refusal      atomic.Pointer[RefusedError] // why, when it was forbidden; nil for no rule
 	paused       atomic.Bool                  // denyUntil comes from DenyFor
 	dead         atomic.Bool                  // forgotten by the client; resolve again
 	closedUsed   atomic.Int64                 // tokens used from leases no longer active

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"net/http"
 	"slices"
 	"time"
 
@@ -416,6 +417,7 @@ func (c *Client) apply(r callResult, retryAt, backoff *int64) {
 	}
 	done, failed := r.items[:len(r.res)], r.items[len(r.res):]
 	if len(done) > 0 {
+		c.accepted()
 		if !c.online.Swap(true) {
 			c.cfg.Logger.Info("ratelease: lease servers answer again")
 		}
@@ -435,7 +437,7 @@ func (c *Client) apply(r callResult, retryAt, backoff *int64) {
 		// A server answered, refusing the call: a misconfiguration, not an
 		// outage. The keys that wanted tokens are denied for a while; the
 		// client stays online, so the fallback does not decide.
-		c.noteRefused(r.err)
+		c.noteRefused(r.err, now)
 		for _, p := range failed {
 			if p.want > 0 {
 				p.ks.extendDenial(now + int64(max(time.Second, c.cfg.Horizon)))
@@ -515,6 +517,11 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 			// Refused: deny locally for a while, then ask again (the
 			// rules or permissions may change).
 			ks.refused.Store(true)
+			if res.Error.Code == protocol.CodeForbidden {
+				ks.refusal.Store(&RefusedError{Status: http.StatusForbidden, Code: res.Error.Code, Detail: res.Error.Detail})
+			} else {
+				ks.refusal.Store(nil)
+			}
 			ks.denyUntil.Store(now + int64(max(time.Second, c.cfg.Horizon)))
 			ks.need.Store(false)
 			c.cfg.Logger.Warn("ratelease: server refused key", "key", ks.key, "code", res.Error.Code, "detail", res.Error.Detail)

@@ -87,9 +87,11 @@ type transport struct {
 // budget may allow them (RetryAfter, 0 when unknown) and the Source of the
 // decision; an http.Client returns it wrapped in a *url.Error. RoundTrip
 // returns ErrClosed after Client.Close, the context's error when the
-// request's context ends before the budget decided, and an error that does
-// not match ErrRateLimited when keys returns an invalid key (see
-// protocol.ValidateKey). A request whose keys hold no live lease waits for
+// request's context ends before the budget decided, an error that wraps the
+// decision's Err (matching ErrServerRefused, and ErrUnauthorized or
+// ErrForbidden) when a lease server refused the client or a key, and an
+// error that does not match ErrRateLimited when keys returns an invalid key
+// (see protocol.ValidateKey). A request whose keys hold no live lease waits for
 // a direct take, about one round trip, as Client.Allow does.
 //
 // After a response, an upstream 429 or 503 with Retry-After denies the
@@ -164,6 +166,11 @@ func (t *transport) spend(req *http.Request, keys []string) error {
 			// The request was canceled (or timed out) while its first
 			// lease was on the way: that, not the budget, stopped it.
 			return err
+		}
+		if d.Err != nil {
+			// A misconfiguration, not the budget: never reported as a
+			// rate limit.
+			return fmt.Errorf("client: transport: %s %s: %w", req.Method, req.URL.Redacted(), d.Err)
 		}
 		switch d.Source {
 		case SourceClosed:
@@ -255,8 +262,9 @@ func RetryAfterBackoff(min, max time.Duration, attempt int, resp *http.Response)
 
 // RetryPolicy is a retryablehttp.CheckRetry for requests sent through
 // Client.Transport: it stops, returning false and err, when err matches
-// ErrRateLimited (the budget denied the attempt, which was not sent) or
-// ErrClosed, and otherwise decides as retryablehttp.DefaultRetryPolicy does:
+// ErrRateLimited (the budget denied the attempt, which was not sent),
+// ErrServerRefused (a lease server refused the client: a misconfiguration)
+// or ErrClosed, and otherwise decides as retryablehttp.DefaultRetryPolicy does:
 // no retry once ctx has ended; a retry after connection errors, 429, and 5xx
 // statuses other than 501.
 //
@@ -265,7 +273,7 @@ func RetryAfterBackoff(min, max time.Duration, attempt int, resp *http.Response)
 // RetryAfter. With TransportOptions.Wait the attempt waits for the budget
 // instead, within the request's context.
 func RetryPolicy(ctx context.Context, resp *http.Response, err error) (bool, error) {
-	if err != nil && (errors.Is(err, ErrRateLimited) || errors.Is(err, ErrClosed)) {
+	if err != nil && (errors.Is(err, ErrRateLimited) || errors.Is(err, ErrClosed) || errors.Is(err, ErrServerRefused)) {
 		return false, err
 	}
 	return retryablehttp.DefaultRetryPolicy(ctx, resp, err)

@@ -16,8 +16,8 @@
 //	POST /v1/check    one all-or-nothing decision (protocol.CheckRequest)
 //	GET  /v1/rules    the rules the caller's key patterns reach, and those patterns (protocol.RulesResponse)
 //	GET  /healthz     the process is alive
-//	GET  /readyz      the store answers and the server is not shutting down
-//	GET  /metrics     Prometheus metrics
+//	GET  /readyz      the store answers and the server is not shutting down; a failed rules reload is in its detail
+//	GET  /metrics     Prometheus metrics (Options.MetricsTokenSHA256 may require a token)
 //
 // Every error is an RFC 9457 application/problem+json body
 // (protocol.Problem) with a stable code, including unknown routes (404) and
@@ -68,7 +68,11 @@
 // default) and compares its content, not its modification time, so a
 // change is in force within a second, however the file was written. A file
 // that does not validate leaves the old rules in force and is logged at
-// level error with the rule or client and field at fault. Polling was chosen
+// level error with the rule or client and field at fault; until a reload
+// succeeds (or the file is back to the rules in force), GET /readyz still
+// answers 200 but its detail says the reload failed and why,
+// Server.ReloadError returns the error, and the gauge
+// ratelease_rules_last_reload_success is 0. Polling was chosen
 // over file-system notifications because it needs no platform code, follows
 // a file replaced by rename or a Kubernetes ConfigMap symlink swap alike,
 // and costs one small read per interval.
@@ -108,9 +112,24 @@
 //
 // Metrics go to Options.Registry (a fresh registry when nil, never the
 // global one) under the "ratelease" namespace: grants_total, denials_total,
-// settles_total, expiries_total, requests_total{route,code},
-// request_duration_seconds{route}, store_latency_seconds{op}, rules_loaded
-// and rules_reloads_total{result}. The route label is the ServeMux pattern
-// ("POST /v1/leases"; "/" for unknown routes), never the raw path, so its
-// cardinality is fixed.
+// settles_total, expiries_total, request_duration_seconds{route,code} (each
+// request counted once: its _count is the request count),
+// store_latency_seconds{op}, store_errors_total{op}, rules_loaded,
+// rules_reloads_total{result}, rules_last_reload_success (0 while the file
+// on disk failed to load and older rules serve) and
+// build_info{version,revision,goversion} (see ReadBuild). The route label
+// is the ServeMux pattern ("POST /v1/leases"; "/" for unknown routes),
+// never the raw path, so its cardinality is fixed.
+//
+// GET /metrics is open unless Options.MetricsTokenSHA256 names the SHA-256
+// of a bearer token it then requires (the daemon's -metrics-token-sha256);
+// the clients of the rules file do not apply to it.
+//
+// # TLS
+//
+// With Options.TLSConfig, Run serves HTTPS, HTTP/1.1 and HTTP/2 by ALPN,
+// instead of HTTP/1.1 and h2c (the daemon's -tls-cert and -tls-key). A
+// client trusts the certificate through its HTTP client
+// (client.Config.HTTPClient with a tls.Config whose RootCAs hold it, when it
+// is not signed by a public authority).
 package server

@@ -2,6 +2,9 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -42,7 +45,7 @@ func (s *Server) routes() http.Handler {
 		{http.MethodGet, protocol.PathRules, s.authed(s.handleRules)},
 		{http.MethodGet, protocol.PathHealthz, s.handleHealthz},
 		{http.MethodGet, protocol.PathReadyz, s.handleReadyz},
-		{http.MethodGet, protocol.PathMetrics, metrics.ServeHTTP},
+		{http.MethodGet, protocol.PathMetrics, s.metricsAuth(metrics.ServeHTTP)},
 	}
 	for _, rt := range api {
 		s.handle(mux, rt.method+" "+rt.path, rt.h)
@@ -60,8 +63,7 @@ func (s *Server) routes() http.Handler {
 // panic into a 500 problem. The route's metric children are looked up here,
 // once, rather than per request.
 func (s *Server) handle(mux *http.ServeMux, pattern string, h http.HandlerFunc) {
-	requests := s.metrics.requests.MustCurryWith(prometheus.Labels{"route": pattern})
-	duration := s.metrics.duration.WithLabelValues(pattern)
+	duration := s.metrics.duration.MustCurryWith(prometheus.Labels{"route": pattern})
 	mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
@@ -81,8 +83,9 @@ func (s *Server) handle(mux *http.ServeMux, pattern string, h http.HandlerFunc) 
 				status = http.StatusOK
 			}
 			elapsed := time.Since(start)
-			requests.WithLabelValues(strconv.Itoa(status)).Inc()
-			duration.Observe(elapsed.Seconds())
+			// Counted once: the histogram's count is the number of
+			// requests.
+			duration.WithLabelValues(strconv.Itoa(status)).Observe(elapsed.Seconds())
 			if ctx := r.Context(); s.log.Enabled(ctx, slog.LevelDebug) {
 				s.log.DebugContext(ctx, "request", "method", r.Method, "path", r.URL.Path,
 					"route", pattern, "status", status, "elapsed", elapsed)
@@ -602,8 +605,36 @@ func formatDuration(d time.Duration) string {
 	return s
 }
 
+// statusBody is the body of GET /healthz and of a GET /readyz that
+// succeeds.
 type statusBody struct {
 	Status string `json:"status"`
+	// Detail says what an operator should know although the server is
+	// ready: that the last reload of the rules file failed, say.
+	Detail string `json:"detail,omitempty"`
+}
+
+// metricsAuth requires the bearer token of Options.MetricsTokenSHA256 for
+// h, when it is set.
+func (s *Server) metricsAuth(h http.HandlerFunc) http.HandlerFunc {
+	if s.opts.MetricsTokenSHA256 == "" {
+		return h
+	}
+	var want [sha256.Size]byte
+	_, _ = hex.Decode(want[:], []byte(s.opts.MetricsTokenSHA256)) // validated by withDefaults
+	return func(w http.ResponseWriter, r *http.Request) {
+		token, ok := bearerToken(r.Header.Get("Authorization"))
+		if !ok {
+			unauthorized(w, "send the header \"Authorization: Bearer <token>\": this server requires a token for /metrics (rateleased -metrics-token-sha256)")
+			return
+		}
+		got := sha256.Sum256([]byte(token))
+		if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+			unauthorized(w, "the bearer token is not the metrics token (rateleased -metrics-token-sha256)")
+			return
+		}
+		h(w, r)
+	}
 }
 
 // handleHealthz serves GET /healthz: the process is alive.
@@ -613,7 +644,9 @@ func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request) {
 
 // handleReadyz serves GET /readyz: the server can serve leases, that is
 // the store answers a ping within ReadyTimeout and the server is not
-// shutting down.
+// shutting down. When the last reload of the rules file failed, the server
+// is still ready (the rules in force serve), and the body's detail says
+// that the file on disk is not in force, and why.
 func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
 	if s.draining.Load() {
 		w.Header().Set("Retry-After", "1")
@@ -629,5 +662,9 @@ func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, protocol.NewProblem(protocol.CodeStoreUnavailable, "the store does not answer a ping: the server cannot serve leases until it does"))
 		return
 	}
-	writeJSON(w, http.StatusOK, statusBody{Status: "ok"})
+	body := statusBody{Status: "ok"}
+	if err := s.ReloadError(); err != nil {
+		body.Detail = fmt.Sprintf("the last reload of the rules file failed; the rules in force (version %s) still serve: %v", s.Rules().Version(), err)
+	}
+	writeJSON(w, http.StatusOK, body)
 }

@@ -538,10 +538,12 @@ func TestMetrics(t *testing.T) {
 
 	// The exposition, over HTTP, as Prometheus scrapes it.
 	assert.Equal(t, "2", f.metric("ratelease_grants_total"))
-	assert.Equal(t, "4", f.metric(`ratelease_requests_total{code="200",route="POST /v1/leases"}`))
-	assert.Equal(t, "1", f.metric(`ratelease_requests_total{code="400",route="POST /v1/leases"}`))
+	// Each request is counted once, by route and status.
+	assert.Equal(t, "4", f.metric(`ratelease_request_duration_seconds_count{code="200",route="POST /v1/leases"}`))
+	assert.Equal(t, "1", f.metric(`ratelease_request_duration_seconds_count{code="400",route="POST /v1/leases"}`))
+	assert.NotContains(t, string(f.do(http.MethodGet, protocol.PathMetrics, "", "", nil).body), "ratelease_requests_total")
 	assert.Equal(t, "4", f.metric(`ratelease_store_latency_seconds_count{op="lease"}`))
-	assert.Equal(t, "5", f.metric(`ratelease_request_duration_seconds_count{route="POST /v1/leases"}`))
+	assert.Equal(t, "0", f.metric(`ratelease_store_errors_total{op="lease"}`))
 	assert.Equal(t, "2", f.metric("ratelease_rules_loaded"))
 	assert.Equal(t, "0", f.metric(`ratelease_rules_reloads_total{result="ok"}`))
 }
@@ -570,7 +572,7 @@ func TestPanicIsA500(t *testing.T) {
 	assert.NotContains(t, string(r.body), "boom", "no internals leak to the caller")
 	assert.Contains(t, f.logs.String(), "boom")
 	assert.Contains(t, f.logs.String(), "goroutine", "the stack is logged")
-	assert.Equal(t, 1.0, testutil.ToFloat64(f.srv.metrics.requests.WithLabelValues("POST /v1/leases", "500")))
+	assert.Equal(t, "1", f.metric(`ratelease_request_duration_seconds_count{code="500",route="POST /v1/leases"}`))
 
 	r = f.do(http.MethodGet, protocol.PathHealthz, "", "", nil)
 	assert.Equal(t, http.StatusOK, r.status)

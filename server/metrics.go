@@ -18,24 +18,32 @@ const namespace = "ratelease"
 //	ratelease_settles_total                     leases settled
 //	ratelease_expiries_total                    leases closed unsettled (expired or replaced)
 //	ratelease_shadow_denials_total              entries and checks of shadow rules admitted though their limits denied
-//	ratelease_requests_total{route,code}        HTTP requests by route pattern and status
-//	ratelease_request_duration_seconds{route}   HTTP request latency
+//	ratelease_request_duration_seconds{route,code}  HTTP request latency by route pattern and status;
+//	                                                its _count is the one count of requests
 //	ratelease_store_latency_seconds{op}         store call latency (op: lease, take, refund)
+//	ratelease_store_errors_total{op}            store calls that failed, by operation
 //	ratelease_rules_loaded                      rules in force
 //	ratelease_rules_reloads_total{result}       rules file reloads (result: ok, error)
+//	ratelease_rules_last_reload_success         1 when the last load of the rules file succeeded, 0 when it failed
+//	ratelease_build_info{version,revision,goversion}  always 1: the build serving
+//
+// Each request is counted once, in request_duration_seconds: an earlier
+// requests_total{route,code} counted every request a second time.
 type metrics struct {
 	grants, denials, settles, expiries prometheus.Counter
 	shadowDenials                      prometheus.Counter
 
-	requests     *prometheus.CounterVec
-	duration     *prometheus.HistogramVec
-	storeLatency *prometheus.HistogramVec
-	rulesLoaded  prometheus.Gauge
-	reloads      *prometheus.CounterVec
+	duration      *prometheus.HistogramVec
+	storeLatency  *prometheus.HistogramVec
+	storeErrors   *prometheus.CounterVec
+	rulesLoaded   prometheus.Gauge
+	reloads       *prometheus.CounterVec
+	reloadSuccess prometheus.Gauge
+	buildInfo     *prometheus.GaugeVec
 
-	// The store latency children of the engine's operations, looked up
-	// once.
+	// The store children of the engine's operations, looked up once.
 	storeLease, storeTake, storeRefund prometheus.Observer
+	errLease, errTake, errRefund       prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -48,20 +56,28 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		settles:       counter("settles_total", "Leases settled."),
 		expiries:      counter("expiries_total", "Leases closed without being settled: expired, or replaced by a new lease of the same client."),
 		shadowDenials: counter("shadow_denials_total", "Lease entries and checks of rules in shadow mode that their limits would have denied (in part, for a lease), admitted all the same."),
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace, Name: "requests_total",
-			Help: "HTTP requests by route pattern and status code.",
-		}, []string{"route", "code"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "request_duration_seconds",
-			Help:    "HTTP request latency by route pattern.",
+			Help:    "HTTP request latency by route pattern and status code; its count is the number of requests.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
-		}, []string{"route"}),
+		}, []string{"route", "code"}),
 		storeLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "store_latency_seconds",
 			Help:    "Latency of store calls by operation (lease, take, refund).",
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16),
 		}, []string{"op"}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "store_errors_total",
+			Help: "Store calls that failed (Redis errors, timeouts), by operation (lease, take, refund).",
+		}, []string{"op"}),
+		reloadSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "rules_last_reload_success",
+			Help: "1 when the last load of the rules file succeeded, 0 when it failed and older rules still serve.",
+		}),
+		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "build_info",
+			Help: "Always 1; its labels name the build of the server: module version, VCS revision, Go version.",
+		}, []string{"version", "revision", "goversion"}),
 		rulesLoaded: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "rules_loaded",
 			Help: "Number of rules in force.",
@@ -73,7 +89,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{
 		m.grants, m.denials, m.settles, m.expiries, m.shadowDenials,
-		m.requests, m.duration, m.storeLatency, m.rulesLoaded, m.reloads,
+		m.duration, m.storeLatency, m.storeErrors, m.rulesLoaded, m.reloads, m.reloadSuccess, m.buildInfo,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("server: register metrics (give every Server its own Registry): %w", err)
@@ -84,6 +100,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.storeLease = m.storeLatency.WithLabelValues("lease")
 	m.storeTake = m.storeLatency.WithLabelValues("take")
 	m.storeRefund = m.storeLatency.WithLabelValues("refund")
+	m.errLease = m.storeErrors.WithLabelValues("lease")
+	m.errTake = m.storeErrors.WithLabelValues("take")
+	m.errRefund = m.storeErrors.WithLabelValues("refund")
+	m.reloadSuccess.Set(1)
+	b := ReadBuild()
+	m.buildInfo.WithLabelValues(b.Version, b.Revision, b.GoVersion).Set(1)
 	return m, nil
 }
 
@@ -96,18 +118,28 @@ func (m *metrics) record(r leases.Report) {
 	m.shadowDenials.Add(float64(r.ShadowDenials))
 }
 
-// observeStore is the engine's OnStoreCall hook.
-func (m *metrics) observeStore(op string, elapsed time.Duration, _ error) {
-	var o prometheus.Observer
+// observeStore is the engine's OnStoreCall hook: the call's latency, and
+// its failure when err is not nil.
+func (m *metrics) observeStore(op string, elapsed time.Duration, err error) {
+	var (
+		o prometheus.Observer
+		c prometheus.Counter
+	)
 	switch op {
 	case "lease":
-		o = m.storeLease
+		o, c = m.storeLease, m.errLease
 	case "take":
-		o = m.storeTake
+		o, c = m.storeTake, m.errTake
 	case "refund":
-		o = m.storeRefund
+		o, c = m.storeRefund, m.errRefund
 	default:
 		o = m.storeLatency.WithLabelValues(op)
+		if err != nil {
+			c = m.storeErrors.WithLabelValues(op)
+		}
 	}
 	o.Observe(elapsed.Seconds())
+	if err != nil {
+		c.Inc()
+	}
 }

@@ -1,6 +1,9 @@
 package server
 
 import (
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -143,6 +146,19 @@ type Options struct {
 	// Now returns the current time, for the expiries of MaxKeysPerClient.
 	// Nil means time.Now; tests set it to drive expiries.
 	Now func() time.Time
+
+	// TLSConfig, when set, makes Run serve HTTPS (HTTP/1.1 and HTTP/2
+	// negotiated by ALPN) instead of plain HTTP/1.1 and h2c. It must hold a
+	// certificate (Certificates or GetCertificate); Run serves a clone.
+	// rateleased builds it from -tls-cert and -tls-key.
+	TLSConfig *tls.Config
+
+	// MetricsTokenSHA256, when set, is the hex SHA-256 of a bearer token
+	// that GET /metrics requires ("Authorization: Bearer <token>"; compute
+	// it with `printf %s "$TOKEN" | sha256sum`): a scrape without it gets
+	// 401. Empty leaves /metrics open, as it is by default. The clients of
+	// the rules file do not apply to /metrics: a scraper is not a client.
+	MetricsTokenSHA256 string
 }
 
 // withDefaults validates o and fills in the defaults.
@@ -176,6 +192,14 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.TLSConfig != nil && len(o.TLSConfig.Certificates) == 0 && o.TLSConfig.GetCertificate == nil && o.TLSConfig.GetConfigForClient == nil {
+		return o, errors.New("server: Options.TLSConfig holds no certificate: set Certificates (tls.LoadX509KeyPair) or GetCertificate")
+	}
+	if o.MetricsTokenSHA256 != "" {
+		if b, err := hex.DecodeString(o.MetricsTokenSHA256); err != nil || len(b) != sha256.Size {
+			return o, fmt.Errorf("server: Options.MetricsTokenSHA256 is not 64 hex digits: give the SHA-256 of the token, printf %%s \"$TOKEN\" | sha256sum")
+		}
 	}
 	return o, nil
 }

@@ -40,6 +40,11 @@ type Server struct {
 	failedHash [sha256.Size]byte
 	failedMsg  string // last reload failure logged, to log each once
 
+	// reloadErr is the error of the last reload while it stands (the file
+	// in force is not the one on disk); nil once a reload succeeds or the
+	// file is back to the rules in force. /readyz reports it.
+	reloadErr atomic.Pointer[error]
+
 	stopOnce sync.Once
 	stop     chan struct{} // closed by Close
 	done     chan struct{} // closed when the watcher has exited
@@ -148,7 +153,8 @@ func (s *Server) setRules(r *Rules) {
 }
 
 // Run serves HTTP/1.1 and unencrypted HTTP/2 (h2c, with prior knowledge) on
-// ln until ctx is canceled, then shuts down gracefully:
+// ln, or HTTPS (HTTP/1.1 and HTTP/2) when Options.TLSConfig is set, until
+// ctx is canceled, then shuts down gracefully:
 //
 //  1. From the moment ctx is canceled, GET /readyz answers 503 with code
 //     shutting_down.
@@ -184,7 +190,11 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
-	protocols.SetUnencryptedHTTP2(true)
+	if s.opts.TLSConfig != nil {
+		protocols.SetHTTP2(true)
+	} else {
+		protocols.SetUnencryptedHTTP2(true)
+	}
 	hs := &http.Server{
 		Handler:           s.handler,
 		Protocols:         &protocols,
@@ -196,7 +206,12 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- hs.Serve(ln) }()
+	if s.opts.TLSConfig != nil {
+		hs.TLSConfig = s.opts.TLSConfig.Clone()
+		go func() { serveErr <- hs.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { serveErr <- hs.Serve(ln) }()
+	}
 
 	select {
 	case err := <-serveErr:
@@ -276,7 +291,7 @@ func (s *Server) Reload() error {
 	sum := sha256.Sum256(data)
 	cur := s.Rules()
 	if sum == cur.digest {
-		s.failedHash, s.failedMsg = [sha256.Size]byte{}, ""
+		s.reloadSucceeded()
 		return nil
 	}
 	r, err := ParseRules(data)
@@ -286,7 +301,7 @@ func (s *Server) Reload() error {
 	if err != nil {
 		return s.reloadFailed(sum, fmt.Errorf("rules file %s: %w", s.opts.RulesPath, err))
 	}
-	s.failedHash, s.failedMsg = [sha256.Size]byte{}, ""
+	s.reloadSucceeded()
 	s.metrics.reloads.WithLabelValues("ok").Inc()
 	s.log.Info("rules reloaded", "path", s.opts.RulesPath,
 		"rules", len(r.policy.Rules()), "clients", len(r.clients), "version", r.Version())
@@ -306,6 +321,30 @@ func (s *Server) reloadFailed(sum [sha256.Size]byte, err error) error {
 	s.failedHash, s.failedMsg = sum, msg
 	s.log.Error("rules reload failed: keeping the rules in force", "path", s.opts.RulesPath,
 		"err", err, "version", s.Rules().Version())
-	s.metrics.reloads.WithLabelValues("error").Inc() // after the log: who sees the count finds the log
+	// After the log: who sees the count, the gauge or /readyz finds the log.
+	s.reloadErr.Store(&err)
+	s.metrics.reloadSuccess.Set(0)
+	s.metrics.reloads.WithLabelValues("error").Inc()
 	return err
+}
+
+// reloadSucceeded clears a reload failure: the rules in force are the
+// file's. Must be called with reloadMu held.
+func (s *Server) reloadSucceeded() {
+	s.failedHash, s.failedMsg = [sha256.Size]byte{}, ""
+	if s.reloadErr.Load() != nil {
+		s.reloadErr.Store(nil)
+		s.metrics.reloadSuccess.Set(1)
+	}
+}
+
+// ReloadError returns the error of the last reload of the rules file while
+// it stands: the file on disk failed to load and the rules in force are
+// older. It returns nil once a reload succeeds, or the file is back to the
+// rules in force.
+func (s *Server) ReloadError() error {
+	if p := s.reloadErr.Load(); p != nil {
+		return *p
+	}
+	return nil
 }

@@ -150,7 +150,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	for range cfg.clients {
 		c, err := client.New(client.Config{Servers: cfg.servers, Token: cfg.token})
 		if err != nil {
-			return err
+			return explain(err)
 		}
 		clients = append(clients, c)
 	}
@@ -172,7 +172,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return err // interrupted
 	}
 	if err := errors.Join(errs...); err != nil {
-		return err
+		return explain(err)
 	}
 	total := 0
 	for _, n := range svc.per {
@@ -200,6 +200,18 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	return nil
 }
 
+// explain says what to fix when a lease server refused the client: the
+// token, or the keys its token may use, rather than whether a server runs.
+func explain(err error) error {
+	switch {
+	case errors.Is(err, client.ErrUnauthorized):
+		return fmt.Errorf("unauthorized: check -token (or RATELEASE_TOKEN): %w", err)
+	case errors.Is(err, client.ErrForbidden):
+		return fmt.Errorf("forbidden: the token may not use %s: check the client's keys in the rules file: %w", key, err)
+	}
+	return err
+}
+
 // verdict says whether calls kept within bound.
 func verdict(calls int, bound float64) string {
 	if float64(calls) > bound {
@@ -220,6 +232,8 @@ func work(ctx context.Context, l *client.Limiter, wait bool, pay func()) (denied
 			case err == nil:
 				pay()
 				continue
+			case errors.Is(err, client.ErrServerRefused):
+				return denied, err // a misconfiguration: explained by run
 			case errors.As(err, &rl) && rl.Source == client.SourceDenied:
 				return denied, fmt.Errorf("the lease server refused %s: %w", key, err)
 			}
@@ -232,6 +246,9 @@ func work(ctx context.Context, l *client.Limiter, wait bool, pay func()) (denied
 		if d.Allowed {
 			pay()
 			continue
+		}
+		if d.Err != nil {
+			return denied, d.Err // a misconfiguration: explained by run
 		}
 		if d.Source == client.SourceDenied {
 			return denied, fmt.Errorf("the lease server refused %s", key)

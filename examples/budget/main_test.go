@@ -85,6 +85,38 @@ func TestRunFlags(t *testing.T) {
 	}
 }
 
+// TestRunUnauthorized: against a server that authenticates its clients, a
+// missing or wrong token is reported as such, not as a server that does
+// not run.
+func TestRunUnauthorized(t *testing.T) {
+	rules, err := os.ReadFile("../rules-auth.yaml")
+	require.NoError(t, err)
+	srv := leasetest.Start(t, string(rules), leasetest.Options{})
+	tests := []struct {
+		name string
+		args []string
+	}{
+		{"no token", nil},
+		{"wrong token", []string{"-token", "wrong"}},
+		{"wrong token, Allow", []string{"-token", "wrong", "-wait=false"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv("RATELEASE_TOKEN", "")
+			var out bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			err := run(ctx, append(tt.args, "-server", srv.URL(), "-duration", "200ms"), &out)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "unauthorized: check -token")
+			assert.NotContains(t, err.Error(), "is a lease server running")
+		})
+	}
+	// The right token works.
+	var out bytes.Buffer
+	require.NoError(t, run(context.Background(), []string{"-server", srv.URL(), "-duration", "200ms", "-token", "dev-token-change-me"}, &out))
+}
+
 func TestVerdict(t *testing.T) {
 	assert.Equal(t, "held", verdict(100, 100))
 	assert.Equal(t, "held", verdict(0, 50))

@@ -108,6 +108,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	defer upstream.Close()
 
 	c, err := client.New(client.Config{Servers: cfg.servers, Token: cfg.token})
+	if errors.Is(err, client.ErrUnauthorized) {
+		return fmt.Errorf("unauthorized: check -token (or RATELEASE_TOKEN): %w", err)
+	}
 	if err != nil {
 		return err
 	}

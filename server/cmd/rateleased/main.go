@@ -20,6 +20,17 @@
 //	-shutdown-timeout     RATELEASED_SHUTDOWN_TIMEOUT     grace period for in-flight requests (default 10s)
 //	-store-timeout        RATELEASED_STORE_TIMEOUT        bound on one request's Redis calls (default 800ms)
 //	-max-keys-per-client  RATELEASED_MAX_KEYS_PER_CLIENT  keys one client may hold leases on through this server (default 100000; negative: no cap)
+//	-tls-cert             RATELEASED_TLS_CERT             certificate file (PEM): serve HTTPS; needs -tls-key
+//	-tls-key              RATELEASED_TLS_KEY              private key file (PEM) of -tls-cert
+//	-metrics-token-sha256 RATELEASED_METRICS_TOKEN_SHA256 hex SHA-256 of the bearer token GET /metrics requires; empty: open
+//
+// Two flags do something else and exit:
+//
+//	-check     validate the -rules file: exit 0 with a one-line summary on
+//	           stdout, or 1 with the rule or client and field at fault on
+//	           stderr; starts no server and needs no Redis
+//	-version   print the module version, VCS revision and Go version
+//	           (from the binary's build information) and exit 0
 //
 // The server reloads the rules file when it changes. SIGINT or SIGTERM
 // shuts it down gracefully: GET /readyz answers 503 at once; the server
@@ -28,6 +39,10 @@
 // in-flight requests -shutdown-timeout to finish, and exits 0. A second
 // signal kills it at once. A startup error (a bad rules file, say) is
 // logged and it exits 1; a bad flag or environment variable exits 2.
+//
+// With -tls-cert and -tls-key (both or neither) it serves HTTPS, HTTP/1.1
+// and HTTP/2, instead of plain HTTP/1.1 and h2c. The files are read at
+// start: restart the server to serve a renewed certificate.
 //
 // When Redis does not answer (down, or hung: connections open but nothing
 // answers), every call gets 503 store_unavailable with "Retry-After: 1"
@@ -62,7 +77,7 @@ func main() {
 	// After the first signal, restore the default handling: a second one
 	// kills the process even while it drains.
 	context.AfterFunc(ctx, stop)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stderr)
+	err := cli(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(exitCode(err))
 }

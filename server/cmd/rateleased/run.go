@@ -3,6 +3,9 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -116,16 +119,38 @@ type config struct {
 	shutdownTimeout time.Duration
 	storeTimeout    time.Duration
 	maxKeys         int
+	tlsCert         string
+	tlsKey          string
+	metricsToken    string // hex SHA-256
+	check           bool   // validate the rules file and exit
+	version         bool   // print the build and exit
 }
 
-// run is the daemon: it parses args (without the program name), taking flag
+// run is cli with stdout and stderr on one writer.
+func run(ctx context.Context, args []string, env func(string) string, stderr io.Writer) error {
+	return cli(ctx, args, env, stderr, stderr)
+}
+
+// cli is the daemon: it parses args (without the program name), taking flag
 // defaults from env, logs to stderr, and serves until ctx is canceled. It
 // returns nil after a graceful shutdown. Startup errors are logged and
 // returned; flag errors are printed with the usage and wrap errUsage.
-func run(ctx context.Context, args []string, env func(string) string, stderr io.Writer) error {
+// With -version it prints the build to stdout and returns nil; with -check
+// it validates the rules file, prints a one-line summary to stdout and
+// returns nil, or prints the rule and field at fault to stderr and returns
+// the error (wrapping errInvalidRules).
+func cli(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error {
 	cfg, err := parseFlags(args, env, stderr)
 	if err != nil {
 		return err
+	}
+	if cfg.version {
+		b := server.ReadBuild()
+		fmt.Fprintf(stdout, "rateleased %s (revision %s, %s)\n", b.Version, b.Revision, b.GoVersion)
+		return nil
+	}
+	if cfg.check {
+		return checkRules(cfg.rules, stdout, stderr)
 	}
 	log := newLogger(cfg, stderr)
 	if err := serve(ctx, cfg, log); err != nil {
@@ -135,8 +160,33 @@ func run(ctx context.Context, args []string, env func(string) string, stderr io.
 	return nil
 }
 
+// errInvalidRules is wrapped by the error of -check on a rules file that
+// does not load.
+var errInvalidRules = errors.New("invalid rules file")
+
+// checkRules is -check: it loads the rules file at path as the server
+// would, without a store or a listener.
+func checkRules(path string, stdout, stderr io.Writer) error {
+	r, err := server.LoadRules(path)
+	if err != nil {
+		fmt.Fprintf(stderr, "rateleased: %v\n", err)
+		return fmt.Errorf("%w: %w", errInvalidRules, err)
+	}
+	fmt.Fprintf(stdout, "rules file %s is valid: %d rules, %d clients, default %s, version %s\n",
+		path, len(r.Policy().Rules()), len(r.Clients()), r.Policy().Default(), r.Version()[:12])
+	return nil
+}
+
 // serve opens the store, builds the server and runs it.
 func serve(ctx context.Context, cfg config, log *slog.Logger) error {
+	var tlsConfig *tls.Config
+	if cfg.tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.tlsCert, cfg.tlsKey)
+		if err != nil {
+			return fmt.Errorf("-tls-cert %s, -tls-key %s: %w", cfg.tlsCert, cfg.tlsKey, err)
+		}
+		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
 	store, storeAttrs, closeStore, err := openStore(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -148,16 +198,18 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv, err := server.New(server.Options{
-		Registry:         reg,
-		Store:            store,
-		RulesPath:        cfg.rules,
-		ListenAddr:       cfg.listen,
-		Insecure:         cfg.insecure,
-		Logger:           log,
-		DrainDelay:       cfg.drainDelay,
-		ShutdownTimeout:  cfg.shutdownTimeout,
-		StoreTimeout:     cfg.storeTimeout,
-		MaxKeysPerClient: cfg.maxKeys,
+		Registry:           reg,
+		Store:              store,
+		RulesPath:          cfg.rules,
+		ListenAddr:         cfg.listen,
+		Insecure:           cfg.insecure,
+		Logger:             log,
+		DrainDelay:         cfg.drainDelay,
+		ShutdownTimeout:    cfg.shutdownTimeout,
+		StoreTimeout:       cfg.storeTimeout,
+		MaxKeysPerClient:   cfg.maxKeys,
+		TLSConfig:          tlsConfig,
+		MetricsTokenSHA256: cfg.metricsToken,
 	})
 	if err != nil {
 		return err
@@ -180,6 +232,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	if cfg.insecure {
 		attrs = append(attrs, "insecure", true)
 	}
+	attrs = append(attrs, "tls", tlsConfig != nil, "metrics_token", cfg.metricsToken != "", "version", server.ReadBuild().Version)
 	log.Info("rateleased listening", attrs...)
 	return srv.Run(ctx, ln)
 }
@@ -305,6 +358,16 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 		"most distinct keys one client may hold leases on through this server (each server counts its own grants; a key counts until its lease's expiry, even if returned); a lease entry on another key fails with 429 too_many_keys; negative: no cap (env RATELEASED_MAX_KEYS_PER_CLIENT)")
 	fs.DurationVar(&cfg.drainDelay, "drain-delay", duration("RATELEASED_DRAIN_DELAY", 0),
 		"on SIGTERM, keep serving this long with /readyz answering 503, so that load balancers stop sending traffic, before refusing new connections; 0: refuse them at once (env RATELEASED_DRAIN_DELAY)")
+	fs.StringVar(&cfg.tlsCert, "tls-cert", str("RATELEASED_TLS_CERT", ""),
+		"certificate `file` (PEM, the chain after the leaf) to serve HTTPS with; needs -tls-key; empty: plain HTTP/1.1 and h2c (env RATELEASED_TLS_CERT)")
+	fs.StringVar(&cfg.tlsKey, "tls-key", str("RATELEASED_TLS_KEY", ""),
+		"private key `file` (PEM) of -tls-cert (env RATELEASED_TLS_KEY)")
+	fs.StringVar(&cfg.metricsToken, "metrics-token-sha256", str("RATELEASED_METRICS_TOKEN_SHA256", ""),
+		"hex SHA-256 of a bearer `token` that GET /metrics then requires (printf %s \"$TOKEN\" | sha256sum); empty: /metrics is open (env RATELEASED_METRICS_TOKEN_SHA256)")
+	fs.BoolVar(&cfg.check, "check", false,
+		"validate the -rules file and exit: 0 with a summary, 1 with the rule and field at fault; starts no server and needs no Redis")
+	fs.BoolVar(&cfg.version, "version", false,
+		"print the version, VCS revision and Go version, and exit")
 	fs.DurationVar(&cfg.shutdownTimeout, "shutdown-timeout", duration("RATELEASED_SHUTDOWN_TIMEOUT", server.DefaultShutdownTimeout),
 		"how long in-flight requests may take to finish on SIGTERM, after -drain-delay (env RATELEASED_SHUTDOWN_TIMEOUT)")
 
@@ -340,6 +403,17 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 	}
 	if cfg.storeTimeout <= 0 {
 		return config{}, usageError(fs, fmt.Errorf("-store-timeout %v: want a positive duration", cfg.storeTimeout))
+	}
+	if (cfg.tlsCert == "") != (cfg.tlsKey == "") {
+		return config{}, usageError(fs, errors.New("-tls-cert and -tls-key go together: give both (HTTPS) or neither (plain HTTP)"))
+	}
+	if cfg.metricsToken != "" {
+		if b, err := hex.DecodeString(cfg.metricsToken); err != nil || len(b) != sha256.Size {
+			return config{}, usageError(fs, errors.New("-metrics-token-sha256: want 64 hex digits, the SHA-256 of the token: printf %s \"$TOKEN\" | sha256sum"))
+		}
+	}
+	if cfg.check && cfg.rules == "" {
+		return config{}, usageError(fs, errors.New("-check needs -rules with the file to check"))
 	}
 	if cfg.redisCluster && cfg.redisURL == "" {
 		return config{}, usageError(fs, errors.New("-redis-cluster needs -redis with the cluster's URL"))
