@@ -122,10 +122,119 @@ func (f *RulesFile) RuleSet() leases.RuleSet {
 func decodeYAMLStrict(data []byte, v any) error {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("%w: %w", leases.ErrInvalidRules, err)
+	err := dec.Decode(v)
+	if err == nil || errors.Is(err, io.EOF) {
+		return nil
 	}
-	return nil
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		// Name the rule (or client) and field of each error, as
+		// validation does: "line 4: cannot unmarshal ..." alone makes the
+		// reader count lines.
+		var root yaml.Node
+		if yaml.Unmarshal(data, &root) == nil {
+			msgs := make([]string, len(te.Errors))
+			for i, m := range te.Errors {
+				msgs[i] = locateYAMLError(&root, m)
+			}
+			return fmt.Errorf("%w: %s", leases.ErrInvalidRules, strings.Join(msgs, "; "))
+		}
+	}
+	return fmt.Errorf("%w: %w", leases.ErrInvalidRules, err)
+}
+
+// locateYAMLError rewrites a yaml.v3 error message "line N: what" as
+// `rule "name": field: what (line N)` when line N holds a field of an entry
+// of the rules or clients section; otherwise it returns msg as it is.
+func locateYAMLError(root *yaml.Node, msg string) string {
+	var line int
+	rest, ok := strings.CutPrefix(msg, "line ")
+	if !ok {
+		return msg
+	}
+	num, what, ok := strings.Cut(rest, ": ")
+	if !ok {
+		return msg
+	}
+	line, err := strconv.Atoi(num)
+	if err != nil {
+		return msg
+	}
+	doc := root
+	if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
+		doc = doc.Content[0]
+	}
+	if doc.Kind != yaml.MappingNode {
+		return msg
+	}
+	for i := 0; i+1 < len(doc.Content); i += 2 {
+		section, items := doc.Content[i].Value, doc.Content[i+1]
+		if (section != "rules" && section != "clients") || items.Kind != yaml.SequenceNode {
+			continue
+		}
+		for j, item := range items.Content {
+			if item.Kind != yaml.MappingNode {
+				continue
+			}
+			name := ""
+			for k := 0; k+1 < len(item.Content); k += 2 {
+				if item.Content[k].Value == "name" {
+					name = item.Content[k+1].Value
+				}
+			}
+			if field := fieldAt(item, line, errorMatcher(what)); field != "" {
+				kind := strings.TrimSuffix(section, "s")
+				if name == "" {
+					name = fmt.Sprintf("%s[%d]", section, j)
+				}
+				return fmt.Sprintf("%s %q: %s: %s (line %d)", kind, name, field, what, line)
+			}
+		}
+	}
+	return msg
+}
+
+// errorMatcher returns whether a field (its key and value nodes) is the
+// one a yaml.v3 error message is about: the unknown field it names, the
+// value it quotes, or a sequence or mapping it could not decode. Several
+// fields may share the line (flow style: {name: a, limit: x}).
+func errorMatcher(what string) func(key, val *yaml.Node) bool {
+	if name, ok := strings.CutPrefix(what, "field "); ok {
+		name, _, _ = strings.Cut(name, " not found")
+		return func(key, _ *yaml.Node) bool { return key.Value == name }
+	}
+	if _, q, ok := strings.Cut(what, "`"); ok {
+		q, _, _ = strings.Cut(q, "`")
+		return func(_, val *yaml.Node) bool { return val.Kind == yaml.ScalarNode && val.Value == q }
+	}
+	switch {
+	case strings.Contains(what, "!!seq"):
+		return func(_, val *yaml.Node) bool { return val.Kind == yaml.SequenceNode }
+	case strings.Contains(what, "!!map"):
+		return func(_, val *yaml.Node) bool { return val.Kind == yaml.MappingNode }
+	}
+	return func(*yaml.Node, *yaml.Node) bool { return true }
+}
+
+// fieldAt returns the path ("period", "limits[1].limit") of the field of
+// mapping m on line that match accepts, or "".
+func fieldAt(m *yaml.Node, line int, match func(key, val *yaml.Node) bool) string {
+	for k := 0; k+1 < len(m.Content); k += 2 {
+		key, val := m.Content[k], m.Content[k+1]
+		if (key.Line == line || val.Line == line) && match(key, val) {
+			return key.Value
+		}
+		if val.Kind == yaml.SequenceNode {
+			for i, el := range val.Content {
+				if el.Kind == yaml.MappingNode {
+					if f := fieldAt(el, line, match); f != "" {
+						return fmt.Sprintf("%s[%d].%s", key.Value, i, f)
+					}
+				}
+			}
+		}
+	}
+	return ""
 }
 
 // ClientConfig is one entry of a rules file's clients section.

@@ -322,3 +322,19 @@ rules:
 		assert.Contains(t, err.Error(), tc.want)
 	}
 }
+
+// TestParseRulesTypeErrorsNameRuleAndField: a value of the wrong type, or
+// an unknown field, is reported with the rule and field, not a line alone.
+func TestParseRulesTypeErrorsNameRuleAndField(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{"rules:\n- name: a\n  match: x\n  limit: 1\n  period: soon\n", `rule "a": period: cannot unmarshal !!str ` + "`soon`" + ` into time.Duration (line 5)`},
+		{"rules:\n- {name: a, match: x, limit: 1, period: 1s}\n- {name: b, match: y, limt: 1, period: 1s}\n", `rule "b": limt: field limt not found`},
+		{"rules:\n- name: c\n  match: x\n  limits:\n  - {limit: 1, period: 1s}\n  - {limit: many, period: 1s}\n", `rule "c": limits[1].limit: cannot unmarshal`},
+		{"rules:\n- match: x\n  limit: [1]\n", `rule "rules[0]": limit: cannot unmarshal`},
+		{"clients:\n- name: svc\n  keys: 5\n", `client "svc": keys: cannot unmarshal`},
+	} {
+		_, err := ParseRules([]byte(tc.yaml))
+		require.ErrorIs(t, err, leases.ErrInvalidRules, tc.yaml)
+		assert.Contains(t, err.Error(), tc.want, tc.yaml)
+	}
+}
