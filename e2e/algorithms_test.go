@@ -10,6 +10,9 @@ import (
 // algorithmRules are the rules of the algorithm scenarios, appended to
 // rules: one per algorithm, and a rule of two limits.
 const algorithmRules = `
+  - {name: fixed-window,   match: "fw:*",  algorithm: fixed_window,           limit: 20, period: 1s, lease_ttl: 1s}
+  - {name: sliding-log,    match: "swl:*", algorithm: sliding_window_log,     limit: 20, period: 1s, lease_ttl: 1s}
+  - {name: sliding-count,  match: "swc:*", algorithm: sliding_window_counter, limit: 20, period: 1s, lease_ttl: 1s}
   - name: two-limits
     match: "two:*"
     lease_ttl: 1s
@@ -40,4 +43,114 @@ func TestTwoLimits(t *testing.T) {
 	for _, l := range loads {
 		assert.Zero(t, l.res.Stats.FallbackDecisions, "%s: servers answered; no fallback", l.name)
 	}
+}
+
+// The window rules of the scenarios below: 20 per 1 s window.
+const (
+	windowLimit = 20
+	windowSlots = int64(time.Second / slot)
+)
+
+// maxInWindows returns the most requests counted in any window of k slots
+// shrunk by the longest span at both ends, and where it starts. A span that
+// overlaps the shrunk window was decided inside the whole window (a span
+// lasts at most spread slots beyond either end), so the count never
+// exceeds what the window truly held: a check against it never fails a run
+// that kept the bound.
+func maxInWindows(c *counter, k int64) (worst, at int64) {
+	for s := c.lo - k + 1; s <= c.hi; s++ {
+		a, e := max(s+c.spread, c.lo), min(s+k-1-c.spread, c.hi)
+		if a > e {
+			continue
+		}
+		if n := c.count(a, e); n > worst {
+			worst, at = n, s
+		}
+	}
+	return worst, at
+}
+
+// maxInAlignedWindows is maxInWindows over the windows aligned to the epoch
+// (Unix time a multiple of the window), as the window algorithms count
+// them: only the slots wholly inside a window, shrunk by the longest span.
+func maxInAlignedWindows(c *counter, origin time.Time, window time.Duration) (worst, at int64) {
+	if c.n == 0 {
+		return 0, 0
+	}
+	slotMs, winMs := slot.Milliseconds(), window.Milliseconds()
+	o := origin.UnixMilli()
+	first := (o + c.lo*slotMs) / winMs
+	last := (o + c.hi*slotMs) / winMs
+	for w := first; w <= last; w++ {
+		// Slots s with [o+s·slot, o+(s+1)·slot) inside [w·W, (w+1)·W).
+		s0 := (w*winMs - o + slotMs - 1) / slotMs
+		s1 := ((w+1)*winMs-o)/slotMs - 1
+		a, e := max(s0+c.spread, c.lo), min(s1-c.spread, c.hi)
+		if a > e {
+			continue
+		}
+		if n := c.count(a, e); n > worst {
+			worst, at = n, s0
+		}
+	}
+	return worst, at
+}
+
+// runWindowScenario runs 4 processes over the 3 servers asking key at 3×
+// its rule's rate for 10 s and returns the admitted spans, the slot grid's
+// origin and the run's length.
+func runWindowScenario(t *testing.T, name, key string) ([]span, time.Time, time.Duration) {
+	t.Helper()
+	c := startCluster(t)
+	d := scaled(10 * time.Second)
+	loads := hotLoads(c, name, key, 4, 3*windowLimit/4.0, d, "closed")
+	origin := startLoads(t, loads)
+	waitLoads(t, loads, d+30*time.Second)
+	for _, l := range loads {
+		assert.Zero(t, l.res.Stats.FallbackDecisions, "%s: servers answered; no fallback", l.name)
+	}
+	return merge(loads, key, allSlots), origin, d
+}
+
+// TestFixedWindow: at most limit per aligned window; across a window edge,
+// up to 2×limit in a window of the same length (the algorithm's own
+// weakness, which the scenario does not assert against); at least 90% of
+// limit per window used.
+func TestFixedWindow(t *testing.T) {
+	ss, origin, d := runWindowScenario(t, "fw", "fw:hot")
+	c := newCounter(ss)
+	worst, at := maxInAlignedWindows(c, origin, time.Second)
+	sliding, _ := maxInWindows(c, windowSlots)
+	t.Logf("fw:hot: worst aligned window %d (slot %d), bound %d; worst sliding window %d, bound 2×%d; admitted %d over %v (spread %d slots)",
+		worst, at, windowLimit, sliding, windowLimit, c.n, d, c.spread)
+	assert.LessOrEqual(t, worst, int64(windowLimit), "per aligned window")
+	assert.LessOrEqual(t, sliding, int64(2*windowLimit), "any window: 2×limit")
+	assert.GreaterOrEqual(t, float64(c.n), 0.9*windowLimit*d.Seconds(), "utilization")
+}
+
+// TestSlidingWindowLog: exact, at most limit in every window of the
+// period, whatever its start; leasing costs about TTL/(W+TTL) of
+// throughput, so the scenario asks for at least 40% of limit per window.
+func TestSlidingWindowLog(t *testing.T) {
+	ss, _, d := runWindowScenario(t, "swl", "swl:hot")
+	c := newCounter(ss)
+	worst, at := maxInWindows(c, windowSlots)
+	t.Logf("swl:hot: worst window %d (slot %d), bound %d; admitted %d over %v = %.0f%% of limit·T (spread %d slots)",
+		worst, at, windowLimit, c.n, d, 100*float64(c.n)/(windowLimit*d.Seconds()), c.spread)
+	assert.LessOrEqual(t, worst, int64(windowLimit), "any window")
+	assert.GreaterOrEqual(t, float64(c.n), 0.4*windowLimit*d.Seconds(), "utilization")
+}
+
+// TestSlidingWindowCounter: at most limit per aligned window, at most
+// 2×limit in any window (the estimator's worst case).
+func TestSlidingWindowCounter(t *testing.T) {
+	ss, origin, d := runWindowScenario(t, "swc", "swc:hot")
+	c := newCounter(ss)
+	aligned, _ := maxInAlignedWindows(c, origin, time.Second)
+	sliding, at := maxInWindows(c, windowSlots)
+	t.Logf("swc:hot: worst aligned window %d, worst window %d (slot %d), bounds %d and 2×%d; admitted %d over %v (spread %d slots)",
+		aligned, sliding, at, windowLimit, windowLimit, c.n, d, c.spread)
+	assert.LessOrEqual(t, aligned, int64(windowLimit), "per aligned window")
+	assert.LessOrEqual(t, sliding, int64(2*windowLimit), "any window")
+	assert.GreaterOrEqual(t, float64(c.n), 0.6*windowLimit*d.Seconds(), "utilization")
 }
