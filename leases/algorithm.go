@@ -61,6 +61,24 @@ var algorithms = map[Algorithm]*algorithm{
 		newState: func(b *Bucket, now int64) keyState { return newTBState(b, now) },
 		script:   tokenBucketLua,
 	},
+	FixedWindow: {
+		newState: func(b *Bucket, now int64) keyState { return newFWState(b, now, false) },
+		script:   windowLeasesLua + "local COUNTER = false\n" + fixedWindowLua,
+		tag:      "fw",
+		validate: validateWindow,
+	},
+	SlidingWindowCounter: {
+		newState: func(b *Bucket, now int64) keyState { return newFWState(b, now, true) },
+		script:   windowLeasesLua + "local COUNTER = true\n" + fixedWindowLua,
+		tag:      "swc",
+		validate: validateWindow,
+	},
+	SlidingWindowLog: {
+		newState: func(b *Bucket, now int64) keyState { return newSWLState(b) },
+		script:   windowLeasesLua + slidingWindowLogLua,
+		tag:      "swl",
+		validate: validateWindow,
+	},
 }
 
 // algorithmOf returns the implementation of b's algorithm, token_bucket

@@ -16,6 +16,17 @@ import (
 //go:embed scripts/token_bucket.lua
 var tokenBucketLua string
 
+// The window algorithms' scripts are the shared lease bookkeeping
+// (window_leases.lua) followed by the algorithm's body.
+var (
+	//go:embed scripts/window_leases.lua
+	windowLeasesLua string
+	//go:embed scripts/fixed_window.lua
+	fixedWindowLua string
+	//go:embed scripts/sliding_window_log.lua
+	slidingWindowLogLua string
+)
+
 // RedisOptions configure a RedisStore. The zero value is ready to use.
 type RedisOptions struct {
 	// Now, when set, replaces Redis TIME as the clock of every operation.
@@ -231,6 +242,11 @@ func (s *RedisStore) Lease(ctx context.Context, owner Owner, ops []LeaseOp) ([]L
 			if o.Granted > 0 {
 				o.LeaseID = ops[i].NewLeaseID
 				o.TTL = ops[i].Bucket.LeaseTTL
+				if len(v) >= 10 {
+					// The lease's own TTL (µs), when the algorithm
+					// shortens it (a window's end).
+					o.TTL = time.Duration(v[9]) * time.Microsecond
+				}
 			}
 			o.RetryAfter = time.Duration(v[2]) * time.Millisecond
 			o.Remaining = v[3]
