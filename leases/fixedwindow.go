@@ -129,7 +129,7 @@ func (s *fwState) retryAfter(b *Bucket, need int64, now int64) time.Duration {
 	}
 	r := b.Limit - need // the estimate that admits need
 	if s.cur <= r && s.prev > 0 {
-		e := int64(math.Ceil(float64(w) * float64(1-float64(r-s.cur)/float64(s.prev))))
+		e := int64(math.Ceil(float64(float64(w)*float64(1-float64(r-s.cur)/float64(s.prev))) - 1e-6))
 		if e < w {
 			return waitOf(max(s.start+e-now, 0))
 		}
@@ -137,7 +137,7 @@ func (s *fwState) retryAfter(b *Bucket, need int64, now int64) time.Duration {
 	if s.cur <= r {
 		return waitOf(end - now)
 	}
-	e := int64(math.Ceil(float64(w) * float64(1-float64(r)/float64(s.cur))))
+	e := int64(math.Ceil(float64(float64(w)*float64(1-float64(r)/float64(s.cur))) - 1e-6))
 	return waitOf(end + e - now)
 }
 

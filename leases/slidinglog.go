@@ -47,7 +47,7 @@ type swlState struct {
 
 func newSWLState(b *Bucket) *swlState { return &swlState{bucket: *b} }
 
-func (s *swlState) algorithm() Algorithm     { return SlidingWindowLog }
+func (s *swlState) algorithm() Algorithm    { return SlidingWindowLog }
 func (s *swlState) leasesOf() *windowLeases { return &s.windowLeases }
 
 // logQuantum returns q, the width of a log bucket, in µs.

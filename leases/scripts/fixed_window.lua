@@ -82,7 +82,7 @@ function A.retry(need)
   if not COUNTER then return ms(e_ - now) end
   local r = limit - need
   if cur <= r and prev > 0 then
-    local e = math.ceil(W * (1 - (r - cur) / prev))
+    local e = math.ceil(W * (1 - (r - cur) / prev) - 1e-6)
     if e < W then
       local w = start + e - now
       if w < 0 then w = 0 end
@@ -90,7 +90,7 @@ function A.retry(need)
     end
   end
   if cur <= r then return ms(e_ - now) end
-  local e = math.ceil(W * (1 - r / cur))
+  local e = math.ceil(W * (1 - r / cur) - 1e-6)
   return ms(e_ + e - now)
 end
 
