@@ -19,10 +19,12 @@ import (
 // Algorithm names a rate-limiting algorithm of a rule.
 type Algorithm string
 
-// The algorithms a rule may name. Only TokenBucket is implemented; the others
-// are reserved names: they share the lease contract (a grant, a deadline, a
-// settle) and will not change the wire protocol when they are added, but a
-// rule that names one is refused today with ErrAlgorithmNotImplemented.
+// The algorithms a rule may name. TokenBucket and the three windows are
+// implemented (see the package documentation for each one's bound);
+// LeakyBucket is a reserved name: it shares the lease contract (a grant, a
+// deadline, a settle) and will not change the wire protocol when it is
+// added, but a rule that names it is refused today with
+// ErrAlgorithmNotImplemented.
 const (
 	TokenBucket          Algorithm = "token_bucket"
 	FixedWindow          Algorithm = "fixed_window"

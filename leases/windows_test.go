@@ -12,6 +12,7 @@ import (
 	"github.com/ratelease/ratelease/leases"
 	"github.com/ratelease/ratelease/leases/storetest"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -148,5 +149,55 @@ func agreeWindows(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 	require.Positive(t, denied)
 	if c.limits != (leases.LeaseLimits{}) {
 		require.Positive(t, refused)
+	}
+}
+
+// TestRedisMemoryWindows measures what a key costs Redis under each window
+// algorithm (MEMORY USAGE summed over its keys, with the key names of a
+// per-user limit): decided by direct takes, with one lease open, and, for
+// the log, with takes spread over a whole window (every log bucket in
+// use). The package documentation reports these figures.
+func TestRedisMemoryWindows(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	clock := storetest.NewClock(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
+	s := leases.NewRedisStore(rdb, leases.RedisOptions{Now: clock.Now})
+	usage := func(key string, a leases.Algorithm) int64 {
+		var sum int64
+		h, z, x := leases.AlgorithmRedisKeys(key, a)
+		for _, k := range []string{h, z, x} {
+			n, err := rdb.MemoryUsage(ctx, k, 0).Result()
+			if errors.Is(err, redis.Nil) {
+				continue
+			}
+			require.NoError(t, err)
+			sum += n
+		}
+		return sum
+	}
+	owner := leases.Owner{Client: "checkout", Process: "7f3a9c2e"}
+	for _, a := range []leases.Algorithm{leases.FixedWindow, leases.SlidingWindowCounter, leases.SlidingWindowLog} {
+		b := leases.Bucket{Algorithm: a, Limit: 1000, Period: time.Minute, Burst: 1000, LeaseTTL: 2 * time.Second}
+		_, err := s.Take(ctx, []leases.TakeOp{{Key: "user:241531", Bucket: b, Cost: 1}})
+		require.NoError(t, err)
+		_, err = s.Lease(ctx, owner, []leases.LeaseOp{{Key: "user:241532", Bucket: b, Want: 2, NewLeaseID: leases.NewLeaseID()}})
+		require.NoError(t, err)
+		take, lease := usage("user:241531", a), usage("user:241532", a)
+		t.Logf("%s: a key of direct takes %d B, a key with one lease open %d B", a, take, lease)
+		assert.Less(t, take, int64(256), a)
+		assert.Less(t, lease, int64(400), a)
+		if a == leases.SlidingWindowLog {
+			// One take per log bucket for a whole window: the most
+			// buckets a key holds (W/q + 1 = 65).
+			for range 70 {
+				_, err := s.Take(ctx, []leases.TakeOp{{Key: "user:241533", Bucket: b, Cost: 1}})
+				require.NoError(t, err)
+				clock.Advance(b.Period / 64)
+			}
+			full := usage("user:241533", a)
+			t.Logf("%s: a key with all its log buckets in use %d B", a, full)
+			assert.Less(t, full, int64(4096), a)
+		}
 	}
 }
