@@ -184,6 +184,13 @@
 // window, at every start, while goroutines lease, spend at driven times,
 // settle and take concurrently, against memory, Redis and Redis Cluster.
 //
+// The window scripts do not rebuild a partly evicted state as the token
+// bucket's does: with the hash lost, the key counts from zero (like a
+// bucket lost whole: up to one extra limit); with the deadline index lost
+// while leases are open, those leases are never closed by expiry (they
+// still settle), which only refuses more (their tokens stay counted, the
+// caps fill) until the hash expires. Run Redis with noeviction.
+//
 // A Take followed by a Refund (the engine's all-or-nothing across keys)
 // gives back only what takes counted: fixed_window and the counter return
 // at most the tokens taken directly in the current window, the log at most
