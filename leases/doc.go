@@ -189,7 +189,8 @@
 // bucket lost whole: up to one extra limit); with the deadline index lost
 // while leases are open, those leases are never closed by expiry (they
 // still settle), which only refuses more (their tokens stay counted, the
-// caps fill) until the hash expires. Run Redis with noeviction.
+// caps fill) until the key is left alone long enough for its hash to
+// expire. Run Redis with noeviction.
 //
 // A Take followed by a Refund (the engine's all-or-nothing across keys)
 // gives back only what takes counted: fixed_window and the counter return
