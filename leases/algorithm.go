@@ -46,7 +46,8 @@ type keyState interface {
 	algorithm() Algorithm
 	lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOutcome
 	take(b *Bucket, cost int64, now int64) TakeOutcome
-	refund(b *Bucket, cost int64, now int64)
+	// refund gives back cost tokens of a take made at at (µs).
+	refund(b *Bucket, cost int64, at int64, now int64)
 	// idle reports whether the state is the same as no state at now, so
 	// the store may drop it.
 	idle(now int64) bool
@@ -60,6 +61,24 @@ var algorithms = map[Algorithm]*algorithm{
 	TokenBucket: {
 		newState: func(b *Bucket, now int64) keyState { return newTBState(b, now) },
 		script:   tokenBucketLua,
+	},
+	FixedWindow: {
+		newState: func(b *Bucket, now int64) keyState { return newFWState(b, now, false) },
+		script:   windowLeasesLua + "local COUNTER = false\n" + fixedWindowLua,
+		tag:      "fw",
+		validate: validateWindow,
+	},
+	SlidingWindowCounter: {
+		newState: func(b *Bucket, now int64) keyState { return newFWState(b, now, true) },
+		script:   windowLeasesLua + "local COUNTER = true\n" + fixedWindowLua,
+		tag:      "swc",
+		validate: validateWindow,
+	},
+	SlidingWindowLog: {
+		newState: func(b *Bucket, now int64) keyState { return newSWLState(b) },
+		script:   windowLeasesLua + slidingWindowLogLua,
+		tag:      "swl",
+		validate: validateWindow,
 	},
 }
 

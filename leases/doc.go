@@ -180,4 +180,124 @@
 // back what the denied takes took. Each limit's own bound therefore holds
 // on its own: TestTwoLimits (e2e) checks 5/s and 20/10s together in every
 // window across processes and servers.
+//
+// # Window algorithms: what they share
+//
+// For the three windows Limit is the limit per window and Period the window
+// W; Burst has no meaning (the rules layer sets it to Limit, and validation
+// refuses any other value). Their lease bookkeeping is written once
+// (windowleases.go; scripts/window_leases.lua, which the Redis store
+// prepends to each window's script): at most one open lease per owner, key
+// and slot, recorded "<id> <granted> <deadline µs> <window µs>" under
+// "<slot>|<client>/<process>"; a settle needs the lease's ID
+// (ErrUnknownLease) and used ≤ granted (ErrUsedExceedsGranted); a grant
+// without the ID replaces the slot's open lease as fully spent (counted in
+// Expired); the caps of LeaseLimits apply as for the token bucket, and
+// renewals are never refused. Fair share caps a grant at max(1, limit/h),
+// with h counted as the token bucket counts it (clients holding open leases
+// × processes of the owner's client), from counts kept as leases open and
+// close; there is no waiter and no share clock. A grant is never more than
+// what is free. Leases are indexed by deadline (a heap; in Redis a sorted
+// set), so no call scans them. In Redis a key's state is a hash
+// (rl:{key}:<tag>) holding the counts and the leases, the deadline index
+// (…:z) while leases are open and, for the log, its buckets (…:s); all
+// expire (PEXPIRE, 1 s of slack) once the state can no longer count, and a
+// state equivalent to none is deleted at once. TestStoresAgreeWindows runs
+// random operation sequences against both stores and requires identical
+// answers; storetest.RunWindows checks each algorithm's bound in every
+// window, at every start, while goroutines lease, spend at driven times,
+// settle and take concurrently, against memory, Redis and Redis Cluster.
+//
+// The window scripts do not rebuild a partly evicted state as the token
+// bucket's does: with the hash lost, the key counts from zero (like a
+// bucket lost whole: up to one extra limit); with the deadline index lost
+// while leases are open, those leases are never closed by expiry (they
+// still settle), which only refuses more (their tokens stay counted, the
+// caps fill) until the key is left alone long enough for its hash to
+// expire. Run Redis with noeviction.
+//
+// A Take followed by a Refund (the engine's all-or-nothing across keys)
+// gives back only what takes counted: fixed_window and the counter return
+// at most the tokens taken directly in the current window, the log at most
+// the tokens of the bucket of now. A refund whose take fell in the window
+// (or log bucket) before, a few microseconds earlier, finds another take's
+// tokens there, or none: it can then free up to its cost early. The engine
+// refunds within one call, so this needs a window edge between the two
+// commands.
+//
+// # fixed_window
+//
+// Windows are aligned to the epoch (start ⌊now/W⌋·W) and count c: grants
+// and takes add, a settle in the lease's own window gives back g − used. A
+// take admits cost when c + cost ≤ limit; a grant is at most limit − c.
+// A lease's deadline is min(now + TTL, the window's end), reported in
+// LeaseOutcome.TTL, so a lease never outlives its window and every token of
+// a window is counted in it: each aligned window admits at most limit,
+// leases or not. Across an edge two windows' worth can fall within a
+// window of length W (limit spent just before the edge, limit just after):
+// 2·limit, the algorithm's own weakness, which leasing does not widen
+// (TestMemoryStoreWindows/fixed_window/EdgeAndDeadline). A lease of an
+// older window has expired: settling it fails with ErrUnknownLease.
+// retry_after is the time to the window's end (−1 beyond the limit), Reset
+// the window's end. Cost of leasing: a lease granted near the window's end
+// is short. Memory: H with 4 fields (104 B in Redis for a key of direct
+// takes; 352 B with one lease open, most of it the deadline index).
+//
+// # sliding_window_counter
+//
+// The estimate prev·(1 − elapsed/W) + cur, with prev the previous aligned
+// window's count and cur the current one's; grants and takes up to
+// ⌊limit − estimate⌋. It runs on fixed_window's machinery (one type, one
+// script with a flag): deadlines at most the window's end, settles credit
+// the lease's own window, a refund only the current window's takes.
+// Bound: cur ≤ limit at every admission, so each aligned window admits at
+// most limit; a window of length W spans at most two aligned windows, so it
+// admits at most 2·limit. The estimate is a heuristic, and the adversary
+// gets close to that (limit at the end of one window, then
+// limit·elapsed/W through the next: 189 in a window of 100 at limit 100 in
+// the Estimate case). Sub-windows would not help: with k sub-windows the
+// adversary still spends limit in the last sub-window before an edge and
+// limit·(1 − 1/k) after it, ≈ 2·limit for any k; we keep k = 1 (two
+// counters). Leasing adds nothing: a lease's tokens are counted in cur at
+// its grant, in the window they are spent in (the deadline is the window's
+// end). retry_after solves the estimate for the time it admits the
+// tokens; Reset is when it reaches zero. Memory: as fixed_window (120 B,
+// 352 B with a lease).
+//
+// # sliding_window_log
+//
+// Exact: at most limit admitted in any window of length W. The log holds
+// entries (start, end, n), n tokens spent at instants in [start, end]: a
+// take is (now, now, cost); an open lease is (grant time, deadline, g); a
+// settle replaces it by (grant time, min(now, deadline), used); an expired
+// or replaced lease stays (grant time, deadline, g). A spend at now counts
+// Σ n over the entries with end > now − W, and a grant g is at most limit
+// minus that sum.
+//
+// Proof. Take any window [a, a + W) and, among the entries with a spend in
+// it, the one admitted last, at time t; its spends are at s ≥ t with
+// s < a + W, so a > t − W. Every other such entry was admitted at or before
+// t, and its spend in the window is at s' ≥ a > t − W, so its end ≥ s' >
+// t − W: it was counted at t (a later settle only lowers n to what was
+// actually spent, and never moves the end past the spends). So the spends
+// in the window are at most the sum counted at t plus the last entry's n,
+// which admission kept ≤ limit. The sum at t is also the maximum over every
+// window that could hold a new spend in [t, t + TTL], since every entry
+// starts at or before t: counting it all is not conservative beyond that.
+//
+// Memory is bounded by merging the closed entries into buckets by their end
+// rounded up to a multiple of q = max(1 ms, W/64) (a later end only keeps
+// an entry longer: conservative), one bucket per multiple of q, plus one
+// entry per open lease; a running sum is kept, and buckets with end ≤
+// now − W are pruned as time passes. Costs: an open lease reserves its g
+// until it settles, and an unsettled one until its deadline leaves the
+// window, so throughput loses about TTL/(W + TTL) to reservations when
+// leases run to their deadline; quantization delays a token's return by
+// under q, at most q/W = 1/64 of the window. retry_after walks at most 64
+// entries in end order (buckets, then open leases as if unsettled), then
+// bounds the wait by the latest end; Reset is the latest end + W − now.
+// Memory per key ≈ (W + TTL)/q + 1 buckets + the open leases, measured
+// with MEMORY USAGE (TestRedisMemoryWindows, Redis 7, keys user:<6
+// digits>): 224 B for a key of direct takes, 320 B with one lease open,
+// 3,216 B with all 65 buckets of a window in use.
 package leases

@@ -570,7 +570,9 @@ func (e *Engine) Take(ctx context.Context, takes []TakeAsk) ([]TakeResult, Repor
 		var giveBack []TakeOp
 		for j, o := range outs {
 			if resp := &resps[at[j][0]]; o.Taken && !resp.Allowed && ops[j].Cost > 0 {
-				giveBack = append(giveBack, ops[j])
+				op := ops[j]
+				op.At = o.At
+				giveBack = append(giveBack, op)
 				// Report the limit as it stands once given back.
 				k := &resp.Keys[at[j][1]]
 				li := at[j][2]

@@ -208,7 +208,7 @@ func (s *MemoryStore) Refund(ctx context.Context, ops []TakeOp) error {
 	for i := range ops {
 		op := &ops[i]
 		if err := s.with(op.Key, &op.Bucket, now, func(st keyState) {
-			st.refund(&op.Bucket, op.Cost, now)
+			st.refund(&op.Bucket, op.Cost, op.At, now)
 		}); err != nil {
 			return err
 		}

@@ -14,3 +14,9 @@ func TestMemoryStoreConformance(t *testing.T) {
 		return leases.NewMemoryStore(leases.MemoryOptions{Now: now, SweepInterval: -1})
 	}, storetest.Options{})
 }
+
+func TestMemoryStoreWindows(t *testing.T) {
+	storetest.RunWindows(t, func(t *testing.T, now func() time.Time) leases.Store {
+		return leases.NewMemoryStore(leases.MemoryOptions{Now: now, SweepInterval: -1})
+	}, storetest.WindowOptions{})
+}

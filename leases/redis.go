@@ -16,6 +16,17 @@ import (
 //go:embed scripts/token_bucket.lua
 var tokenBucketLua string
 
+// The window algorithms' scripts are the shared lease bookkeeping
+// (window_leases.lua) followed by the algorithm's body.
+var (
+	//go:embed scripts/window_leases.lua
+	windowLeasesLua string
+	//go:embed scripts/fixed_window.lua
+	fixedWindowLua string
+	//go:embed scripts/sliding_window_log.lua
+	slidingWindowLogLua string
+)
+
 // RedisOptions configure a RedisStore. The zero value is ready to use.
 type RedisOptions struct {
 	// Now, when set, replaces Redis TIME as the clock of every operation.
@@ -231,6 +242,11 @@ func (s *RedisStore) Lease(ctx context.Context, owner Owner, ops []LeaseOp) ([]L
 			if o.Granted > 0 {
 				o.LeaseID = ops[i].NewLeaseID
 				o.TTL = ops[i].Bucket.LeaseTTL
+				if len(v) >= 10 {
+					// The lease's own TTL (µs), when the algorithm
+					// shortens it (a window's end).
+					o.TTL = time.Duration(v[9]) * time.Microsecond
+				}
 			}
 			o.RetryAfter = time.Duration(v[2]) * time.Millisecond
 			o.Remaining = v[3]
@@ -264,8 +280,8 @@ func (s *RedisStore) runTake(ctx context.Context, mode string, ops []TakeOp) ([]
 		op := &ops[i]
 		algs[i] = op.Bucket.Algorithm
 		keys[i] = redisKeyList(op.Key, algs[i])
-		args[i] = append(append(bucketArgs(mode, now, &op.Bucket), noOwner[:2]...), op.Cost)
-		args[i] = append(append(args[i], noOwner[3:]...), s.noEviction)
+		args[i] = append(append(bucketArgs(mode, now, &op.Bucket), noOwner[:2]...), op.Cost, op.At)
+		args[i] = append(append(args[i], noOwner[4:]...), s.noEviction)
 	}
 	return s.run(ctx, algs, keys, args)
 }
@@ -286,6 +302,9 @@ func (s *RedisStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, err
 		if len(v) >= 6 {
 			out[i].Reset = time.Duration(v[4]) * time.Millisecond
 			out[i].Delay = time.Duration(v[5]) * time.Millisecond
+		}
+		if len(v) >= 7 {
+			out[i].At = v[6]
 		}
 		if v[1] < 0 {
 			out[i].RetryAfter = -1

@@ -25,6 +25,52 @@ func TestRedisStoreConformance(t *testing.T) {
 	}, redisSuiteOptions(rdb, 500))
 }
 
+func TestRedisStoreWindows(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	storetest.RunWindows(t, func(t *testing.T, now func() time.Time) leases.Store {
+		require.NoError(t, rdb.FlushDB(context.Background()).Err())
+		return leases.NewRedisStore(rdb, leases.RedisOptions{Now: now})
+	}, storetest.WindowOptions{ConcurrentTicks: 600, Retention: windowRetention(rdb)})
+}
+
+// TestRedisClusterWindows runs the window suite on a real three-node Redis
+// Cluster.
+func TestRedisClusterWindows(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-node Redis Cluster")
+	}
+	cl := redistest.StartCluster(t, 3)
+	rdb := cl.Client(t)
+	storetest.RunWindows(t, func(t *testing.T, now func() time.Time) leases.Store {
+		require.NoError(t, rdb.ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
+			return c.FlushDB(ctx).Err()
+		}))
+		return leases.NewRedisStore(rdb, leases.RedisOptions{Now: now})
+	}, storetest.WindowOptions{ConcurrentTicks: 400, Retention: windowRetention(rdb)})
+}
+
+// windowRetention returns the least TTL of the Redis keys of key under a
+// that exist, or −1 when none does.
+func windowRetention(rdb redis.UniversalClient) func(t *testing.T, key string, a leases.Algorithm) time.Duration {
+	return func(t *testing.T, key string, a leases.Algorithm) time.Duration {
+		h, z, x := leases.AlgorithmRedisKeys(key, a)
+		least := time.Duration(-1)
+		for _, k := range []string{h, z, x} {
+			d, err := rdb.PTTL(context.Background(), k).Result()
+			require.NoError(t, err)
+			if d == -2*time.Nanosecond {
+				continue // no such key
+			}
+			require.Positive(t, d, "%s has a TTL", k)
+			if least < 0 || d < least {
+				least = d
+			}
+		}
+		return least
+	}
+}
+
 // agreeCase is one differential scenario of TestStoresAgree.
 type agreeCase struct {
 	name    string

@@ -1,6 +1,7 @@
 package leases
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -153,4 +154,25 @@ func FuzzGlobMatch(f *testing.F) {
 			t.Fatalf("* must match %q", key)
 		}
 	})
+}
+
+func TestPolicyAlgorithms(t *testing.T) {
+	// A known algorithm not implemented yet is refused as such.
+	for _, a := range knownAlgorithms {
+		if Implemented(a) {
+			continue
+		}
+		_, err := NewPolicy(RuleSet{Rules: []Rule{{Name: "a", Match: "x", Algorithm: a, Limit: 1, Period: time.Second}}})
+		assert.True(t, errors.Is(err, ErrAlgorithmNotImplemented), a)
+	}
+	// The windows have no burst: it must be left out or equal the limit.
+	for _, a := range []Algorithm{FixedWindow, SlidingWindowCounter, SlidingWindowLog} {
+		_, err := NewPolicy(RuleSet{Rules: []Rule{{Name: "a", Match: "x", Algorithm: a, Limit: 10, Period: time.Second}}})
+		require.NoError(t, err, a)
+		_, err = NewPolicy(RuleSet{Rules: []Rule{{Name: "a", Match: "x", Algorithm: a, Limit: 10, Burst: 10, Period: time.Second}}})
+		require.NoError(t, err, a)
+		_, err = NewPolicy(RuleSet{Rules: []Rule{{Name: "a", Match: "x", Algorithm: a, Limit: 10, Burst: 20, Period: time.Second}}})
+		require.ErrorIs(t, err, ErrInvalidRules, a)
+		assert.Contains(t, err.Error(), "burst: is 20", a)
+	}
 }

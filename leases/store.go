@@ -174,6 +174,12 @@ type TakeOp struct {
 	Key    string
 	Bucket Bucket
 	Cost   int64
+	// At is, for Refund, the At of the take's outcome: the store's clock
+	// when the tokens were taken. The windows count takes by their time,
+	// and give back only from where this take counted (nothing when its
+	// window or log bucket has passed); zero gives back nothing there. The
+	// token bucket ignores it.
+	At int64
 }
 
 // TakeOutcome is the result of one TakeOp.
@@ -192,6 +198,8 @@ type TakeOutcome struct {
 	// others.
 	Delay   time.Duration
 	Expired int
+	// At is the store's clock (µs) at the take, for Refund (TakeOp.At).
+	At int64
 }
 
 // BucketState is a snapshot of one key's bucket, for tests and operators.
@@ -223,7 +231,9 @@ type Store interface {
 	// across keys by giving back with Refund).
 	Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, error)
 	// Refund puts back tokens taken by Take, never filling a bucket above
-	// its size minus its outstanding leases.
+	// its size minus its outstanding leases. Each op names the take's time
+	// (TakeOp.At, from its outcome), so that no algorithm gives back tokens
+	// that another request's admission counts.
 	Refund(ctx context.Context, ops []TakeOp) error
 	// State returns a snapshot of key's bucket without changing it.
 	State(ctx context.Context, key string, b Bucket) (BucketState, error)

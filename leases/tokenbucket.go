@@ -486,6 +486,7 @@ func (s *tbState) take(b *Bucket, cost int64, now int64) TakeOutcome {
 	}
 	o.Remaining = s.remaining()
 	o.Reset = s.reset(b)
+	o.At = now
 	if !o.Taken && len(s.leases) == open {
 		// A denial that closed nothing changes nothing. The Redis store
 		// writes nothing then, and the next refill from the stored state
@@ -497,7 +498,7 @@ func (s *tbState) take(b *Bucket, cost int64, now int64) TakeOutcome {
 }
 
 // refund puts back cost tokens taken by take.
-func (s *tbState) refund(b *Bucket, cost int64, now int64) {
+func (s *tbState) refund(b *Bucket, cost int64, _ int64, now int64) {
 	s.bucket = *b
 	s.advance(b, now)
 	s.level = max(0, min(s.level+float64(cost), float64(b.Burst-s.out)))

@@ -26,7 +26,8 @@
 -- Replies: lease {status (0 ok, 1 unknown lease, 2 used exceeds granted,
 --          3 too many leases), granted, retry ms, remaining, holders,
 --          settled (0|1), expired, reset ms, delay ms}; take {taken (0|1),
---          retry ms (−1: never), remaining, expired, reset ms, delay ms};
+--          retry ms (−1: never), remaining, expired, reset ms, delay ms,
+--          now µs (the take's time, which a refund names in ARGV[10])};
 --          refund {}; state {level, outstanding, open leases, now µs}.
 --          Every algorithm's script takes these keys and arguments and
 --          answers in these shapes (see algorithm.go).
@@ -536,7 +537,7 @@ if mode == 'take' then
   -- refill from the stored state gives the same level, so nothing is
   -- written (two commands fewer per denial).
   if taken == 1 or changed then save() end
-  return { taken, retry, remaining(), expired, reset_ms(), 0 }
+  return { taken, retry, remaining(), expired, reset_ms(), 0, now }
 end
 
 if mode == 'refund' then

@@ -563,8 +563,10 @@ func testConcurrentBound(t *testing.T, f *fixture, ticks int) {
 				if rng.IntN(10) == 0 {
 					id = "" // abandon the lease: it is replaced or expires unsettled
 				}
-				f.clock.Hold(func(time.Time) {
-					tk := int(tick.Load())
+				f.clock.Hold(func(now time.Time) {
+					// The tick of now, not of the counter: the main loop
+					// moves the counter just before the clock.
+					tk := int(now.Sub(epoch) / time.Millisecond)
 					out, err := f.store.Lease(f.ctx, own(owner), []leases.LeaseOp{{Key: "hot", Bucket: b, Want: want, LeaseID: id, Used: used, NewLeaseID: leases.NewLeaseID()}})
 					ops.Add(1)
 					if err != nil {

@@ -1,0 +1,370 @@
+-- Lease bookkeeping of the window algorithms: the Redis twin of
+-- windowleases.go. The Redis store runs this prelude followed by one
+-- algorithm's body (fixed_window.lua, sliding_window_log.lua) as one script;
+-- the body defines the algorithm's callbacks (a table A) and ends with
+-- "return run(A)".
+--
+-- KEYS, ARGV and replies are those of token_bucket.lua, and a lease reply
+-- has one element more: 10 the granted lease's TTL in µs (a window's end
+-- may come before now + lease TTL).
+--
+-- KEYS[1] H  a hash: the algorithm's fields (one letter each), and while
+--            leases are open:
+--              o  outstanding: Σ granted over the open leases
+--              n  number of open leases
+--              k  clients holding open leases
+--              "p|<client>"  processes of that client holding open leases
+--              "<slot>|<client>/<process>"  a lease:
+--                  "<id> <granted> <deadline µs> <window start µs>"
+-- KEYS[2] Z  the deadline index of the open leases: member
+--            "<slot>|<client>/<process>", score deadline (µs)
+-- KEYS[3] X  the algorithm's own (sliding_window_log: its log buckets)
+--
+-- No call scans the leases: they are read by owner (H fields) and by
+-- deadline (Z); a call costs O(log n) plus the leases it closes.
+--
+-- Numbers passed to Redis are formatted with fmtd/fmtf: Lua's own
+-- conversion keeps 14 digits, too few for a time in µs.
+
+if redis.replicate_commands then redis.replicate_commands() end
+
+local H, Z, X = KEYS[1], KEYS[2], KEYS[3]
+local mode = ARGV[1]
+local now
+if ARGV[2] ~= '' then
+  now = tonumber(ARGV[2])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local limit = tonumber(ARGV[3])
+local W = tonumber(ARGV[4]) -- the window, µs
+local ttl = tonumber(ARGV[6])
+local eps = 1e-9
+local RETRY_WALK = 64
+local CHUNK = 1000
+local dry = mode == 'state'
+
+local function fmtd(x) return string.format('%d', x) end
+
+-- fmtf formats x as the shortest decimal that reads back as x.
+local function fmtf(x)
+  local s = string.format('%.15g', x)
+  if tonumber(s) ~= x then
+    s = string.format('%.16g', x)
+    if tonumber(s) ~= x then s = string.format('%.17g', x) end
+  end
+  return s
+end
+
+-- floor_to returns the largest multiple of q at or below t; ceil_to the
+-- smallest at or above. Products of integers below 2^53 are exact.
+local function floor_to(t, q)
+  local k = math.floor(t / q)
+  while k * q > t do k = k - 1 end
+  while (k + 1) * q <= t do k = k + 1 end
+  return k * q
+end
+local function ceil_to(t, q)
+  local f = floor_to(t, q)
+  if f < t then f = f + q end
+  return f
+end
+
+-- ms rounds a wait in µs up to whole ms (microsToRetry).
+local function ms(us)
+  if us <= 0 then return 0 end
+  return math.floor((us + 999) / 1000)
+end
+
+local function call_chunked(cmd, key, items)
+  local out = {}
+  for i = 1, #items, CHUNK do
+    local part = {}
+    for j = i, math.min(i + CHUNK - 1, #items) do part[#part + 1] = items[j] end
+    local r = redis.call(cmd, key, unpack(part))
+    if type(r) == 'table' then
+      for j = 1, #r do out[#out + 1] = r[j] end
+    end
+  end
+  return out
+end
+
+local client, process, slot, field, ofield
+if mode == 'lease' then
+  client, process, slot = ARGV[7], ARGV[8], ARGV[13]
+  local owner = client .. '/' .. process
+  field = slot .. '|' .. owner
+  if slot == '0' then ofield = '1|' .. owner else ofield = '0|' .. owner end
+end
+
+local out, nopen, clients = 0, 0, 0
+local had_leases = false
+local changed = false -- the state changed beyond what the next call recomputes
+local expired = 0
+local recs = {}   -- lease field -> record, or false when none
+local pend = {}   -- lease fields to write at save: a record, or false to delete
+local pc = {}     -- client -> processes holding
+local pdirty = {} -- clients whose count changed
+
+-- load reads the shared fields and the algorithm's (names) in one HMGET
+-- and returns the algorithm's by name.
+local function load(names)
+  local f = { 'o', 'n', 'k' }
+  for i = 1, #names do f[#f + 1] = names[i] end
+  if mode == 'lease' then
+    f[#f + 1] = field; f[#f + 1] = ofield; f[#f + 1] = 'p|' .. client
+  end
+  local r = redis.call('HMGET', H, unpack(f))
+  out = tonumber(r[1]) or 0
+  nopen = tonumber(r[2]) or 0
+  clients = tonumber(r[3]) or 0
+  had_leases = nopen > 0
+  local vals = {}
+  for i = 1, #names do vals[names[i]] = r[3 + i] end
+  if mode == 'lease' then
+    local b = 3 + #names
+    recs[field] = r[b + 1]
+    recs[ofield] = r[b + 2]
+    pc[client] = tonumber(r[b + 3]) or 0
+  end
+  return vals
+end
+
+-- parse returns a record's id, granted, deadline and window.
+local function parse(rec)
+  local id, g, dl, win = string.match(rec, '^(%S+) (%d+) (%d+) (%-?%d+)$')
+  return id, tonumber(g), tonumber(dl), tonumber(win)
+end
+
+local function sibling(f)
+  local s = string.sub(f, 1, 1)
+  if s == '0' then return '1' .. string.sub(f, 2) end
+  return '0' .. string.sub(f, 2)
+end
+
+local function client_of(f)
+  local rest = string.sub(f, 3)
+  local i = string.find(rest, '/', 1, true)
+  return string.sub(rest, 1, i - 1)
+end
+
+local function adj(c, d)
+  local old = pc[c]
+  local new = old + d
+  if old == 0 and new > 0 then clients = clients + 1 end
+  if old > 0 and new <= 0 then clients = clients - 1 end
+  pc[c] = new
+  pdirty[c] = true
+end
+
+-- load_recs loads the records of fs and of their siblings into recs.
+local function load_recs(fs)
+  local fields = {}
+  for i = 1, #fs do
+    local f = fs[i]
+    if recs[f] == nil then fields[#fields + 1] = f end
+    local sib = sibling(f)
+    if recs[sib] == nil then fields[#fields + 1] = sib end
+  end
+  if #fields > 0 then
+    local vals = call_chunked('HMGET', H, fields)
+    for i = 1, #fields do
+      if recs[fields[i]] == nil then recs[fields[i]] = vals[i] end
+    end
+  end
+end
+
+-- close_lease closes the lease in field f of grant g; its record and its
+-- sibling's are loaded.
+local function close_lease(f, g)
+  changed = true
+  out = out - g
+  nopen = nopen - 1
+  recs[f] = false
+  pend[f] = false
+  if not recs[sibling(f)] then adj(client_of(f), -1) end
+end
+
+-- expire closes the leases whose deadline is at or before now in
+-- (deadline, member) order, calling on_expire(granted, deadline, window)
+-- for each after closing it.
+local function expire(on_expire)
+  if nopen == 0 then return end
+  local due = redis.call('ZRANGEBYSCORE', Z, '-inf', fmtd(now), 'WITHSCORES')
+  if #due == 0 then return end
+  local fields = {}
+  for i = 1, #due, 2 do fields[#fields + 1] = due[i] end
+  load_recs(fields)
+  local cs, seen = {}, {}
+  for i = 1, #fields do
+    local c = client_of(fields[i])
+    if pc[c] == nil and not seen[c] then
+      seen[c] = true
+      cs[#cs + 1] = c
+    end
+  end
+  if #cs > 0 then
+    local pf = {}
+    for i = 1, #cs do pf[i] = 'p|' .. cs[i] end
+    local pv = call_chunked('HMGET', H, pf)
+    for i = 1, #cs do pc[cs[i]] = tonumber(pv[i]) or 0 end
+  end
+  for i = 1, #fields do
+    local rec = recs[fields[i]]
+    if rec then
+      local _, g, dl, win = parse(rec)
+      close_lease(fields[i], g)
+      if on_expire then on_expire(g, dl, win) end
+      expired = expired + 1
+    end
+  end
+  if not dry then redis.call('ZREMRANGEBYSCORE', Z, '-inf', fmtd(now)) end
+end
+
+-- holds reports whether the asking owner holds a lease in either slot.
+local function holds() return recs[field] or recs[ofield] end
+
+-- open_lease opens the asking owner's lease in its slot.
+local function open_lease(rec, g, dl)
+  if not holds() then adj(client, 1) end
+  out = out + g
+  nopen = nopen + 1
+  recs[field] = rec
+  pend[field] = rec
+  changed = true
+  redis.call('ZADD', Z, fmtd(dl), field)
+end
+
+-- save_common writes the algorithm's fields (args, field-value pairs) with
+-- the shared ones, and gives the keys px ms to live.
+local function save_common(args, px)
+  local dels = {}
+  if nopen > 0 then
+    args[#args + 1] = 'o'; args[#args + 1] = fmtd(out)
+    args[#args + 1] = 'n'; args[#args + 1] = fmtd(nopen)
+    args[#args + 1] = 'k'; args[#args + 1] = fmtd(clients)
+  elseif had_leases then
+    dels[#dels + 1] = 'o'; dels[#dels + 1] = 'n'; dels[#dels + 1] = 'k'
+  end
+  for f, v in pairs(pend) do
+    if v then
+      args[#args + 1] = f; args[#args + 1] = v
+    else
+      dels[#dels + 1] = f
+    end
+  end
+  for c in pairs(pdirty) do
+    if pc[c] > 0 then
+      args[#args + 1] = 'p|' .. c; args[#args + 1] = fmtd(pc[c])
+    else
+      dels[#dels + 1] = 'p|' .. c
+    end
+  end
+  if #dels > 0 then call_chunked('HDEL', H, dels) end
+  call_chunked('HSET', H, args) -- field-value pairs: CHUNK is even
+  redis.call('PEXPIRE', H, px)
+  if nopen > 0 then redis.call('PEXPIRE', Z, px) end
+end
+
+-- run answers the call with the algorithm's callbacks A:
+--   advance()            bring the state to now (closing expired leases)
+--   free()               whole tokens a spend may take now
+--   spend(n)             a take of n tokens now
+--   grant(g)             a lease of g now: returns its deadline and window
+--   settled(g, used, dl, win) / replaced(g, dl, win)
+--   retry(need)          ms until free reaches need, −1 never
+--   reset()              ms until the key is whole
+--   refund(cost), finish() (after a lease call), level() (a string)
+--   save()               write the state (or delete it when it is none)
+local function run(A)
+  A.advance()
+  if mode == 'state' then
+    return { A.level(), out, nopen, fmtd(now) }
+  end
+  if mode == 'take' then
+    local cost = tonumber(ARGV[9])
+    local taken, retry = 0, 0
+    if cost == 0 or cost <= A.free() then
+      A.spend(cost)
+      taken = 1
+    else
+      retry = A.retry(cost)
+    end
+    -- A denied take that changed nothing writes nothing: the next call
+    -- recomputes the same state from what is stored.
+    if taken == 1 or changed then A.save() end
+    return { taken, retry, A.free(), expired, A.reset(), 0, now }
+  end
+  if mode == 'refund' then
+    A.refund(tonumber(ARGV[9]), tonumber(ARGV[10]) or 0)
+    A.save()
+    return {}
+  end
+  -- mode == 'lease'
+  local want = tonumber(ARGV[9])
+  local settle_id = ARGV[10]
+  local used = tonumber(ARGV[11])
+  local new_id = ARGV[12]
+  local max_leases = tonumber(ARGV[14])
+  local max_procs = tonumber(ARGV[15])
+
+  local cur = recs[field]
+  local settled = 0
+  if settle_id ~= '' then
+    if not cur then
+      A.save()
+      return { 1, 0, 0, 0, 0, 0, expired }
+    end
+    local id, g, dl, win = parse(cur)
+    if id ~= settle_id then
+      A.save()
+      return { 1, 0, 0, 0, 0, 0, expired }
+    end
+    if used > g then
+      A.save()
+      return { 2, 0, 0, 0, 0, 0, expired }
+    end
+    close_lease(field, g)
+    redis.call('ZREM', Z, field)
+    A.settled(g, used, dl, win)
+    settled = 1
+  elseif cur then
+    -- A new lease replaces the open one of this slot, as if fully spent.
+    local _, g, dl, win = parse(cur)
+    close_lease(field, g)
+    redis.call('ZREM', Z, field)
+    A.replaced(g, dl, win)
+    expired = expired + 1
+  end
+  local hc, hp = clients, pc[client]
+  if hp == 0 then hc = hc + 1 end
+  if not holds() then hp = hp + 1 end
+  local h = hc * hp
+  if want > 0 and not cur then
+    if nopen >= max_leases or (not holds() and pc[client] >= max_procs) then
+      A.save()
+      return { 3, 0, 0, 0, 0, 0, expired }
+    end
+  end
+  local granted, retry, lttl = 0, 0, 0
+  if want > 0 then
+    local g = want
+    local fair = math.floor(limit / h)
+    if fair < 1 then fair = 1 end
+    if fair < g then g = fair end
+    local f = A.free()
+    if f < g then g = f end
+    if g > 0 then
+      local dl, win = A.grant(g)
+      open_lease(new_id .. ' ' .. fmtd(g) .. ' ' .. fmtd(dl) .. ' ' .. fmtd(win), g, dl)
+      granted = g
+      lttl = dl - now
+    else
+      retry = A.retry(1)
+    end
+  end
+  A.finish()
+  A.save()
+  return { 0, granted, retry, A.free(), h, settled, expired, A.reset(), 0, lttl }
+end
