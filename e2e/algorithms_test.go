@@ -10,9 +10,9 @@ import (
 // algorithmRules are the rules of the algorithm scenarios, appended to
 // rules: one per algorithm, and a rule of two limits.
 const algorithmRules = `
-  - {name: fixed-window,   match: "fw:*",  algorithm: fixed_window,           limit: 20, period: 1s, lease_ttl: 1s}
-  - {name: sliding-log,    match: "swl:*", algorithm: sliding_window_log,     limit: 20, period: 1s, lease_ttl: 1s}
-  - {name: sliding-count,  match: "swc:*", algorithm: sliding_window_counter, limit: 20, period: 1s, lease_ttl: 1s}
+  - {name: fixed-window,   match: "fw:*",  algorithm: fixed_window,           limit: 200, period: 1s, lease_ttl: 1s}
+  - {name: sliding-log,    match: "swl:*", algorithm: sliding_window_log,     limit: 200, period: 1s, lease_ttl: 1s}
+  - {name: sliding-count,  match: "swc:*", algorithm: sliding_window_counter, limit: 200, period: 1s, lease_ttl: 1s}
   - name: two-limits
     match: "two:*"
     lease_ttl: 1s
@@ -45,9 +45,11 @@ func TestTwoLimits(t *testing.T) {
 	}
 }
 
-// The window rules of the scenarios below: 20 per 1 s window.
+// The window rules of the scenarios below: 200 per 1 s window, enough for
+// the processes to lease (a quarter of it is well above
+// Config.LeaseMinTokens).
 const (
-	windowLimit = 20
+	windowLimit = 200
 	windowSlots = int64(time.Second / slot)
 )
 
@@ -129,8 +131,10 @@ func TestFixedWindow(t *testing.T) {
 }
 
 // TestSlidingWindowLog: exact, at most limit in every window of the
-// period, whatever its start; leasing costs about TTL/(W+TTL) of
-// throughput, so the scenario asks for at least 40% of limit per window.
+// period, whatever its start. Leasing costs at most about TTL/(W+TTL) of
+// throughput (reservations held to their deadline); the SDK settles well
+// before, and the run measured 83% of limit·T, so the scenario asks for
+// 60%.
 func TestSlidingWindowLog(t *testing.T) {
 	ss, _, d := runWindowScenario(t, "swl", "swl:hot")
 	c := newCounter(ss)
@@ -138,7 +142,7 @@ func TestSlidingWindowLog(t *testing.T) {
 	t.Logf("swl:hot: worst window %d (slot %d), bound %d; admitted %d over %v = %.0f%% of limit·T (spread %d slots)",
 		worst, at, windowLimit, c.n, d, 100*float64(c.n)/(windowLimit*d.Seconds()), c.spread)
 	assert.LessOrEqual(t, worst, int64(windowLimit), "any window")
-	assert.GreaterOrEqual(t, float64(c.n), 0.4*windowLimit*d.Seconds(), "utilization")
+	assert.GreaterOrEqual(t, float64(c.n), 0.6*windowLimit*d.Seconds(), "utilization")
 }
 
 // TestSlidingWindowCounter: at most limit per aligned window, at most
