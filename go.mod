@@ -13,7 +13,11 @@ require (
 	golang.org/x/time v0.16.0
 )
 
-require github.com/kylelemons/godebug v1.1.0 // indirect
+require (
+	github.com/dunglas/httpsfv v1.1.2 // indirect
+	github.com/kylelemons/godebug v1.1.0 // indirect
+	github.com/sethvargo/go-limiter v0.7.1 // indirect
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
