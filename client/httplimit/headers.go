@@ -2,8 +2,10 @@ package httplimit
 
 import (
 	"encoding/json"
+	"hash/maphash"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/dunglas/httpsfv"
@@ -14,6 +16,11 @@ import (
 const (
 	HeaderRateLimitPolicy = "RateLimit-Policy"
 	HeaderRateLimit       = "RateLimit"
+)
+
+var (
+	canonPolicy = http.CanonicalHeaderKey(HeaderRateLimitPolicy)
+	canonState  = http.CanonicalHeaderKey(HeaderRateLimit)
 )
 
 // ProblemTypeQuotaExceeded is the type of the default 429 problem body.
@@ -111,14 +118,61 @@ func rateLimitFields(ls []client.LimitState, now time.Time, withState bool) (pol
 	return policy, state
 }
 
-// setRateLimit writes the RateLimit fields of ls on h.
-func setRateLimit(h http.Header, ls []client.LimitState, now time.Time, withState bool) {
-	policy, state := rateLimitFields(ls, now, withState)
+// fieldCache keeps the serialized RateLimit fields of recent Limits
+// slices. A decision's Limits slice is shared and immutable, and a leased
+// key answers every decision with the slice of its lease's answer; its
+// fields change only when t, whole seconds, does. So the hot path
+// serializes once per key per second. Direct-mapped, bounded, lock-free:
+// a slot lost to another slice is serialized again, nothing worse.
+type fieldCache struct {
+	seed  maphash.Seed
+	slots [64]atomic.Pointer[fieldEntry]
+}
+
+type fieldEntry struct {
+	first         *client.LimitState // identifies the slice
+	n             int
+	ts            [maxCachedLimits]int64
+	policy, state string
+}
+
+const maxCachedLimits = 8
+
+func newFieldCache() *fieldCache { return &fieldCache{seed: maphash.MakeSeed()} }
+
+// fields returns the RateLimit-Policy and RateLimit values of ls at now.
+func (fc *fieldCache) fields(ls []client.LimitState, now time.Time) (policy, state string) {
+	if len(ls) == 0 || len(ls) > maxCachedLimits {
+		return rateLimitFields(ls, now, true)
+	}
+	var ts [maxCachedLimits]int64
+	for i, l := range ls {
+		ts[i] = ceilSeconds(l.Reset.Sub(now))
+	}
+	first := &ls[0]
+	slot := &fc.slots[maphash.Comparable(fc.seed, first)%uint64(len(fc.slots))]
+	if e := slot.Load(); e != nil && e.first == first && e.n == len(ls) && e.ts == ts {
+		return e.policy, e.state
+	}
+	policy, state = rateLimitFields(ls, now, true)
+	slot.Store(&fieldEntry{first: first, n: len(ls), ts: ts, policy: policy, state: state})
+	return policy, state
+}
+
+// setRateLimit writes the RateLimit fields of ls on h; without state, only
+// RateLimit-Policy.
+func (fc *fieldCache) setRateLimit(h http.Header, ls []client.LimitState, now time.Time, withState bool) {
+	policy, state := fc.fields(ls, now)
+	if !withState {
+		state = ""
+	}
+	// Canonical keys set directly: Header.Set would canonicalize (and
+	// allocate) on every request.
 	if policy != "" {
-		h.Set(HeaderRateLimitPolicy, policy)
+		h[canonPolicy] = []string{policy}
 	}
 	if state != "" {
-		h.Set(HeaderRateLimit, state)
+		h[canonState] = []string{state}
 	}
 }
 

@@ -228,6 +228,7 @@ type Middleware struct {
 	queue    chan struct{}
 	log      *slog.Logger
 	now      func() time.Time
+	fields   *fieldCache
 	allowed  atomic.Int64
 	denied   atomic.Int64
 	shadowed atomic.Int64
@@ -258,6 +259,7 @@ func New(cfg Config) (*Middleware, error) {
 		maxWait: cfg.MaxWait,
 		log:     cfg.Logger,
 		now:     time.Now,
+		fields:  newFieldCache(),
 	}
 	keys := cfg.Keys
 	if len(keys) == 0 {
@@ -483,9 +485,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	wh := w.Header()
 	wh.Set("Retry-After", retryAfterSeconds(retry))
 	if m.headers != HeadersNone {
-		setRateLimit(wh, d.Limits, m.now(), true)
+		m.fields.setRateLimit(wh, d.Limits, m.now(), true)
 	}
-	m.deny.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), resultKey{}, &res)))
+	rp := new(Result) // a copy, so that res stays on the stack on the other paths
+	*rp = res
+	m.deny.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), resultKey{}, rp)))
 }
 
 // queueable reports whether waiting can help a denial: not for a key the
@@ -501,7 +505,7 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request, res Result, with
 		m.hook(r, res)
 	}
 	if m.headers == HeadersAll && len(res.Decision.Limits) > 0 {
-		setRateLimit(w.Header(), res.Decision.Limits, m.now(), withState)
+		m.fields.setRateLimit(w.Header(), res.Decision.Limits, m.now(), withState)
 	}
 	h.next.ServeHTTP(w, r)
 }
