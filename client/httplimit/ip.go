@@ -1,0 +1,279 @@
+package httplimit
+
+import (
+	"fmt"
+	"net/http"
+	"net/netip"
+	"strings"
+)
+
+// Proxy headers: the header a trusted proxy writes the client's address in
+// (Config.ProxyHeader).
+const (
+	// HeaderXForwardedFor is "X-Forwarded-For: client, proxy1, proxy2".
+	HeaderXForwardedFor = "X-Forwarded-For"
+	// HeaderForwarded is RFC 7239's "Forwarded: for=client;proto=https,
+	// for=proxy1".
+	HeaderForwarded = "Forwarded"
+)
+
+// inputs are what a template reads besides the request itself: how to find
+// the client's address, and the mux that knows the route.
+type inputs struct {
+	trusted     []netip.Prefix
+	proxyHeader string // canonical; "" when no proxy is trusted
+	v4Bits      int
+	v6Bits      int
+	mux         *http.ServeMux // the handler wrapped, when it is a mux
+}
+
+// ip returns the {ip} part: the client's address, IPv6 reduced to its
+// prefix; "" when the request has no usable address.
+func (in *inputs) ip(r *http.Request) string {
+	a, ok := in.clientAddr(r)
+	if !ok {
+		return ""
+	}
+	if a.Is4() {
+		if in.v4Bits >= 32 {
+			return a.String()
+		}
+		p, _ := a.Prefix(in.v4Bits)
+		return p.String()
+	}
+	if in.v6Bits >= 128 {
+		return a.String()
+	}
+	p, _ := a.Prefix(in.v6Bits)
+	return p.String()
+}
+
+// route returns the {route} part: the pattern of the mux route that serves
+// the request ("GET /hello/{id}"); "" when there is none.
+func (in *inputs) route(r *http.Request) string {
+	if r.Pattern != "" {
+		return r.Pattern
+	}
+	if in.mux != nil {
+		_, p := in.mux.Handler(r)
+		return p
+	}
+	return ""
+}
+
+// normalize drops an address's zone and turns an IPv4-mapped IPv6 address
+// into IPv4, so that one host has one address.
+func normalize(a netip.Addr) netip.Addr {
+	return a.WithZone("").Unmap()
+}
+
+// peerAddr parses Request.RemoteAddr ("ip:port", or a bare address).
+func peerAddr(remote string) (netip.Addr, bool) {
+	if ap, err := netip.ParseAddrPort(remote); err == nil {
+		return normalize(ap.Addr()), true
+	}
+	if a, err := netip.ParseAddr(remote); err == nil {
+		return normalize(a), true
+	}
+	return netip.Addr{}, false
+}
+
+func (in *inputs) isTrusted(a netip.Addr) bool {
+	for _, p := range in.trusted {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// clientAddr returns the client's address: the direct peer's, unless the
+// peer is a trusted proxy; then the right-most address of the proxy header
+// that is not itself a trusted proxy. Each proxy appends the address it
+// received the request from, so everything right of that address was
+// written by trusted proxies and everything left of it by the client, who
+// may have written anything. An entry that is not an address ("unknown",
+// an obfuscated identifier, garbage) stops the walk: the client is then
+// identified by the last trusted hop, the proxy that could not tell who
+// sent the request.
+func (in *inputs) clientAddr(r *http.Request) (netip.Addr, bool) {
+	peer, ok := peerAddr(r.RemoteAddr)
+	if !ok {
+		return netip.Addr{}, false
+	}
+	if in.proxyHeader == "" || !in.isTrusted(peer) {
+		return peer, true
+	}
+	vals := r.Header.Values(in.proxyHeader)
+	if len(vals) == 0 {
+		return peer, true
+	}
+	var addrs []string
+	if in.proxyHeader == HeaderForwarded {
+		addrs = forwardedFor(vals)
+	} else {
+		for _, v := range vals {
+			for e := range strings.SplitSeq(v, ",") {
+				addrs = append(addrs, strings.TrimSpace(e))
+			}
+		}
+	}
+	cur := peer
+	for i := len(addrs) - 1; i >= 0; i-- {
+		a, ok := parseNodeAddr(addrs[i])
+		if !ok {
+			return cur, true
+		}
+		if !in.isTrusted(a) {
+			return a, true
+		}
+		cur = a
+	}
+	return cur, true
+}
+
+// parseNodeAddr parses one forwarded address: "192.0.2.1", "192.0.2.1:80",
+// "2001:db8::1", "[2001:db8::1]", "[2001:db8::1]:80".
+func parseNodeAddr(s string) (netip.Addr, bool) {
+	if s == "" {
+		return netip.Addr{}, false
+	}
+	if s[0] == '[' {
+		end := strings.IndexByte(s, ']')
+		if end < 0 {
+			return netip.Addr{}, false
+		}
+		rest := s[end+1:]
+		if rest != "" {
+			if _, err := netip.ParseAddrPort(s); err != nil {
+				return netip.Addr{}, false
+			}
+		}
+		a, err := netip.ParseAddr(s[1:end])
+		if err != nil {
+			return netip.Addr{}, false
+		}
+		return normalize(a), true
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return normalize(a), true
+	}
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return normalize(ap.Addr()), true
+	}
+	return netip.Addr{}, false
+}
+
+// forwardedFor returns the for= node of each element of RFC 7239
+// Forwarded field values, in order; "" for an element without one (or one
+// that does not parse).
+func forwardedFor(vals []string) []string {
+	var out []string
+	for _, v := range vals {
+		out = appendForwarded(out, v)
+	}
+	return out
+}
+
+func appendForwarded(out []string, v string) []string {
+	// forwarded-element = [ pair ] *( ";" [ pair ] ), elements separated by
+	// ","; pair = token "=" ( token / quoted-string ).
+	i := 0
+	for {
+		var node string
+		bad := false
+		// One element.
+		for {
+			for i < len(v) && (v[i] == ' ' || v[i] == '\t') {
+				i++
+			}
+			if i >= len(v) || v[i] == ',' {
+				break
+			}
+			if v[i] == ';' {
+				i++
+				continue
+			}
+			start := i
+			for i < len(v) && v[i] != '=' && v[i] != ';' && v[i] != ',' {
+				i++
+			}
+			name := strings.TrimSpace(v[start:i])
+			if i >= len(v) || v[i] != '=' {
+				bad = true
+				continue
+			}
+			i++ // '='
+			var val string
+			if i < len(v) && v[i] == '"' {
+				i++
+				var b strings.Builder
+				closed := false
+				for i < len(v) {
+					c := v[i]
+					if c == '\\' && i+1 < len(v) {
+						b.WriteByte(v[i+1])
+						i += 2
+						continue
+					}
+					i++
+					if c == '"' {
+						closed = true
+						break
+					}
+					b.WriteByte(c)
+				}
+				if !closed {
+					bad = true
+				}
+				val = b.String()
+			} else {
+				start := i
+				for i < len(v) && v[i] != ';' && v[i] != ',' {
+					i++
+				}
+				val = strings.TrimSpace(v[start:i])
+			}
+			if strings.EqualFold(name, "for") {
+				node = val
+			}
+		}
+		if bad {
+			node = ""
+		}
+		out = append(out, node)
+		if i >= len(v) {
+			return out
+		}
+		i++ // ','
+	}
+}
+
+// ParsePrefixes parses a comma-separated list of CIDR prefixes and bare
+// addresses (a bare address is its own /32 or /128), for
+// Config.TrustedProxies: "10.0.0.0/8, 192.0.2.7, 2001:db8::/32". An empty
+// string is an empty list.
+func ParsePrefixes(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if strings.Contains(f, "/") {
+			p, err := netip.ParsePrefix(f)
+			if err != nil {
+				return nil, fmt.Errorf("httplimit: trusted proxy %q: %w", f, err)
+			}
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(f)
+		if err != nil {
+			return nil, fmt.Errorf("httplimit: trusted proxy %q: %w", f, err)
+		}
+		a = normalize(a)
+		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return out, nil
+}

@@ -1,0 +1,533 @@
+package httplimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"sync/atomic"
+	"time"
+
+	"github.com/ratelease/ratelease/client"
+	"github.com/ratelease/ratelease/protocol"
+)
+
+// Key is one key template of Config.Keys, with its fallback.
+type Key struct {
+	// Template makes the key from the request: literal text and parts in
+	// braces, {ip}, {user}, {method}, {route}, {header:Name}. For example
+	// "user:{user}", "ip:{ip}", "user:{user}|api:{method}:{route}",
+	// "key:{header:X-API-Key}". Required.
+	Template string
+	// Fallback is the template used instead when a part of Template is
+	// missing: for example "ip:{ip}" for "user:{user}" before login. Give
+	// it a prefix of its own, so that its keys cannot meet Template's.
+	// Empty: a request missing a part is refused by
+	// Config.MissingHandler. A part missing from the fallback too refuses
+	// the request as well.
+	Fallback string
+}
+
+// HeaderMode says which responses carry the RateLimit fields.
+type HeaderMode uint8
+
+const (
+	// HeadersAll writes RateLimit-Policy and RateLimit on every response
+	// the limit decided, allowed or denied. The default.
+	HeadersAll HeaderMode = iota
+	// HeadersDenied writes them on 429s only.
+	HeadersDenied
+	// HeadersNone writes neither (a 429 still has Retry-After).
+	HeadersNone
+)
+
+// Config configures a Middleware. Only Client is required; every zero value
+// means the documented default.
+type Config struct {
+	// Client decides; required. Its keys are those Keys make.
+	Client *client.Client
+
+	// Keys are the key templates. A request needs a token of every key
+	// (Cost tokens), all or nothing: one Client.AllowN with all of them.
+	// Default: one key, "ip:{ip}".
+	Keys []Key
+	// TrustedProxies are the addresses of the reverse proxies in front of
+	// this server. Only when the direct peer is in one of them is
+	// ProxyHeader read, and then the client is the right-most address of
+	// it that is not itself a trusted proxy. Empty (the default): no proxy
+	// is trusted and {ip} is the direct peer's address; forwarding headers
+	// are ignored. ParsePrefixes parses a list.
+	TrustedProxies []netip.Prefix
+	// ProxyHeader is the header the trusted proxies write the client's
+	// address in: HeaderXForwardedFor (the default) or HeaderForwarded
+	// (RFC 7239). Only one is read, the one your proxies write: a client
+	// can send the other itself, and the proxies would pass it through.
+	ProxyHeader string
+	// IPv6Prefix is the prefix length an IPv6 {ip} is reduced to, since
+	// one host commonly holds a whole /64. Default 64; 128 keeps the full
+	// address.
+	IPv6Prefix int
+	// IPv4Prefix is the same for IPv4. Default 32: the whole address.
+	IPv4Prefix int
+
+	// Cost returns the tokens a request takes from each key. nil: 1. A
+	// result of 0 or less lets the request through unlimited (for example
+	// health checks); more than protocol.MaxCount is refused as a limit
+	// would.
+	Cost func(r *http.Request) int64
+
+	// DenyHandler writes the response of a denied request. The middleware
+	// has set Retry-After and (unless Headers is HeadersNone) the
+	// RateLimit fields already; ResultFrom(r.Context()) gives the
+	// decision. nil: a 429 with an application/problem+json body of type
+	// ProblemTypeQuotaExceeded.
+	DenyHandler http.Handler
+	// MissingHandler writes the response of a request a key cannot be
+	// made for (a part missing, and no fallback or a fallback missing one
+	// too); err is a *MissingPartError. nil: an application/problem+json
+	// of status 401 for {user} (not authenticated), 400 for a header, 404
+	// for {route} when the wrapped mux has no route for the request, and
+	// 500 for {route} otherwise (the middleware wraps a handler no
+	// http.ServeMux routed to: a misconfiguration) and for {ip} (the
+	// server gave no usable remote address). Never a 429: a missing part
+	// is not a rate limit.
+	MissingHandler func(w http.ResponseWriter, r *http.Request, err error)
+	// OnDecision, when set, is called once for every request the limit
+	// decided (or could not identify), before the response is written or
+	// the next handler runs; it must not block. Use it for metrics and
+	// logs.
+	OnDecision func(r *http.Request, res Result)
+
+	// Headers says which responses carry the RateLimit fields. Default
+	// HeadersAll.
+	Headers HeaderMode
+	// Shadow decides and counts every request, but admits those the limit
+	// denies: to roll a limit out safely. OnDecision sees OutcomeShadow
+	// ("would have denied"), Logger logs it, and Stats counts it. Headers
+	// are written as Headers says (use HeadersNone for a rollout clients
+	// must not see).
+	Shadow bool
+	// MaxWait, when positive, holds a denied request up to this long for
+	// its tokens instead of answering 429 at once, honouring the request's
+	// context; after that, 429. A request whose keys cannot be served
+	// within MaxWait (the servers' retry-after says so) gets its 429 at
+	// once. Waiting is Client.WaitN under a context deadline: the order in
+	// which waiters get tokens is the SDK's own (each waiter retries when
+	// its keys' bucket can serve again), not strictly first come, first
+	// served. Default 0: no queue.
+	MaxWait time.Duration
+	// MaxQueue bounds the requests waiting at once (MaxWait); a request
+	// that finds the queue full gets its 429 at once. Default 1024.
+	MaxQueue int
+
+	// Logger receives the middleware's logs: shadow denials at Info. nil
+	// discards them.
+	Logger *slog.Logger
+}
+
+// Outcome is what the middleware did with a request.
+type Outcome uint8
+
+const (
+	// OutcomeAllowed: the limit allowed the request at once.
+	OutcomeAllowed Outcome = iota
+	// OutcomeDenied: the limit denied it; it got a 429 (or DenyHandler's
+	// answer).
+	OutcomeDenied
+	// OutcomeShadow: the limit denied it, and Shadow admitted it anyway.
+	OutcomeShadow
+	// OutcomeWaited: denied at first, it waited in the queue (MaxWait) and
+	// was admitted.
+	OutcomeWaited
+	// OutcomeUnidentified: a key part was missing; MissingHandler answered.
+	OutcomeUnidentified
+)
+
+// String returns the outcome's name.
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeAllowed:
+		return "allowed"
+	case OutcomeDenied:
+		return "denied"
+	case OutcomeShadow:
+		return "shadow_denied"
+	case OutcomeWaited:
+		return "waited"
+	case OutcomeUnidentified:
+		return "unidentified"
+	}
+	return fmt.Sprintf("Outcome(%d)", uint8(o))
+}
+
+// Result is the middleware's decision on one request.
+type Result struct {
+	// Outcome says what happened.
+	Outcome Outcome
+	// Keys are the request's keys; Cost the tokens taken from each.
+	Keys []string
+	Cost int64
+	// Decision is the SDK's first decision on the request (for a request
+	// that waited, the denial that sent it to the queue).
+	Decision client.Decision
+	// Waited is how long the request spent in the queue.
+	Waited time.Duration
+	// QueueFull is true for a denial because MaxQueue requests were
+	// waiting already.
+	QueueFull bool
+	// Err is why a wait ended without tokens (client.ErrRateLimited, the
+	// request's context error, client.ErrClosed), or the
+	// *MissingPartError of OutcomeUnidentified.
+	Err error
+}
+
+// WouldDeny reports whether the limit denied the request when it first
+// came, whatever happened next: true for OutcomeDenied, OutcomeShadow and
+// OutcomeWaited.
+func (r Result) WouldDeny() bool {
+	return r.Outcome == OutcomeDenied || r.Outcome == OutcomeShadow || r.Outcome == OutcomeWaited
+}
+
+type resultKey struct{}
+
+// ResultFrom returns the Result of a denied request, in DenyHandler.
+func ResultFrom(ctx context.Context) (Result, bool) {
+	r, ok := ctx.Value(resultKey{}).(*Result)
+	if !ok {
+		return Result{}, false
+	}
+	return *r, true
+}
+
+// Stats counts the middleware's outcomes since New.
+type Stats struct {
+	Allowed      int64
+	Denied       int64
+	Shadow       int64 // admitted by Shadow, would have been denied
+	Waited       int64 // admitted after waiting
+	QueueFull    int64 // denied because the queue was full (also in Denied)
+	Unidentified int64
+	Queued       int64 // waiting now
+}
+
+// Middleware limits inbound HTTP requests with a ratelease Client. Create
+// it with New; Handler wraps a handler. It is safe for concurrent use.
+type Middleware struct {
+	c        *client.Client
+	keys     []keyTemplates
+	in       inputs // the mux is set per Handler
+	cost     func(*http.Request) int64
+	deny     http.Handler
+	missing  func(http.ResponseWriter, *http.Request, error)
+	hook     func(*http.Request, Result)
+	headers  HeaderMode
+	shadow   bool
+	maxWait  time.Duration
+	queue    chan struct{}
+	log      *slog.Logger
+	now      func() time.Time
+	fields   *fieldCache
+	allowed  atomic.Int64
+	denied   atomic.Int64
+	shadowed atomic.Int64
+	waited   atomic.Int64
+	full     atomic.Int64
+	unident  atomic.Int64
+}
+
+type keyTemplates struct {
+	primary, fallback *template
+}
+
+// New checks cfg and returns a Middleware. A template that does not parse,
+// a header mode or proxy header it does not know, an IP prefix out of
+// range: each is an error here, never a rate limit later.
+func New(cfg Config) (*Middleware, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("httplimit: Config.Client is required")
+	}
+	m := &Middleware{
+		c:       cfg.Client,
+		cost:    cfg.Cost,
+		deny:    cfg.DenyHandler,
+		missing: cfg.MissingHandler,
+		hook:    cfg.OnDecision,
+		headers: cfg.Headers,
+		shadow:  cfg.Shadow,
+		maxWait: cfg.MaxWait,
+		log:     cfg.Logger,
+		now:     time.Now,
+		fields:  newFieldCache(),
+	}
+	keys := cfg.Keys
+	if len(keys) == 0 {
+		keys = []Key{{Template: "ip:{ip}"}}
+	}
+	if len(keys) > protocol.MaxEntries {
+		return nil, fmt.Errorf("httplimit: %d keys; at most %d", len(keys), protocol.MaxEntries)
+	}
+	for i, k := range keys {
+		p, err := parseTemplate(k.Template)
+		if err != nil {
+			return nil, fmt.Errorf("httplimit: Keys[%d].Template: %w", i, err)
+		}
+		kt := keyTemplates{primary: p}
+		if k.Fallback != "" {
+			if kt.fallback, err = parseTemplate(k.Fallback); err != nil {
+				return nil, fmt.Errorf("httplimit: Keys[%d].Fallback: %w", i, err)
+			}
+		}
+		m.keys = append(m.keys, kt)
+	}
+	m.in.v6Bits, m.in.v4Bits = cfg.IPv6Prefix, cfg.IPv4Prefix
+	if m.in.v6Bits == 0 {
+		m.in.v6Bits = 64
+	}
+	if m.in.v4Bits == 0 {
+		m.in.v4Bits = 32
+	}
+	if m.in.v6Bits < 1 || m.in.v6Bits > 128 || m.in.v4Bits < 1 || m.in.v4Bits > 32 {
+		return nil, fmt.Errorf("httplimit: IPv6Prefix %d or IPv4Prefix %d out of range (1–128, 1–32)", cfg.IPv6Prefix, cfg.IPv4Prefix)
+	}
+	for _, p := range cfg.TrustedProxies {
+		if !p.IsValid() {
+			return nil, fmt.Errorf("httplimit: trusted proxy prefix %v is not valid", p)
+		}
+		p = p.Masked()
+		if p.Addr().Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
+		m.in.trusted = append(m.in.trusted, p)
+	}
+	if len(m.in.trusted) > 0 {
+		switch http.CanonicalHeaderKey(cfg.ProxyHeader) {
+		case "", HeaderXForwardedFor:
+			m.in.proxyHeader = HeaderXForwardedFor
+		case HeaderForwarded:
+			m.in.proxyHeader = HeaderForwarded
+		default:
+			return nil, fmt.Errorf("httplimit: ProxyHeader %q: want %q or %q", cfg.ProxyHeader, HeaderXForwardedFor, HeaderForwarded)
+		}
+	} else if h := http.CanonicalHeaderKey(cfg.ProxyHeader); h != "" && h != HeaderXForwardedFor && h != HeaderForwarded {
+		return nil, fmt.Errorf("httplimit: ProxyHeader %q: want %q or %q", cfg.ProxyHeader, HeaderXForwardedFor, HeaderForwarded)
+	}
+	if cfg.Headers > HeadersNone {
+		return nil, fmt.Errorf("httplimit: unknown HeaderMode %d", cfg.Headers)
+	}
+	if cfg.MaxWait < 0 {
+		return nil, fmt.Errorf("httplimit: MaxWait %v is negative", cfg.MaxWait)
+	}
+	if cfg.MaxQueue < 0 {
+		return nil, fmt.Errorf("httplimit: MaxQueue %d is negative", cfg.MaxQueue)
+	}
+	if cfg.MaxWait > 0 {
+		n := cfg.MaxQueue
+		if n == 0 {
+			n = 1024
+		}
+		m.queue = make(chan struct{}, n)
+	}
+	if m.deny == nil {
+		m.deny = http.HandlerFunc(defaultDeny)
+	}
+	if m.log == nil {
+		m.log = slog.New(slog.DiscardHandler)
+	}
+	return m, nil
+}
+
+// Handler returns next behind the limit. When next is an *http.ServeMux,
+// {route} is the pattern of the mux route that will serve the request; when
+// it is not, the request must have been routed by a mux already (wrap the
+// handler you register: mux.Handle("GET /hello", m.Handler(h))).
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	in := m.in
+	in.mux, _ = next.(*http.ServeMux)
+	return &handler{m: m, in: &in, next: next}
+}
+
+// Keys returns the keys of a request as Handler makes them, or a
+// *MissingPartError. {route} is the request's Pattern.
+func (m *Middleware) Keys(r *http.Request) ([]string, error) {
+	return m.makeKeys(r, &m.in)
+}
+
+// ClientIP returns the client's address as {ip} sees it before its
+// reduction to a prefix: the direct peer's, or the proxy header's when the
+// peer is a trusted proxy.
+func (m *Middleware) ClientIP(r *http.Request) (netip.Addr, bool) {
+	return m.in.clientAddr(r)
+}
+
+// Stats returns the middleware's counters.
+func (m *Middleware) Stats() Stats {
+	return Stats{
+		Allowed:      m.allowed.Load(),
+		Denied:       m.denied.Load(),
+		Shadow:       m.shadowed.Load(),
+		Waited:       m.waited.Load(),
+		QueueFull:    m.full.Load(),
+		Unidentified: m.unident.Load(),
+		Queued:       int64(len(m.queue)),
+	}
+}
+
+func (m *Middleware) makeKeys(r *http.Request, in *inputs) ([]string, error) {
+	keys := make([]string, len(m.keys))
+	var buf [4]string
+	for i, kt := range m.keys {
+		vals, miss := kt.primary.values(r, in, buf[:0])
+		t := kt.primary
+		if miss != nil && kt.fallback != nil {
+			t = kt.fallback
+			vals, miss = t.values(r, in, buf[:0])
+		}
+		if miss != nil {
+			return nil, miss
+		}
+		k := t.build(vals)
+		if err := protocol.ValidateKey(k); err != nil {
+			// Escaping and hashing make this impossible; refuse rather
+			// than send a key the servers would refuse.
+			return nil, fmt.Errorf("httplimit: template %q made an invalid key: %w", t.src, err)
+		}
+		keys[i] = k
+	}
+	return keys, nil
+}
+
+type handler struct {
+	m    *Middleware
+	in   *inputs
+	next http.Handler
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	m := h.m
+	cost := int64(1)
+	if m.cost != nil {
+		if cost = m.cost(r); cost <= 0 {
+			h.next.ServeHTTP(w, r)
+			return
+		}
+	}
+	keys, err := m.makeKeys(r, h.in)
+	if err != nil {
+		m.unident.Add(1)
+		res := Result{Outcome: OutcomeUnidentified, Cost: cost, Err: err}
+		if m.hook != nil {
+			m.hook(r, res)
+		}
+		if m.missing != nil {
+			m.missing(w, r, err)
+		} else {
+			h.defaultMissing(w, r, err)
+		}
+		return
+	}
+	d := m.c.AllowN(r.Context(), cost, keys...)
+	res := Result{Keys: keys, Cost: cost, Decision: d}
+	switch {
+	case d.Allowed:
+		m.allowed.Add(1)
+		h.admit(w, r, res, true)
+		return
+	case m.shadow:
+		m.shadowed.Add(1)
+		res.Outcome = OutcomeShadow
+		m.log.Info("httplimit: shadow: would have denied", "keys", keys, "cost", cost, "source", d.Source.String(), "retry_after", d.RetryAfter)
+		h.admit(w, r, res, true)
+		return
+	}
+	retry := d.RetryAfter
+	if m.queue != nil && queueable(d) && d.RetryAfter <= m.maxWait {
+		select {
+		case m.queue <- struct{}{}:
+			start := m.now()
+			ctx, cancel := context.WithTimeout(r.Context(), m.maxWait)
+			err := m.c.WaitN(ctx, cost, keys...)
+			cancel()
+			<-m.queue
+			res.Waited = m.now().Sub(start)
+			if err == nil {
+				m.waited.Add(1)
+				res.Outcome = OutcomeWaited
+				// No decision came with the tokens: the fields of the
+				// first one would be stale, so RateLimit is left out.
+				h.admit(w, r, res, false)
+				return
+			}
+			res.Err = err
+			if rl, ok := errors.AsType[*client.RateLimitedError](err); ok && rl.RetryAfter > 0 {
+				retry = rl.RetryAfter
+			}
+			if errors.Is(err, client.ErrClosed) {
+				m.denied.Add(1)
+				res.Outcome = OutcomeDenied
+				if m.hook != nil {
+					m.hook(r, res)
+				}
+				writeProblem(w, problem{Type: "about:blank", Title: "Service Unavailable", Status: http.StatusServiceUnavailable, Detail: "the rate limiter is shutting down"})
+				return
+			}
+		default:
+			res.QueueFull = true
+			m.full.Add(1)
+		}
+	}
+	m.denied.Add(1)
+	res.Outcome = OutcomeDenied
+	if m.hook != nil {
+		m.hook(r, res)
+	}
+	wh := w.Header()
+	wh.Set("Retry-After", retryAfterSeconds(retry))
+	if m.headers != HeadersNone {
+		m.fields.setRateLimit(wh, d.Limits, m.now(), true)
+	}
+	rp := new(Result) // a copy, so that res stays on the stack on the other paths
+	*rp = res
+	m.deny.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), resultKey{}, rp)))
+}
+
+// queueable reports whether waiting can help a denial: not for a key the
+// servers refuse, nor a closed client.
+func queueable(d client.Decision) bool {
+	return d.Source != client.SourceDenied && d.Source != client.SourceClosed
+}
+
+// admit writes the fields of an admitted request and runs next.
+func (h *handler) admit(w http.ResponseWriter, r *http.Request, res Result, withState bool) {
+	m := h.m
+	if m.hook != nil {
+		m.hook(r, res)
+	}
+	if m.headers == HeadersAll && len(res.Decision.Limits) > 0 {
+		m.fields.setRateLimit(w.Header(), res.Decision.Limits, m.now(), withState)
+	}
+	h.next.ServeHTTP(w, r)
+}
+
+func (h *handler) defaultMissing(w http.ResponseWriter, r *http.Request, err error) {
+	status := http.StatusInternalServerError
+	detail := err.Error()
+	var mp *MissingPartError
+	if errors.As(err, &mp) {
+		switch mp.Kind {
+		case "user":
+			status = http.StatusUnauthorized
+			detail = "this API needs an authenticated caller"
+		case "header":
+			status = http.StatusBadRequest
+			detail = fmt.Sprintf("this API needs the %s header", mp.Part[len("{header:"):len(mp.Part)-1])
+		case "route":
+			if h.in.mux != nil {
+				status = http.StatusNotFound
+				detail = "no route matches the request"
+			}
+		}
+	}
+	writeProblem(w, problem{Type: "about:blank", Title: http.StatusText(status), Status: status, Detail: detail})
+}
