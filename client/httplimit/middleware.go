@@ -434,6 +434,17 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.allowed.Add(1)
 		h.admit(w, r, res, true)
 		return
+	case d.Err != nil && !m.shadow:
+		// The lease servers refused this service (a wrong token, a key it
+		// may not use): a misconfiguration, not a rate limit, so no 429
+		// that would send the caller to retry. The SDK logs the cause.
+		m.denied.Add(1)
+		res.Outcome, res.Err = OutcomeDenied, d.Err
+		if m.hook != nil {
+			m.hook(r, res)
+		}
+		writeProblem(w, problem{Type: "about:blank", Title: "Service Unavailable", Status: http.StatusServiceUnavailable, Detail: "the rate limiter refused this service's configuration; its operator must fix it"})
+		return
 	case m.shadow:
 		m.shadowed.Add(1)
 		res.Outcome = OutcomeShadow

@@ -2,6 +2,8 @@ package httplimit_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -399,4 +401,37 @@ rules:
 	assert.Equal(t, "100000-per-1m", st[0].name)
 	assert.Less(t, st[0].params["r"], int64(100000))
 	assert.Greater(t, st[0].params["r"], int64(90000))
+}
+
+// TestRefusedIsNotRateLimited: a key the lease servers refuse this service
+// (outside its token's key patterns) is a misconfiguration: the middleware
+// answers 503, never a 429 that would send the caller to retry.
+func TestRefusedIsNotRateLimited(t *testing.T) {
+	const token = "s3cret-token"
+	sum := sha256.Sum256([]byte(token))
+	srv := leasetest.Start(t, testRules+`
+clients:
+  - name: api
+    token_sha256: "`+hex.EncodeToString(sum[:])+`"
+    keys: ["hello:*"]
+`, leasetest.Options{})
+	c, err := client.New(client.Config{Servers: []string{srv.URL()}, Token: token})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	var seen httplimit.Result
+	m, err := httplimit.New(httplimit.Config{
+		Client:     c,
+		Keys:       []httplimit.Key{{Template: "two:{header:X-API-Key}"}},
+		OnDecision: func(_ *http.Request, r httplimit.Result) { seen = r },
+	})
+	require.NoError(t, err)
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }))
+	req := httptest.NewRequest(http.MethodGet, "/x", nil)
+	req.Header.Set("X-API-Key", "alice")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	assert.Empty(t, rec.Header().Get("Retry-After"))
+	require.Error(t, seen.Err)
+	assert.ErrorIs(t, seen.Err, client.ErrForbidden)
 }
