@@ -61,6 +61,12 @@ var algorithms = map[Algorithm]*algorithm{
 		newState: func(b *Bucket, now int64) keyState { return newTBState(b, now) },
 		script:   tokenBucketLua,
 	},
+	LeakyBucket: {
+		newState: func(b *Bucket, now int64) keyState { return newLBState(b, now) },
+		script:   leakyBucketLua,
+		tag:      "lb",
+		validate: validateLeaky,
+	},
 }
 
 // algorithmOf returns the implementation of b's algorithm, token_bucket

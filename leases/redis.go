@@ -16,6 +16,9 @@ import (
 //go:embed scripts/token_bucket.lua
 var tokenBucketLua string
 
+//go:embed scripts/leaky_bucket.lua
+var leakyBucketLua string
+
 // RedisOptions configure a RedisStore. The zero value is ready to use.
 type RedisOptions struct {
 	// Now, when set, replaces Redis TIME as the clock of every operation.
@@ -231,6 +234,11 @@ func (s *RedisStore) Lease(ctx context.Context, owner Owner, ops []LeaseOp) ([]L
 			if o.Granted > 0 {
 				o.LeaseID = ops[i].NewLeaseID
 				o.TTL = ops[i].Bucket.LeaseTTL
+				if len(v) >= 10 {
+					// The algorithm says the lease's TTL (µs): a leaky
+					// bucket's lease lives until its slice ends.
+					o.TTL = time.Duration(v[9]) * time.Microsecond
+				}
 			}
 			o.RetryAfter = time.Duration(v[2]) * time.Millisecond
 			o.Remaining = v[3]

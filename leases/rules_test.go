@@ -109,7 +109,7 @@ func TestParseRuleSetErrors(t *testing.T) {
 		{"dup name", "rules:\n- {name: a, match: 'x', limit: 1, period: 1s}\n- {name: a, match: 'y', limit: 1, period: 1s}", `rule "a": name: used by more than one rule`},
 		{"dup match", "rules:\n- {name: a, match: 'x', limit: 1, period: 1s}\n- {name: b, match: 'x', limit: 1, period: 1s}", `rule "b": match`},
 		{"unknown algorithm", "rules:\n- {name: a, match: 'x', algorithm: magic, limit: 1, period: 1s}", `rule "a": algorithm: unknown algorithm "magic"`},
-		{"not implemented", "rules:\n- {name: a, match: 'x', algorithm: leaky_bucket, limit: 1, period: 1s}", "not implemented yet"},
+		{"not implemented", "rules:\n- {name: a, match: 'x', algorithm: sliding_window_log, limit: 1, period: 1s}", "not implemented yet"},
 		{"bad default", "default: maybe", `default: "maybe" must be allow or deny`},
 		{"typo field", "rules:\n- {name: a, match: 'x', limt: 1, period: 1s}", "field limt not found"},
 		{"bad duration", "rules:\n- {name: a, match: 'x', limit: 1, period: soon}", "invalid rules"},
