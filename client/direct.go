@@ -214,7 +214,7 @@ func (c *Client) applyDirect(r *directReq) Decision {
 			c.promote(ks)
 		}
 	}
-	return Decision{Allowed: true, Source: SourceDirect, Remaining: max(remaining, 0)}
+	return Decision{Allowed: true, Source: SourceDirect, Remaining: max(remaining, 0), delay: directDelay(res)}
 }
 
 func keysOf(states []*keyState) []string {

@@ -166,6 +166,8 @@ func (e *Engine) Lease(ctx context.Context, owner Owner, entries []protocol.Leas
 		res.Remaining = o.Remaining
 		res.SafeRate = r.Rate() / float64(max(1, o.Holders))
 		res.Rule = r.Name
+		res.Algorithm = wireAlgorithm(r.Algorithm)
+		res.DelayMillis = o.Delay.Milliseconds()
 	}
 	return results, rep, nil
 }
@@ -229,6 +231,7 @@ func (e *Engine) Take(ctx context.Context, takes []protocol.CheckRequest) ([]pro
 			}
 			res.Limit, res.PeriodMillis, res.Burst, res.Rule = r.Limit, r.Period.Milliseconds(), r.Burst, r.Name
 			res.LeaseTTLMillis = r.LeaseTTL.Milliseconds()
+			res.Algorithm = wireAlgorithm(r.Algorithm)
 			ops = append(ops, TakeOp{Key: k, Bucket: r.Bucket(), Cost: cost})
 			at = append(at, [2]int{ti, i})
 		}
@@ -250,6 +253,7 @@ func (e *Engine) Take(ctx context.Context, takes []protocol.CheckRequest) ([]pro
 			rep.Expiries += o.Expired
 			res.Allowed = o.Taken
 			res.Remaining = o.Remaining
+			res.DelayMillis = o.Delay.Milliseconds()
 			if !o.Taken {
 				resp.Allowed = false
 				res.RetryAfterMillis = o.RetryAfter.Milliseconds()
@@ -281,4 +285,13 @@ func (e *Engine) Take(ctx context.Context, takes []protocol.CheckRequest) ([]pro
 		}
 	}
 	return resps, rep, nil
+}
+
+// wireAlgorithm returns a rule's algorithm as the protocol carries it:
+// empty for token_bucket.
+func wireAlgorithm(a Algorithm) string {
+	if a == TokenBucket {
+		return ""
+	}
+	return string(a)
 }

@@ -120,6 +120,19 @@ type LeaseResult struct {
 	// Unlimited is true when no rule matched and the server's default is
 	// allow: the key has no limit, and Granted equals Want.
 	Unlimited bool `json:"unlimited,omitempty"`
+	// Algorithm names the algorithm of the rule that matched when it is
+	// not token_bucket (empty means token_bucket). A client spends a lease
+	// of a leaky_bucket rule as a schedule of slots, not as a pool: see
+	// DelayMillis.
+	Algorithm string `json:"algorithm,omitempty"`
+	// DelayMillis, for a rule that shapes (leaky_bucket), is the time from
+	// the server's decision until the first granted slot, rounded up to
+	// whole milliseconds; slot i starts i·PeriodMillis/Limit after it, and
+	// the slots end Granted·PeriodMillis/Limit after the first. The client
+	// starts the schedule no earlier than its answer arrived plus
+	// DelayMillis, and ends it no later than its request was sent plus
+	// DelayMillis − 1 ms plus the Granted slots.
+	DelayMillis int64 `json:"delay_ms,omitempty"`
 	// Error, when set, says why this entry failed; the other fields are then
 	// zero apart from Key.
 	Error *Problem `json:"error,omitempty"`
@@ -176,6 +189,15 @@ type CheckResult struct {
 	// LeaseTTLMillis is the lease TTL of the rule: a client deciding the
 	// key directly learns from it how long a lease of the key would live.
 	LeaseTTLMillis int64 `json:"lease_ttl_ms,omitempty"`
+	// Algorithm names the algorithm of the rule when it is not
+	// token_bucket (empty means token_bucket).
+	Algorithm string `json:"algorithm,omitempty"`
+	// DelayMillis, when Allowed and the rule shapes (leaky_bucket), is the
+	// time from the server's decision until the request's slot, rounded up
+	// to whole milliseconds: the request must not go ahead before it. A
+	// caller that will not wait that long should drop the request; its
+	// slot is lost, not given to another request.
+	DelayMillis int64 `json:"delay_ms,omitempty"`
 }
 
 // Errors returned by ValidateKey; match them with errors.Is.
