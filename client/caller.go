@@ -320,6 +320,8 @@ func validateTakes(req *protocol.LeaseRequest, res []protocol.CheckResponse) err
 				return fmt.Errorf("%w: take %d allowed although key %q denied", ErrServerResponse, i, k.Key)
 			case k.RetryAfterMillis < 0 || k.RetryAfterMillis > int64(24*time.Hour/time.Millisecond):
 				return fmt.Errorf("%w: take %d key %q: retry_after_ms out of range", ErrServerResponse, i, k.Key)
+			case k.DelayMillis < 0 || k.DelayMillis > int64(24*time.Hour/time.Millisecond):
+				return fmt.Errorf("%w: take %d key %q: delay_ms out of range", ErrServerResponse, i, k.Key)
 			case k.Burst < 0 || k.Limit < 0 || k.PeriodMillis < 0 || k.LeaseTTLMillis < 0 || k.LeaseTTLMillis > int64(time.Hour/time.Millisecond):
 				return fmt.Errorf("%w: take %d key %q: rule out of range", ErrServerResponse, i, k.Key)
 			}
@@ -355,6 +357,8 @@ func validateResults(req *protocol.LeaseRequest, res []protocol.LeaseResult) err
 			return bad("ttl_ms out of range")
 		case r.RetryAfterMillis < 0 || r.RetryAfterMillis > int64(24*time.Hour/time.Millisecond):
 			return bad("retry_after_ms out of range")
+		case r.DelayMillis < 0 || r.DelayMillis > int64(24*time.Hour/time.Millisecond):
+			return bad("delay_ms out of range")
 		case math.IsNaN(r.SafeRate) || math.IsInf(r.SafeRate, 0) || r.SafeRate < 0:
 			return bad("safe_rate out of range")
 		case r.Burst < 0 || r.Limit < 0:

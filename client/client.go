@@ -96,6 +96,10 @@ type Decision struct {
 	// unlimited key, the fallback before any answer). The slice is shared:
 	// do not modify it.
 	Limits []LimitState
+
+	// delay is, for a direct take of a shaping rule, how long the request
+	// must wait for its slot.
+	delay time.Duration
 }
 
 // Stats counts what a client did since New.
@@ -308,7 +312,7 @@ func (c *Client) AllowN(ctx context.Context, n int64, keys ...string) Decision {
 		}
 		states = append(states, c.state(k))
 	}
-	return c.decide(ctx, n, states)
+	return c.decide(ctx, n, states, 0)
 }
 
 // Wait blocks until one request may happen for every key, spending one
@@ -322,6 +326,17 @@ func (c *Client) Wait(ctx context.Context, keys ...string) error {
 }
 
 // WaitN is Wait for n tokens of each key.
+//
+// A key whose rule shapes (leaky_bucket) is served in slots, one every
+// period/limit: a Wait for such a key alone takes the next free slots of
+// its lease and sleeps until the first of them, so that waiters go ahead
+// in the order they called, spaced by the rule's interval. A Wait whose
+// slot starts beyond Config.MaxWait, or after ctx's deadline, fails at once
+// with an error matching ErrRateLimited and takes nothing. Decided by a
+// direct take, such a key may be given a slot later than now: WaitN sleeps
+// until it when it starts within the same bounds, and otherwise fails (the
+// slot is then lost: a direct take's slot cannot be given back). With
+// several keys, shaped ones are retried until their slots come.
 func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) error {
 	if n < 1 || n > protocol.MaxCount || len(keys) == 0 || len(keys) > protocol.MaxEntries {
 		return fmt.Errorf("client: WaitN(%d, %d keys): n must be 1 to %d and keys 1 to %d", n, len(keys), protocol.MaxCount, protocol.MaxEntries)
@@ -337,9 +352,18 @@ func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		d := c.decide(ctx, n, states)
+		if len(states) == 1 {
+			if done, err := c.waitShaped(ctx, n, states[0]); done {
+				return err
+			}
+		}
+		maxWait := c.maxWait(ctx)
+		d := c.decide(ctx, n, states, time.Duration(maxWait))
 		if d.Allowed {
-			return nil
+			return c.sleep(ctx, int64(d.delay))
+		}
+		if d.delay > 0 {
+			return &RateLimitedError{Keys: keys, RetryAfter: d.delay, Source: d.Source}
 		}
 		if d.Err != nil {
 			return fmt.Errorf("client: %v: %w", keys, d.Err)
@@ -378,8 +402,11 @@ type spent struct {
 }
 
 // decide spends n tokens from each key, all or nothing: from live leases
-// first, then by one direct take for the keys no lease could serve.
-func (c *Client) decide(ctx context.Context, n int64, states []*keyState) Decision {
+// first, then by one direct take for the keys no lease could serve. A
+// direct take of a shaping rule whose slot starts more than maxDelay from
+// now is a denial (its slot is lost); within maxDelay the decision is
+// allowed and carries the delay the caller must wait.
+func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDelay time.Duration) Decision {
 	var buf [4]spent
 	done := buf[:0]
 	var dbuf [4]*keyState
@@ -437,6 +464,13 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState) Decisi
 		if ks.paused.Load() {
 			ks.paused.Store(false) // a DenyFor that has run out
 		}
+		if l := ks.active.Load(); l != nil && l.shape != nil && now < l.deadline && !l.shape.exhausted(now) {
+			// A schedule of slots whose next slot is not yet due: denied
+			// until it is, without waking the loop.
+			c.undo(n, done)
+			c.denied.Add(1)
+			return Decision{Source: SourceLease, RetryAfter: time.Duration(max(l.shape.due(now), 1))}
+		}
 		if ks.leasing.Load() && ks.deadline.Load() != 0 && c.online.Load() {
 			// Its lease ran out: the loop fetches the next batch, and the
 			// request is denied until it comes (it counts as demand for
@@ -471,6 +505,15 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState) Decisi
 			c.denied.Add(1)
 			return dd
 		}
+		if dd.delay > maxDelay {
+			// The server gave a slot later than the caller waits: the
+			// request does not go ahead. The slot cannot be given back (a
+			// refund names no take: see package leases), so it is lost.
+			c.undo(n, done)
+			c.denied.Add(1)
+			return Decision{Source: SourceDirect, RetryAfter: dd.delay, delay: dd.delay}
+		}
+		d.delay = dd.delay
 		if d.Source != SourceUnlimited || dd.Source != SourceDirect || d.Remaining >= 0 {
 			d.Source = dd.Source
 		}

@@ -11,6 +11,9 @@ type clock interface {
 	// ticker returns a channel that receives every d, and a function that
 	// stops it.
 	ticker(d time.Duration) (<-chan time.Time, func())
+	// after returns a channel that receives once d has passed, and a
+	// function that stops it.
+	after(d time.Duration) (<-chan time.Time, func())
 }
 
 // nanos reads the client's clock: the monotonic clock, unless a test set
@@ -29,4 +32,14 @@ func (c *Client) ticker(d time.Duration) (<-chan time.Time, func()) {
 	}
 	t := time.NewTicker(d)
 	return t.C, t.Stop
+}
+
+// after returns a channel that receives once d has passed on the client's
+// clock.
+func (c *Client) after(d time.Duration) (<-chan time.Time, func()) {
+	if c.clk != nil {
+		return c.clk.after(d)
+	}
+	t := time.NewTimer(d)
+	return t.C, func() { t.Stop() }
 }

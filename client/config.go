@@ -100,6 +100,12 @@ type Config struct {
 	// IdleTimeout returns the lease of a key not used for this long and
 	// forgets the key. Default 30s.
 	IdleTimeout time.Duration
+	// MaxWait is the longest Wait waits for the slot of a key whose rule
+	// shapes (leaky_bucket): a Wait whose slot starts later fails at once
+	// with an error matching ErrRateLimited and takes nothing, as a
+	// reservation of golang.org/x/time/rate that is cancelled. The
+	// context's deadline bounds it too. Default DefaultMaxWait (1s).
+	MaxWait time.Duration
 	// MaxKeys is the most keys holding a lease at once: before a new key's
 	// lease is installed, the least recently used keys are settled,
 	// returned and forgotten to make room. Default 10,000.
@@ -171,6 +177,7 @@ func (c *Config) withDefaults() (Config, error) {
 	if cfg.ProbeTimeout == 0 {
 		cfg.ProbeTimeout = 2 * time.Second
 	}
+	def(&cfg.MaxWait, DefaultMaxWait)
 	if cfg.LeaseMinTokens <= 0 {
 		cfg.LeaseMinTokens = 8
 	}

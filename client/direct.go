@@ -237,7 +237,7 @@ func (c *Client) applyDirect(r *directReq) Decision {
 			c.promote(ks)
 		}
 	}
-	return Decision{Allowed: true, Source: SourceDirect, Remaining: max(remaining, 0), Limits: limits}
+	return Decision{Allowed: true, Source: SourceDirect, Remaining: max(remaining, 0), Limits: limits, delay: directDelay(res)}
 }
 
 func keysOf(states []*keyState) []string {

@@ -36,6 +36,10 @@ type lease struct {
 	granted  int64
 	halfway  int64 // client clock (ns): when its request was sent + TTL/2
 	deadline int64 // when its request was sent + TTL: the server expires it no sooner
+	// shape is the slot schedule of a lease of a shaping rule
+	// (leaky_bucket), nil for the others. Such a lease is always strict:
+	// its spends take the schedule's lock, off the other leases' hot path.
+	shape *slots
 }
 
 // clockShift sets how often a spend in a lease's first half reads the
@@ -54,8 +58,14 @@ const clockShift = 3
 // of the hot path together.
 func (l *lease) spend(n int64, c *Client) bool {
 	if l.strict.Load() {
-		if now := c.nanos(); now >= l.deadline || now < l.pausedUntil.Load() {
+		now := c.nanos()
+		if now >= l.deadline || now < l.pausedUntil.Load() {
 			return false
+		}
+		if l.shape != nil {
+			// A slot now, or nothing: Allow does not wait.
+			_, ok := l.shape.reserve(l, n, now, 0)
+			return ok
 		}
 	}
 	v := l.remaining.Add(-n)
@@ -71,8 +81,14 @@ func (l *lease) spend(n int64, c *Client) bool {
 	return true
 }
 
-// giveBack returns n tokens taken by spend (multi-key all or nothing).
-func (l *lease) giveBack(n int64) { l.remaining.Add(n) }
+// giveBack returns n tokens taken by spend (multi-key all or nothing). The
+// slots of a shaped lease are not given back: later requests may have
+// taken the slots after them, so they are lost (utilization only).
+func (l *lease) giveBack(n int64) {
+	if l.shape == nil {
+		l.remaining.Add(n)
+	}
+}
 
 // freeze stops the lease and returns the tokens it had left.
 func (l *lease) freeze() int64 {

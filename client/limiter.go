@@ -68,7 +68,7 @@ func (l *Limiter) Decide(ctx context.Context, n int64) Decision {
 	}
 	var buf [4]*keyState
 	states := l.resolve(buf[:0])
-	return l.c.decide(ctx, n, states)
+	return l.c.decide(ctx, n, states, 0)
 }
 
 // Wait blocks until one request may happen for every key, as Client.Wait.

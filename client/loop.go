@@ -222,7 +222,7 @@ func (c *Client) scan(now, dt int64, collect bool) []pending {
 		// Deadlines: a lease past its deadline is dead; past half its TTL
 		// every spend reads the clock.
 		if l := ks.active.Load(); l != nil {
-			if now >= l.deadline {
+			if now >= l.deadline || (l.shape != nil && l.shape.exhausted(now)) {
 				if c.clearActive(ks, l) {
 					ks.closeLease(l)
 					ks.notify()
@@ -230,7 +230,7 @@ func (c *Client) scan(now, dt int64, collect bool) []pending {
 				ks.run.slots[l.slot] = nil
 			} else if now >= l.halfway {
 				l.strict.Store(true)
-			} else if l.strict.Load() && l.pausedUntil.Load() <= now {
+			} else if l.strict.Load() && l.pausedUntil.Load() <= now && l.shape == nil {
 				l.strict.Store(false) // a DenyFor ran out: back to the fast path
 			}
 		}
@@ -328,7 +328,16 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 		// Renew with about a quarter left, or with less left than two
 		// ticks of demand, or at half the TTL.
 		low := max(active.granted/4, int64(math.Ceil(ks.run.ewma*2*c.cfg.SettleInterval.Seconds())))
-		if !denied && (left <= low || now >= active.halfway) {
+		renew := left <= low || now >= active.halfway
+		if active.shape != nil {
+			// A schedule of slots is renewed when it is about to end, so
+			// that the next slice (which the server starts where this one
+			// ends, unless another holder's came between) arrives in
+			// time; renewing earlier would cut this one short, as the new
+			// lease replaces it.
+			renew = active.shape.end-now <= 2*int64(c.cfg.SettleInterval)
+		}
+		if !denied && renew {
 			// Renew into the other slot; the current lease keeps serving
 			// until the new one is in, and is settled after.
 			return []pending{entry(1-active.slot, c.want(ks))}, true
@@ -581,6 +590,10 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 	ttl := res.TTLMillis * int64(time.Millisecond)
 	l := &lease{id: res.LeaseID, slot: p.slot, granted: res.Granted, halfway: sent + ttl/2, deadline: sent + ttl}
 	l.remaining.Store(res.Granted)
+	if shaped(res.Algorithm) && res.Limit > 0 && res.PeriodMillis > 0 {
+		l.shape = newSlots(res.Granted, res.Limit, time.Duration(res.PeriodMillis)*time.Millisecond, time.Duration(res.DelayMillis)*time.Millisecond, sent, now)
+		l.strict.Store(true)
+	}
 	ks.run.slots[p.slot] = l
 	if ks.run.forget {
 		// Granted after the key was forgotten: return it at once.

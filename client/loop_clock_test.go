@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,9 +19,54 @@ import (
 type testClock struct {
 	ns   atomic.Int64
 	tick chan time.Time
+
+	mu     sync.Mutex
+	timers []testTimer // pending after()s, fired by move
+}
+
+type testTimer struct {
+	at int64
+	ch chan time.Time
 }
 
 func newTestClock() *testClock { return &testClock{tick: make(chan time.Time)} }
+
+// after fires once the clock is moved to d from now.
+func (k *testClock) after(d time.Duration) (<-chan time.Time, func()) {
+	ch := make(chan time.Time, 1)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	at := k.ns.Load() + int64(d)
+	if d <= 0 {
+		ch <- time.Time{}
+	} else {
+		k.timers = append(k.timers, testTimer{at, ch})
+	}
+	return ch, func() {}
+}
+
+// move moves the clock by d without a tick and fires the timers due.
+func (k *testClock) move(d time.Duration) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	now := k.ns.Add(int64(d))
+	kept := k.timers[:0]
+	for _, tm := range k.timers {
+		if tm.at <= now {
+			tm.ch <- time.Time{}
+		} else {
+			kept = append(kept, tm)
+		}
+	}
+	k.timers = kept
+}
+
+// waiting returns the number of timers not yet fired.
+func (k *testClock) waiting() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.timers)
+}
 
 func (k *testClock) nanos() int64 { return k.ns.Load() }
 
@@ -29,7 +75,7 @@ func (k *testClock) ticker(time.Duration) (<-chan time.Time, func()) { return k.
 // advance moves the clock by d and gives the loop one tick.
 func (k *testClock) advance(t *testing.T, d time.Duration) {
 	t.Helper()
-	k.ns.Add(int64(d))
+	k.move(d)
 	select {
 	case k.tick <- time.Time{}:
 	case <-time.After(5 * time.Second):

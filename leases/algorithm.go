@@ -80,6 +80,12 @@ var algorithms = map[Algorithm]*algorithm{
 		tag:      "swl",
 		validate: validateWindow,
 	},
+	LeakyBucket: {
+		newState: func(b *Bucket, now int64) keyState { return newLBState(b, now) },
+		script:   leakyBucketLua,
+		tag:      "lb",
+		validate: validateLeaky,
+	},
 }
 
 // algorithmOf returns the implementation of b's algorithm, token_bucket

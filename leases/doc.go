@@ -300,4 +300,81 @@
 // with MEMORY USAGE (TestRedisMemoryWindows, Redis 7, keys user:<6
 // digits>): 224 B for a key of direct takes, 320 B with one lease open,
 // 3,216 B with all 65 buckets of a window in use.
+//
+// # Leaky bucket: a shaper with leases
+//
+// Algorithm leaky_bucket (leakybucket.go, scripts/leaky_bucket.lua) shapes
+// instead of limiting bursts: requests leave at the constant rate
+// Limit/Period, one every T = Period/Limit, and at most Burst of them wait
+// in the queue. Its state per key is one theoretical arrival time TAT, the
+// end of the last slot handed out (GCRA). At now:
+//
+//	grant g:  start = max(TAT, now); g ≤ want, g ≤ max(1, ⌊Burst/h⌋) among
+//	          h holders, and g ≤ ⌊Burst − (start − now)/T⌋, so that the
+//	          slice's end stays within the queue's horizon:
+//	          start + g·T − now ≤ Burst·T. The lease holds the slice
+//	          [start, start + g·T), its i-th slot at start + i·T;
+//	          TAT = start + g·T; Delay = start − now.
+//	settle u: if TAT still equals the slice's end (no slot was handed out
+//	          after it), TAT = max(now, start + u·T): the unused tail comes
+//	          back; otherwise the unused slots are lost.
+//	expiry:   nothing comes back.
+//	take n:   start = max(TAT, now); taken when the n slots fit the queue,
+//	          then TAT = start + n·T and Delay = start − now: the caller
+//	          must wait until its slot. Denied otherwise, with retry_after
+//	          the time until they fit.
+//
+// The lease's deadline is the later of its slice's end and now + the
+// rule's lease TTL: its owner can spend every slot of its slice, and can
+// settle it at its usual renewal pace even when the slice is short. (An
+// expiry credits nothing, so a later deadline costs no accuracy; it only
+// keeps the lease counted among the holders and against the caps.)
+// Remaining is the free slots of the queue, Reset the time until it is
+// empty (TAT − now).
+//
+// The bound. Every slice starts at or after the TAT of the moment it is
+// granted, and TAT only moves back on a settle while the settled slice is
+// the last one handed out, to the end of the slots its owner used (or to
+// now). So the slices ever handed out, cut to their used slots, never
+// overlap, and every slot starts at least T after the previous one. When
+// clients honour their slots (a request goes ahead at a slot's start or
+// later, and within it), admitted requests are spaced at least T apart
+// across the whole fleet, so any window of length D admits at most
+// ⌊D/T⌋ + 1 of them: a constant outflow at rate, whatever the number of
+// holders and servers. Measured as a meter (requests counted when they are
+// handed their slot, as a token bucket counts), a window of length D sees
+// at most the queue handed out at its start plus what drained into it:
+// Burst + rate·D, because no slot lies more than Burst·T ahead of the
+// moment it was handed out. The storetest suite (RunLeaky) checks both on
+// every store: no two slots closer than T, at most ⌊D/T⌋ + 1 in every
+// window, and none beyond the queue's horizon, while many goroutines lease,
+// settle, abandon and take at driven times.
+//
+// What leasing costs: slots, never the bound. A lease settled after
+// another grant, or never settled, loses its unused tail; so does a take
+// whose request does not go ahead, unless it is given back while its slots
+// are still the last ones handed out (a refund names its take by the
+// take's stamp, TakeOutcome.At, which for this algorithm is the end of the
+// take's slots). The client maps the
+// slice onto its own clock conservatively: it starts it when the answer
+// arrived plus the delay, and ends it when the request was sent plus the
+// delay (rounded down) plus g·T, so a client never spends a slot early or
+// late whatever the offset between its clock and the store's; the round
+// trip and the millisecond rounding are the slice's tolerance, and cost
+// about ⌈(RTT + 1 ms)/T⌉ slots per lease.
+//
+// In Redis a leaky bucket is one hash, rl:{key}:lb (TAT, the open leases
+// with their slices, the holder counts), plus a sorted set of expiries,
+// rl:{key}:lb:z, while a lease is open. Both expire once the queue is
+// empty and the last lease has ended; a key with an empty queue and no
+// lease is deleted at once. Should the hash be evicted alone, TAT restarts
+// at the latest expiry in the index, after every slice handed out.
+//
+// # Other algorithms
+//
+// Rule.Algorithm names the algorithm, and the Store dispatches on it. The
+// token bucket and the leaky bucket are implemented; fixed window and the
+// sliding windows (counter and log) are reserved names that fail
+// validation with ErrAlgorithmNotImplemented. Each keeps the lease contract
+// (a grant, a deadline, a settle), so adding one changes no wire type.
 package leases

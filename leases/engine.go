@@ -611,3 +611,12 @@ func (e *Engine) Take(ctx context.Context, takes []TakeAsk) ([]TakeResult, Repor
 	}
 	return resps, rep, nil
 }
+
+// wireAlgorithm returns a rule's algorithm as the protocol carries it:
+// empty for token_bucket.
+func wireAlgorithm(a Algorithm) string {
+	if a == TokenBucket {
+		return ""
+	}
+	return string(a)
+}

@@ -20,3 +20,9 @@ func TestMemoryStoreWindows(t *testing.T) {
 		return leases.NewMemoryStore(leases.MemoryOptions{Now: now, SweepInterval: -1})
 	}, storetest.WindowOptions{})
 }
+
+func TestMemoryStoreLeaky(t *testing.T) {
+	storetest.RunLeaky(t, func(t *testing.T, now func() time.Time) leases.Store {
+		return leases.NewMemoryStore(leases.MemoryOptions{Now: now, SweepInterval: -1})
+	}, storetest.Options{})
+}

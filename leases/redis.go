@@ -27,6 +27,9 @@ var (
 	slidingWindowLogLua string
 )
 
+//go:embed scripts/leaky_bucket.lua
+var leakyBucketLua string
+
 // RedisOptions configure a RedisStore. The zero value is ready to use.
 type RedisOptions struct {
 	// Now, when set, replaces Redis TIME as the clock of every operation.
@@ -243,8 +246,8 @@ func (s *RedisStore) Lease(ctx context.Context, owner Owner, ops []LeaseOp) ([]L
 				o.LeaseID = ops[i].NewLeaseID
 				o.TTL = ops[i].Bucket.LeaseTTL
 				if len(v) >= 10 {
-					// The lease's own TTL (µs), when the algorithm
-					// shortens it (a window's end).
+					// The lease's own TTL (µs), when the algorithm sets it:
+					// a window's end, a leaky bucket's slice.
 					o.TTL = time.Duration(v[9]) * time.Microsecond
 				}
 			}

@@ -200,7 +200,11 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 		require.Equal(t, ms.Level, rs.Level, "step %d level", step)
 		require.Equal(t, ms.Outstanding, rs.Outstanding, "step %d outstanding", step)
 		require.Equal(t, ms.Leases, rs.Leases, "step %d leases", step)
-		require.LessOrEqual(t, ms.Level+float64(ms.Outstanding), float64(b.Burst)+1e-9, "step %d: L + O ≤ burst", step)
+		if b.Algorithm == leases.LeakyBucket {
+			require.LessOrEqual(t, ms.Level, float64(b.Burst)+1e-9, "step %d: the queue holds at most burst", step)
+		} else {
+			require.LessOrEqual(t, ms.Level+float64(ms.Outstanding), float64(b.Burst)+1e-9, "step %d: L + O ≤ burst", step)
+		}
 	}
 	t.Logf("%s: %d settles, %d leases expired or replaced unsettled, %d denials to waiters, %d refused by a cap, %d takes denied",
 		c.name, settled, expired, waiters, refused, denied)
@@ -390,4 +394,123 @@ func TestStoresAgreeLongWalk(t *testing.T) {
 	require.False(t, mo[0].Taken)
 	assert.Equal(t, (1099-100+36)*time.Millisecond, mo[0].RetryAfter, "the bound: last expiry + the refill of the 36 tokens the walk did not see freed")
 	assert.GreaterOrEqual(t, mo[0].RetryAfter, (1000-100+100)*time.Millisecond, "never shorter than the exact wait")
+}
+
+// TestStoresAgreeLeaky is TestStoresAgree for the leaky bucket: random
+// leases, settles, replacements, expiries, takes and refunds against both
+// stores on one clock, with identical answers required, intervals that are
+// not whole microseconds included.
+func TestStoresAgreeLeaky(t *testing.T) {
+	lb := func(limit int64, period time.Duration, burst int64, ttl time.Duration) leases.Bucket {
+		return leases.Bucket{Algorithm: leases.LeakyBucket, Limit: limit, Period: period, Burst: burst, LeaseTTL: ttl}
+	}
+	var crowd []string
+	for c := range 6 {
+		for p := range 5 {
+			crowd = append(crowd, fmt.Sprintf("c%d/p%d", c, p))
+		}
+	}
+	cases := []agreeCase{{
+		name:    "mixed",
+		buckets: []leases.Bucket{lb(7, time.Second, 13, 300*time.Millisecond), lb(1000, time.Minute, 50, 2*time.Second), lb(3, 7*time.Millisecond, 3, 20*time.Millisecond)},
+		keys:    []string{"a", "b", "c", "d}"},
+		owners:  []string{"x/1", "y/1", "z/1", "x/2", "y/2"},
+		steps:   3000, maxStep: 50 * time.Millisecond, abandon: 8, takes: 5, maxCost: 4,
+	}, {
+		name:    "capped",
+		buckets: []leases.Bucket{lb(100, time.Second, 20, 50*time.Millisecond), lb(30, time.Second, 20, 200*time.Millisecond)},
+		keys:    []string{"u", "v"},
+		owners:  []string{"a/1", "a/2", "a/3", "b/1", "b/2", "c/1"},
+		steps:   3000, maxStep: 40 * time.Millisecond, abandon: 2, takes: 4, maxCost: 8,
+		limits: leases.LeaseLimits{MaxLeasesPerKey: 6, MaxProcessesPerClient: 2},
+	}, {
+		name:    "crowded",
+		buckets: []leases.Bucket{lb(1000, time.Second, 100, 40*time.Millisecond)},
+		keys:    []string{"crowd"},
+		owners:  crowd,
+		steps:   3000, maxStep: 2 * time.Millisecond, abandon: 3, takes: 6, maxCost: 100,
+	}}
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { agree(t, rdb, c) })
+	}
+}
+
+// TestRedisStoreLeaky runs the leaky bucket's suite against Redis.
+func TestRedisStoreLeaky(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	storetest.RunLeaky(t, func(t *testing.T, now func() time.Time) leases.Store {
+		require.NoError(t, rdb.FlushDB(context.Background()).Err())
+		return leases.NewRedisStore(rdb, leases.RedisOptions{Now: now})
+	}, leakyRedisOptions(rdb, 500))
+}
+
+// TestRedisClusterLeaky runs the leaky bucket's suite on a real three-node
+// Redis Cluster.
+func TestRedisClusterLeaky(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-node Redis Cluster")
+	}
+	cl := redistest.StartCluster(t, 3)
+	rdb := cl.Client(t)
+	storetest.RunLeaky(t, func(t *testing.T, now func() time.Time) leases.Store {
+		require.NoError(t, rdb.ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
+			return c.FlushDB(ctx).Err()
+		}))
+		return leases.NewRedisStore(rdb, leases.RedisOptions{Now: now})
+	}, leakyRedisOptions(rdb, 300))
+}
+
+// leakyRedisOptions: the retention of a leaky bucket is the least TTL of
+// its keys that exist.
+func leakyRedisOptions(rdb redis.UniversalClient, ticks int) storetest.Options {
+	return storetest.Options{
+		ConcurrentTicks: ticks,
+		Retention: func(t *testing.T, key string) time.Duration {
+			h, z, _ := leases.AlgorithmRedisKeys(key, leases.LeakyBucket)
+			least := time.Duration(-1)
+			for _, k := range []string{h, z} {
+				d, err := rdb.PTTL(context.Background(), k).Result()
+				require.NoError(t, err)
+				if d == -2*time.Nanosecond {
+					continue
+				}
+				require.Positive(t, d, "%s has a TTL", k)
+				if least < 0 || d < least {
+					least = d
+				}
+			}
+			return least
+		},
+	}
+}
+
+// TestRedisLeakyKeysGo: a leaky bucket's Redis keys carry its tag and one
+// hash tag, and are deleted once the queue is empty and no lease is open.
+func TestRedisLeakyKeysGo(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	clock := storetest.NewClock(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
+	s := leases.NewRedisStore(rdb, leases.RedisOptions{Now: clock.Now})
+	b := leases.Bucket{Algorithm: leases.LeakyBucket, Limit: 10, Period: time.Second, Burst: 10, LeaseTTL: 100 * time.Millisecond}
+	h, z, _ := leases.AlgorithmRedisKeys("user:1", leases.LeakyBucket)
+	require.Equal(t, "rl:{user:1}:lb", h)
+	out, err := s.Lease(ctx, own("a/1"), []leases.LeaseOp{{Key: "user:1", Bucket: b, Want: 3, NewLeaseID: "l1"}})
+	require.NoError(t, err)
+	require.EqualValues(t, 3, out[0].Granted)
+	n, err := rdb.Exists(ctx, h, z).Result()
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	ttl, err := rdb.PTTL(ctx, h).Result()
+	require.NoError(t, err)
+	require.InDelta(t, float64(300*time.Millisecond+time.Second), float64(ttl), float64(50*time.Millisecond), "the slice's end + 1 s")
+	clock.Advance(300 * time.Millisecond)
+	_, err = s.Lease(ctx, own("a/1"), []leases.LeaseOp{{Key: "user:1", Bucket: b, LeaseID: "l1", Used: 3}})
+	require.NoError(t, err)
+	n, err = rdb.Exists(ctx, h, z).Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "an empty queue without leases is no state")
 }

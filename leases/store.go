@@ -174,11 +174,11 @@ type TakeOp struct {
 	Key    string
 	Bucket Bucket
 	Cost   int64
-	// At is, for Refund, the At of the take's outcome: the store's clock
-	// when the tokens were taken. The windows count takes by their time,
-	// and give back only from where this take counted (nothing when its
-	// window or log bucket has passed); zero gives back nothing there. The
-	// token bucket ignores it.
+	// At is, for Refund, the At of the take's outcome. The windows count
+	// takes by their time and give back only from where this take counted
+	// (nothing once its window or log bucket has passed); the leaky bucket
+	// gives back the take's slots only while they are the last handed out;
+	// zero gives back nothing there. The token bucket ignores it.
 	At int64
 }
 
@@ -198,7 +198,8 @@ type TakeOutcome struct {
 	// others.
 	Delay   time.Duration
 	Expired int
-	// At is the store's clock (µs) at the take, for Refund (TakeOp.At).
+	// At is the take's stamp, for Refund (TakeOp.At): the store's clock
+	// (µs) at the take, or for leaky_bucket the end of the take's slots.
 	At int64
 }
 

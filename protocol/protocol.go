@@ -118,11 +118,17 @@ type LeaseResult struct {
 	// server's default is allow.
 	Rule string `json:"rule,omitempty"`
 	// Algorithm is the algorithm of the rule's binding limit (the one
-	// Limit, PeriodMillis and Burst describe).
+	// Limit, PeriodMillis and Burst describe). A client spends a lease of a
+	// leaky_bucket rule as a schedule of slots, not as a pool: see
+	// DelayMillis.
 	Algorithm string `json:"algorithm,omitempty"`
-	// DelayMillis is set by a shaping algorithm (leaky_bucket): the wait
-	// from the server's answer until the first granted token may be spent;
-	// the others follow one every PeriodMillis/Limit.
+	// DelayMillis, for a rule that shapes (leaky_bucket), is the time from
+	// the server's decision until the first granted slot, rounded up to
+	// whole milliseconds; slot i starts i·PeriodMillis/Limit after it, and
+	// the slots end Granted·PeriodMillis/Limit after the first. The client
+	// starts the schedule no earlier than its answer arrived plus
+	// DelayMillis, and ends it no later than its request was sent plus
+	// DelayMillis − 1 ms plus the Granted slots.
 	DelayMillis int64 `json:"delay_ms,omitempty"`
 	// Limits has the state of each limit of the rule after this entry, in
 	// the rule's order: a request needs all of them. Limit, PeriodMillis
@@ -220,7 +226,11 @@ type CheckResult struct {
 	// key directly learns from it how long a lease of the key would live.
 	LeaseTTLMillis int64 `json:"lease_ttl_ms,omitempty"`
 	// Algorithm, DelayMillis and Limits are as in LeaseResult; Limit,
-	// PeriodMillis and Burst describe the rule's binding limit.
+	// PeriodMillis and Burst describe the rule's binding limit. DelayMillis,
+	// when Allowed and the rule shapes (leaky_bucket), is the time from the
+	// server's decision until the request's slot, rounded up to whole
+	// milliseconds: the request must not go ahead before it; a caller that
+	// will not wait that long should drop the request.
 	Algorithm   string        `json:"algorithm,omitempty"`
 	DelayMillis int64         `json:"delay_ms,omitempty"`
 	Limits      []LimitStatus `json:"limits,omitempty"`

@@ -1,0 +1,399 @@
+-- Leaky bucket (a shaper, GCRA) with leases: the Redis twin of
+-- leakybucket.go. Both must do the same floating-point operations in the
+-- same order; TestStoresAgreeLeaky runs random operations against both
+-- stores and requires equal answers.
+--
+-- Keys, arguments and reply shapes are those of token_bucket.lua (see its
+-- header); the lease reply carries one value more, the lease's TTL in µs
+-- (its expiry is the later of its slice's end and now + the rule's TTL).
+--
+-- KEYS[1] H  the bucket hash (absent while the queue is empty and no lease
+--            is open: that is the same as no state):
+--              a  TAT, the end of the last slot handed out (µs, shortest
+--                 round-trip decimal)
+--              o  outstanding: Σ granted over the open leases
+--              n  open leases
+--              c  clients holding open leases
+--              x  an upper bound of the open leases' expiries (µs)
+--              "p|<client>"  processes of that client holding open leases
+--              "<slot>|<client>/<process>"  a lease:
+--                 "<id> <granted> <expiry µs> <slice start> <slice end>"
+-- KEYS[2] Z  the expiry index while a lease is open: member
+--            "<slot>|<client>/<process>", score expiry
+-- KEYS[3]    unused
+--
+-- No call scans the leases: they are read by owner (their H fields) and by
+-- expiry (Z). Should H be lost alone (eviction) while Z lists leases, TAT
+-- restarts at the latest expiry in Z, which is at or after every slice
+-- handed out: no new slice can overlap an old one. Should Z be lost alone,
+-- the leases in H are no longer dropped at their expiry; they count as
+-- holders until H expires (fairness only: an expiry credits nothing).
+
+if redis.replicate_commands then redis.replicate_commands() end
+
+local H, Z = KEYS[1], KEYS[2]
+local mode = ARGV[1]
+local now
+if ARGV[2] ~= '' then
+  now = tonumber(ARGV[2])
+else
+  local tm = redis.call('TIME')
+  now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+end
+local limit = tonumber(ARGV[3])
+local period = tonumber(ARGV[4])
+local burst = tonumber(ARGV[5])
+local ttl = tonumber(ARGV[6])
+local t = period / limit -- the emission interval T, µs
+local eps = 1e-9
+local dry = mode == 'state'
+
+local function fmtf(v)
+  local s = string.format('%.15g', v)
+  if tonumber(s) ~= v then
+    s = string.format('%.16g', v)
+    if tonumber(s) ~= v then s = string.format('%.17g', v) end
+  end
+  return s
+end
+
+local function fmti(v) return string.format('%d', v) end
+
+-- ms_up rounds a duration in µs up to whole milliseconds.
+local function ms_up(us)
+  if us <= 0 then return 0 end
+  local c = math.ceil(us - 1e-6)
+  if c <= 0 then return 0 end
+  return math.floor((c + 999) / 1000)
+end
+
+-- free returns ⌊burst − (start − now)/T⌋: the free slots of the queue when
+-- the next slot starts at start.
+local function free(start)
+  return math.floor(burst - (start - now) / t + eps)
+end
+
+local CHUNK = 1000
+local function call_chunked(cmd, key, items)
+  local out = {}
+  for i = 1, #items, CHUNK do
+    local part = {}
+    for j = i, math.min(i + CHUNK - 1, #items) do part[#part + 1] = items[j] end
+    local r = redis.call(cmd, key, unpack(part))
+    if type(r) == 'table' then
+      for j = 1, #r do out[#out + 1] = r[j] end
+    end
+  end
+  return out
+end
+
+local client, process, slot, field, ofield
+if mode == 'lease' then
+  client, process, slot = ARGV[7], ARGV[8], ARGV[13]
+  local owner = client .. '/' .. process
+  field = slot .. '|' .. owner
+  if slot == '0' then ofield = '1|' .. owner else ofield = '0|' .. owner end
+end
+
+local st
+if mode == 'lease' then
+  st = redis.call('HMGET', H, 'a', 'o', 'n', 'c', 'x', field, ofield, 'p|' .. client)
+else
+  st = redis.call('HMGET', H, 'a', 'o', 'n', 'c', 'x')
+end
+local existed = st[1] ~= false
+local tat, out, n, clients, maxexp
+local recs = {}   -- lease field -> record, or false when none
+local pc = {}     -- client -> processes holding
+local pdirty = {} -- clients whose count changed
+local pend = {}   -- lease fields to write at save: a record, or false to delete
+local changed = false
+if existed then
+  tat = tonumber(st[1])
+  out = tonumber(st[2]) or 0
+  n = tonumber(st[3]) or 0
+  clients = tonumber(st[4]) or 0
+  maxexp = tonumber(st[5]) or 0
+else
+  tat = now
+  out, n, clients, maxexp = 0, 0, 0, 0
+  if ARGV[16] ~= '1' then
+    -- The hash lost while leases were open: restart the queue at the
+    -- latest expiry, after every slice handed out.
+    local tail = redis.call('ZRANGE', Z, -1, -1, 'WITHSCORES')
+    if #tail > 0 and tonumber(tail[2]) > now then
+      tat = tonumber(tail[2])
+      changed = true
+    end
+  end
+end
+if mode == 'lease' then
+  recs[field] = st[6]
+  recs[ofield] = st[7]
+  pc[client] = tonumber(st[8]) or 0
+end
+
+local function parse(rec)
+  local id, g, e, s, en = string.match(rec, '^(%S+) (%d+) (%d+) (%S+) (%S+)$')
+  return id, tonumber(g), tonumber(e), tonumber(s), tonumber(en)
+end
+
+local function sibling(f)
+  local s = string.sub(f, 1, 1)
+  if s == '0' then return '1' .. string.sub(f, 2) end
+  return '0' .. string.sub(f, 2)
+end
+
+local function client_of(f)
+  local rest = string.sub(f, 3)
+  local i = string.find(rest, '/', 1, true)
+  return string.sub(rest, 1, i - 1)
+end
+
+local function adj(c, d)
+  local old = pc[c]
+  local new = old + d
+  if old == 0 and new > 0 then clients = clients + 1 end
+  if old > 0 and new <= 0 then clients = clients - 1 end
+  pc[c] = new
+  pdirty[c] = true
+end
+
+-- load loads the records of fs and of their siblings into recs.
+local function load(fs)
+  local fields = {}
+  for i = 1, #fs do
+    local f = fs[i]
+    if recs[f] == nil then fields[#fields + 1] = f end
+    local sib = sibling(f)
+    if recs[sib] == nil then fields[#fields + 1] = sib end
+  end
+  if #fields > 0 then
+    local vals = call_chunked('HMGET', H, fields)
+    for i = 1, #fields do
+      if recs[fields[i]] == nil then recs[fields[i]] = vals[i] end
+    end
+  end
+end
+
+local function close_lease(f, g)
+  changed = true
+  out = out - g
+  n = n - 1
+  recs[f] = false
+  pend[f] = false
+  if not recs[sibling(f)] then adj(client_of(f), -1) end
+  if n <= 0 then maxexp = 0 end
+end
+
+-- expire drops the leases whose expiry is at or before now; nothing comes
+-- back.
+local expired = 0
+if n > 0 then
+  local due = redis.call('ZRANGEBYSCORE', Z, '-inf', now)
+  if #due > 0 then
+    load(due)
+    local need, cs = {}, {}
+    for i = 1, #due do
+      local c = client_of(due[i])
+      if pc[c] == nil and not need[c] then
+        need[c] = true
+        cs[#cs + 1] = c
+      end
+    end
+    if #cs > 0 then
+      local pf = {}
+      for i = 1, #cs do pf[i] = 'p|' .. cs[i] end
+      local pv = call_chunked('HMGET', H, pf)
+      for i = 1, #cs do pc[cs[i]] = tonumber(pv[i]) or 0 end
+    end
+    for i = 1, #due do
+      local rec = recs[due[i]]
+      if rec then
+        local _, g = parse(rec)
+        close_lease(due[i], g)
+        expired = expired + 1
+      end
+    end
+    if not dry then redis.call('ZREMRANGEBYSCORE', Z, '-inf', now) end
+  end
+end
+
+if mode == 'state' then
+  local level = 0
+  if tat > now then level = (tat - now) / t end
+  return { fmtf(level), out, n, fmti(now) }
+end
+
+local function save()
+  if n <= 0 and tat <= now then
+    -- An empty queue and no lease: the same as no state.
+    if existed then redis.call('DEL', H, Z) end
+    return
+  end
+  local hold = tat - now
+  if n > 0 and maxexp - now > hold then hold = maxexp - now end
+  local px = math.ceil(hold / 1000) + 1000
+  local args = { 'a', fmtf(tat), 'o', fmti(out), 'n', fmti(n), 'c', fmti(clients), 'x', fmti(maxexp) }
+  local dels = {}
+  for f, v in pairs(pend) do
+    if v then
+      args[#args + 1] = f; args[#args + 1] = v
+    else
+      dels[#dels + 1] = f
+    end
+  end
+  for c in pairs(pdirty) do
+    if pc[c] > 0 then
+      args[#args + 1] = 'p|' .. c; args[#args + 1] = fmti(pc[c])
+    else
+      dels[#dels + 1] = 'p|' .. c
+    end
+  end
+  call_chunked('HSET', H, args)
+  if #dels > 0 then call_chunked('HDEL', H, dels) end
+  redis.call('PEXPIRE', H, px)
+  if n > 0 then
+    redis.call('PEXPIRE', Z, px)
+  elseif existed then
+    redis.call('DEL', Z)
+  end
+end
+
+local function status()
+  local start = tat
+  if now > start then start = now end
+  local f = free(start)
+  if f < 0 then f = 0 end
+  return f, ms_up(tat - now)
+end
+
+if mode == 'take' then
+  local cost = tonumber(ARGV[9])
+  local start = tat
+  if now > start then start = now end
+  local taken, retry, delay = 0, 0, 0
+  if cost == 0 then
+    taken = 1
+  elseif cost > burst then
+    retry = -1
+  elseif free(start) >= cost then
+    taken = 1
+    tat = start + cost * t
+    delay = ms_up(start - now)
+    changed = true
+  else
+    retry = ms_up(start - now - (burst - cost) * t)
+  end
+  if changed then save() end
+  local rem, reset = status()
+  -- The stamp of a take is its slots' end, for its refund.
+  local stamp = 0
+  if taken == 1 and cost > 0 then stamp = math.floor(tat) end
+  return { taken, retry, rem, expired, reset, delay, stamp }
+end
+
+if mode == 'refund' then
+  -- The take's slots come back while they are still the last ones handed
+  -- out (see lbState.refund).
+  local cost = tonumber(ARGV[9])
+  local at = tonumber(ARGV[10]) or 0
+  if at > 0 and cost > 0 and t >= 1 and math.floor(tat) == at then
+    tat = tat - cost * t
+    if tat < now then tat = now end
+    changed = true
+  end
+  if changed then save() end
+  return {}
+end
+
+-- mode == 'lease'
+local want = tonumber(ARGV[9])
+local settle_id = ARGV[10]
+local used = tonumber(ARGV[11])
+local new_id = ARGV[12]
+local max_leases = tonumber(ARGV[14])
+local max_procs = tonumber(ARGV[15])
+
+local cur = recs[field]
+local settled = 0
+if settle_id ~= '' then
+  if not cur then
+    save()
+    return { 1, 0, 0, 0, 0, 0, expired }
+  end
+  local id, g, _, s, en = parse(cur)
+  if id ~= settle_id then
+    save()
+    return { 1, 0, 0, 0, 0, 0, expired }
+  end
+  if used > g then
+    save()
+    return { 2, 0, 0, 0, 0, 0, expired }
+  end
+  close_lease(field, g)
+  redis.call('ZREM', Z, field)
+  if tat == en then
+    -- Nothing was handed out after this slice: its unused tail comes back.
+    local v = s + used * t
+    if v < now then v = now end
+    tat = v
+  end
+  settled = 1
+elseif cur then
+  -- A new lease replaces the open one of this slot, as if fully used.
+  local _, g = parse(cur)
+  close_lease(field, g)
+  redis.call('ZREM', Z, field)
+  expired = expired + 1
+end
+
+local holds = recs[field] or recs[ofield]
+local hc = clients
+if pc[client] == 0 then hc = hc + 1 end
+local hp = pc[client]
+if not holds then hp = hp + 1 end
+local h = hc * hp
+
+if want > 0 and not cur then
+  if n >= max_leases or (not holds and pc[client] >= max_procs) then
+    save()
+    return { 3, 0, 0, 0, 0, 0, expired }
+  end
+end
+
+local granted, retry, delay, lttl = 0, 0, 0, 0
+if want > 0 then
+  local start = tat
+  if now > start then start = now end
+  local g = want
+  local f = free(start)
+  if f < g then g = f end
+  if h > 1 then
+    local fair = math.floor(burst / h)
+    if fair < 1 then fair = 1 end
+    if fair < g then g = fair end
+  end
+  if g > 0 then
+    local en = start + g * t
+    tat = en
+    local e = math.ceil(en)
+    if now + ttl > e then e = now + ttl end
+    if not holds then adj(client, 1) end
+    out = out + g
+    n = n + 1
+    if e > maxexp then maxexp = e end
+    recs[field] = new_id .. ' ' .. fmti(g) .. ' ' .. fmti(e) .. ' ' .. fmtf(start) .. ' ' .. fmtf(en)
+    pend[field] = recs[field]
+    redis.call('ZADD', Z, fmti(e), field)
+    changed = true
+    granted = g
+    delay = ms_up(start - now)
+    lttl = e - now
+  else
+    retry = ms_up(start - now - (burst - 1) * t)
+  end
+end
+save()
+local rem, reset = status()
+return { 0, granted, retry, rem, h, settled, expired, reset, delay, lttl }
