@@ -365,6 +365,12 @@ func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) error {
 		if d.delay > 0 {
 			return &RateLimitedError{Keys: keys, RetryAfter: d.delay, Source: d.Source}
 		}
+		if len(states) == 1 && states[0].shaped.Load() && d.RetryAfter > time.Duration(maxWait) {
+			// A shaped key's next slot is further away than the caller
+			// waits: fail at once, without taking it (the server took
+			// none further than max_delay_ms).
+			return &RateLimitedError{Keys: keys, RetryAfter: d.RetryAfter, Source: d.Source}
+		}
 		if d.Err != nil {
 			return fmt.Errorf("client: %v: %w", keys, d.Err)
 		}
@@ -449,7 +455,9 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			return Decision{Source: SourceRefused, Err: err, RetryAfter: time.Duration(c.refusedUntil.Load() - now)}
 		}
 		du := ks.denyUntil.Load()
-		if du > now {
+		// A shaped key's denial says when its next slot is now; a caller
+		// that waits at least that long asks for the slot.
+		if du > now && !(ks.shaped.Load() && !ks.paused.Load() && !ks.refused.Load() && du-now <= int64(maxDelay)) {
 			c.undo(n, done)
 			c.denied.Add(1)
 			if ks.refused.Load() {
@@ -458,6 +466,11 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 					d.Err = e
 				}
 				return d
+			}
+			if ks.shaped.Load() && c.admitted(ks, n, now) {
+				// A shaped key counts its denials as demand (see
+				// applyDirect): a lease of its own is its slice.
+				c.promote(ks)
 			}
 			return Decision{Source: SourceRetryAfter, RetryAfter: time.Duration(du - now), Limits: ks.limitsView()}
 		}
@@ -496,7 +509,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 		var dd Decision
 		if c.online.Load() || c.probe(now) {
 			c.directs.Add(1)
-			dd = c.takeDirect(ctx, n, direct)
+			dd = c.takeDirect(ctx, n, direct, maxDelay)
 		} else {
 			dd = c.offline(n, direct, now)
 		}
@@ -506,9 +519,10 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			return dd
 		}
 		if dd.delay > maxDelay {
-			// The server gave a slot later than the caller waits: the
-			// request does not go ahead. The slot cannot be given back (a
-			// refund names no take: see package leases), so it is lost.
+			// The server gave a slot later than the caller waits (it
+			// takes none further than max_delay_ms, so this is only the
+			// millisecond rounding of the delay): the request does not go
+			// ahead, and the slot is lost.
 			c.undo(n, done)
 			c.denied.Add(1)
 			return Decision{Source: SourceDirect, RetryAfter: dd.delay, delay: dd.delay}

@@ -20,12 +20,13 @@ const maxDirectCalls = 4
 // directReq is one decision waiting for a direct take: n tokens from every
 // key, all or nothing.
 type directReq struct {
-	states []*keyState
-	n      int64
-	done   chan struct{} // closed when res or err is set
-	res    protocol.CheckResponse
-	err    error // no server answered
-	sent   int64 // client clock when its call was sent
+	states   []*keyState
+	n        int64
+	maxDelay int64         // ms: the longest wait for a shaping rule's slot (0: it must be now)
+	done     chan struct{} // closed when res or err is set
+	res      protocol.CheckResponse
+	err      error // no server answered
+	sent     int64 // client clock when its call was sent
 }
 
 // directQueue coalesces the direct takes of the process. Its fields are
@@ -41,8 +42,8 @@ type directQueue struct {
 // takeDirect decides states by one direct take at a lease server, sent at
 // once or with the next call when maxDirectCalls are in flight. It waits for
 // the answer, or until ctx ends or the client closes.
-func (c *Client) takeDirect(ctx context.Context, n int64, states []*keyState) Decision {
-	req := &directReq{states: states, n: n, done: make(chan struct{})}
+func (c *Client) takeDirect(ctx context.Context, n int64, states []*keyState, maxDelay time.Duration) Decision {
+	req := &directReq{states: states, n: n, maxDelay: max(maxDelay, 0).Milliseconds(), done: make(chan struct{})}
 	c.direct.mu.Lock()
 	if c.direct.closed {
 		c.direct.mu.Unlock()
@@ -108,6 +109,7 @@ func (c *Client) callDirect(batch []*directReq) {
 				req.Takes[i].Keys[j] = ks.key
 			}
 			req.Takes[i].Cost = &chunk[i].n
+			req.Takes[i].MaxDelayMillis = &chunk[i].maxDelay
 		}
 		sent := c.nanos()
 		resp, err := c.http.lease(ctx, req)
@@ -201,6 +203,14 @@ func (c *Client) applyDirect(r *directReq) Decision {
 		ks.refused.Store(false)
 		ks.unlimited.Store(false)
 		ks.learn(kr.Limit, kr.PeriodMillis, kr.Burst, kr.LeaseTTLMillis)
+		ks.shaped.Store(kr.Algorithm == algorithmLeaky)
+		if ks.shaped.Load() && !kr.Allowed && kr.RetryAfterMillis >= 0 && c.admitted(ks, r.n, now) {
+			// A shaped key counts its denials as demand too: while another
+			// process's lease holds the queue's next slots, a direct Allow
+			// finds no slot that is now, and only a lease of its own (a
+			// fair slice of the schedule among the holders) serves it.
+			c.promote(ks)
+		}
 		if v := c.limitStates(kr.Limits, r.sent); v != nil {
 			ks.limits.Store(v)
 		}

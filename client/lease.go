@@ -168,6 +168,7 @@ type keyState struct {
 	ruleFill     atomic.Int64                 // ns the rule's bucket takes to fill, from any answer
 	directUntil  atomic.Int64                 // client clock: not promoted before this (a server refused it more leases)
 	limits       atomic.Pointer[[]LimitState] // the rule's limits as of the latest answer (see LimitState)
+	shaped       atomic.Bool                  // the key's rule shapes (leaky_bucket), from any answer
 
 	// mu guards its fields.
 	mu struct {

@@ -561,6 +561,7 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		ks.safeRate.Store(math.Float64bits(cur))
 	}
 	ks.learn(res.Limit, res.PeriodMillis, res.Burst, res.TTLMillis)
+	ks.shaped.Store(res.Algorithm == algorithmLeaky)
 	if v := c.limitStates(res.Limits, sent); v != nil {
 		ks.limits.Store(v)
 	}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ const algorithmRules = `
   - {name: fixed-window,   match: "fw:*",  algorithm: fixed_window,           limit: 200, period: 1s, lease_ttl: 1s}
   - {name: sliding-log,    match: "swl:*", algorithm: sliding_window_log,     limit: 200, period: 1s, lease_ttl: 1s}
   - {name: sliding-count,  match: "swc:*", algorithm: sliding_window_counter, limit: 200, period: 1s, lease_ttl: 1s}
+  - {name: leaky,          match: "lb:*",  algorithm: leaky_bucket,           limit: 100, period: 1s, burst: 40, lease_ttl: 1s}
   - name: two-limits
     match: "two:*"
     lease_ttl: 1s
@@ -157,4 +159,53 @@ func TestSlidingWindowCounter(t *testing.T) {
 	assert.LessOrEqual(t, aligned, int64(windowLimit), "per aligned window")
 	assert.LessOrEqual(t, sliding, int64(2*windowLimit), "any window")
 	assert.GreaterOrEqual(t, float64(c.n), 0.6*windowLimit*d.Seconds(), "utilization")
+}
+
+// TestLeakyBucket: a shaper of 100/s (one request every 10 ms, one slot
+// of the grid) with a queue of 40, enough for the processes to lease, asked by Allow (which takes a slot only when it is
+// now) at 3× from 4 processes over the 3 servers.
+// Admitted requests are spaced fleet-wide: every window of D holds at most
+// ⌊D/T⌋ + 1 of them (checked at every start, for D from 10 ms to 2 s,
+// shrunk by the longest span as the other checks are), the outflow is
+// at least half the rate (61% measured: a lease's slice is mapped onto the
+// client's clock with the round trip as tolerance, and tails are lost at
+// renewals), and every process gets at least half of a fair share.
+func TestLeakyBucket(t *testing.T) {
+	const (
+		rate     = 100.0
+		interval = 10 * time.Millisecond
+	)
+	c := startCluster(t)
+	d := scaled(10 * time.Second)
+	// Allow takes a slot only when it is now, so processes asking on one
+	// grid at one rate would collide at the same instants and one would win
+	// each time: their rates differ, so that their requests interleave.
+	var loads []*load
+	for i, r := range []float64{61, 67, 79, 83} {
+		loads = append(loads, &load{name: fmt.Sprint("lb", i), args: []string{"-servers", c.servers(i % 3), "-key", "lb:hot", "-rate", fmt.Sprint(r), "-duration", d.String(), "-fallback", "closed"}})
+	}
+	startLoads(t, loads)
+	waitLoads(t, loads, d+30*time.Second)
+	for _, l := range loads {
+		assert.Zero(t, l.res.Stats.FallbackDecisions, "%s: servers answered; no fallback", l.name)
+	}
+	ss := merge(loads, "lb:hot", allSlots)
+	cnt := newCounter(ss)
+	perT := int64(interval / slot)
+	for k := perT; k <= 200; k += perT {
+		worst, at := maxInWindows(cnt, k)
+		bound := k/perT + 1
+		if worst > bound {
+			t.Errorf("lb:hot: %d admitted in the %v window from slot %d > ⌊D/T⌋+1 = %d", worst, time.Duration(k)*slot, at, bound)
+		}
+	}
+	w1, _ := maxInWindows(cnt, perT)
+	t.Logf("lb:hot: admitted %d over %v = %.0f%% of rate·T; worst %v window %d (bound 2); spread %d slots",
+		cnt.n, d, 100*float64(cnt.n)/(rate*d.Seconds()), interval, w1, cnt.spread)
+	assert.GreaterOrEqual(t, float64(cnt.n), 0.5*rate*d.Seconds(), "outflow")
+	// Every process leases its slice: none is starved by another's lease
+	// holding the queue's next slots.
+	for _, l := range loads {
+		assert.GreaterOrEqual(t, float64(l.res.Admitted), 0.5*float64(cnt.n)/float64(len(loads)), "%s: a fair slice", l.name)
+	}
 }

@@ -411,6 +411,9 @@ func (e *Engine) combineLease(res *LeaseResult, a *LeaseAsk, ops []LeaseOp, outs
 type TakeAsk struct {
 	Keys []string
 	Cost int64
+	// MaxDelay is the longest wait for a shaping rule's slot (see
+	// TakeOp.MaxDelay); nil means no maximum.
+	MaxDelay *time.Duration
 }
 
 // KeyResult is the outcome of a take for one of its keys.
@@ -465,6 +468,9 @@ type TakeResult struct {
 // Giving back is not atomic with taking, so a concurrent request may be
 // denied by tokens that are about to be given back; it can never be allowed
 // by tokens it should not have had. Check errs on the side of the limit.
+//
+// A key of a shaping rule (leaky_bucket) takes any slot its queue holds;
+// use Take with TakeAsk.MaxDelay to bound the wait.
 func (e *Engine) Check(ctx context.Context, keys []string, cost int64) (TakeResult, Report, error) {
 	resps, rep, err := e.Take(ctx, []TakeAsk{{Keys: keys, Cost: cost}})
 	if err != nil {
@@ -519,7 +525,7 @@ func (e *Engine) Take(ctx context.Context, takes []TakeAsk) ([]TakeResult, Repor
 					break
 				}
 				res.Limits[li].Limit = *l
-				ops = append(ops, TakeOp{Key: limitKey(k, li), Bucket: b, Cost: t.Cost})
+				ops = append(ops, TakeOp{Key: limitKey(k, li), Bucket: b, Cost: t.Cost, MaxDelay: t.MaxDelay})
 				at = append(at, [3]int{ti, i, li})
 			}
 			if resp.Err != nil {

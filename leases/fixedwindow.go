@@ -161,7 +161,7 @@ func (s *fwState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 	return windowLease(s, b, owner, op, now)
 }
 
-func (s *fwState) take(b *Bucket, cost int64, now int64) TakeOutcome {
+func (s *fwState) take(b *Bucket, cost int64, maxDelay time.Duration, now int64) TakeOutcome {
 	s.bucket = *b
 	return windowTake(s, b, cost, now)
 }

@@ -212,7 +212,7 @@ func (s *lbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 	return o
 }
 
-func (s *lbState) take(b *Bucket, cost int64, now int64) TakeOutcome {
+func (s *lbState) take(b *Bucket, cost int64, maxDelay time.Duration, now int64) TakeOutcome {
 	s.bucket = *b
 	t := b.interval()
 	var o TakeOutcome
@@ -223,6 +223,9 @@ func (s *lbState) take(b *Bucket, cost int64, now int64) TakeOutcome {
 		o.Taken = true
 	case cost > b.Burst:
 		o.RetryAfter = -1
+	case lbFree(b, start, now, t) >= cost && maxDelay >= 0 && start-float64(now) > float64(maxDelay.Microseconds()):
+		// The slot is further away than the caller waits: not taken.
+		o.RetryAfter = usToMillisUp(start - float64(now) - float64(maxDelay.Microseconds()))
 	case lbFree(b, start, now, t) >= cost:
 		o.Taken = true
 		s.tat = start + float64(float64(cost)*t)

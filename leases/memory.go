@@ -191,7 +191,7 @@ func (s *MemoryStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, er
 	for i := range ops {
 		op := &ops[i]
 		if err := s.with(op.Key, &op.Bucket, now, func(st keyState) {
-			out[i] = st.take(&op.Bucket, op.Cost, now)
+			out[i] = st.take(&op.Bucket, op.Cost, maxDelayOf(op), now)
 		}); err != nil {
 			return nil, err
 		}
@@ -261,4 +261,12 @@ func (s *MemoryStore) Close() error {
 	s.once.Do(func() { close(s.closed) })
 	s.swept.Wait()
 	return nil
+}
+
+// maxDelayOf returns op's MaxDelay, −1 when it has none.
+func maxDelayOf(op *TakeOp) time.Duration {
+	if op.MaxDelay == nil {
+		return -1
+	}
+	return max(*op.MaxDelay, 0)
 }

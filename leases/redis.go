@@ -283,8 +283,12 @@ func (s *RedisStore) runTake(ctx context.Context, mode string, ops []TakeOp) ([]
 		op := &ops[i]
 		algs[i] = op.Bucket.Algorithm
 		keys[i] = redisKeyList(op.Key, algs[i])
-		args[i] = append(append(bucketArgs(mode, now, &op.Bucket), noOwner[:2]...), op.Cost, op.At)
-		args[i] = append(append(args[i], noOwner[4:]...), s.noEviction)
+		maxDelay := int64(-1)
+		if d := maxDelayOf(op); d >= 0 {
+			maxDelay = d.Microseconds()
+		}
+		args[i] = append(append(bucketArgs(mode, now, &op.Bucket), noOwner[:2]...), op.Cost, op.At, maxDelay)
+		args[i] = append(append(args[i], noOwner[5:]...), s.noEviction)
 	}
 	return s.run(ctx, algs, keys, args)
 }

@@ -174,6 +174,12 @@ type TakeOp struct {
 	Key    string
 	Bucket Bucket
 	Cost   int64
+	// MaxDelay is, for a shaping algorithm (leaky_bucket), the longest
+	// wait for the take's slot the caller accepts: a slot further away is
+	// not taken (the take is denied, RetryAfter the time until one would
+	// be near enough). Nil means no maximum; zero, the slot must be now.
+	// The other algorithms ignore it.
+	MaxDelay *time.Duration
 	// At is, for Refund, the At of the take's outcome. The windows count
 	// takes by their time and give back only from where this take counted
 	// (nothing once its window or log bucket has passed); the leaky bucket

@@ -473,7 +473,7 @@ func (s *tbState) reset(b *Bucket) time.Duration {
 }
 
 // take takes cost tokens outright, all or none.
-func (s *tbState) take(b *Bucket, cost int64, now int64) TakeOutcome {
+func (s *tbState) take(b *Bucket, cost int64, maxDelay time.Duration, now int64) TakeOutcome {
 	s.bucket = *b
 	var o TakeOutcome
 	level, last, open := s.level, s.last, len(s.leases)

@@ -3,6 +3,7 @@ package protocol
 import (
 	"errors"
 	"fmt"
+	"time"
 	"unicode"
 	"unicode/utf8"
 )
@@ -175,6 +176,23 @@ type CheckRequest struct {
 	// Cost is the number of tokens taken from each key, 0 to MaxCount. A
 	// missing cost means 1.
 	Cost *int64 `json:"cost,omitempty"`
+	// MaxDelayMillis is, for keys of a shaping rule (leaky_bucket), the
+	// longest wait for the request's slot the caller accepts: 0 takes the
+	// slot only when it is now (an Allow), more lets the caller wait for
+	// it. A slot further away is not taken, and the request is denied with
+	// the time until one would be near enough. Absent: any slot the queue
+	// holds. 0 to MaxCount. Other algorithms ignore it.
+	MaxDelayMillis *int64 `json:"max_delay_ms,omitempty"`
+}
+
+// MaxDelay returns the request's MaxDelayMillis as a duration, nil when it
+// is absent (no maximum).
+func (r *CheckRequest) MaxDelay() *time.Duration {
+	if r.MaxDelayMillis == nil {
+		return nil
+	}
+	d := time.Duration(*r.MaxDelayMillis) * time.Millisecond
+	return &d
 }
 
 // CostOrDefault returns the request's cost, 1 when it was not given.
@@ -364,6 +382,9 @@ func (r *CheckRequest) validate(prefix string) error {
 	}
 	if c := r.CostOrDefault(); c < 0 || c > MaxCount {
 		return NewProblem(CodeInvalidCount, fmt.Sprintf("%scost is %d; it must be 0 to %d", prefix, c, MaxCount))
+	}
+	if m := r.MaxDelayMillis; m != nil && (*m < 0 || *m > MaxCount) {
+		return NewProblem(CodeInvalidCount, fmt.Sprintf("%smax_delay_ms is %d; it must be 0 to %d", prefix, *m, MaxCount))
 	}
 	seen := make(map[string]struct{}, len(r.Keys))
 	for i, k := range r.Keys {

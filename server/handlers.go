@@ -523,18 +523,18 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request, st *state, 
 		}
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.opts.StoreTimeout)
-	decided, rep, err := st.engine.Check(ctx, req.Keys, req.CostOrDefault())
+	decided, rep, err := st.engine.Take(ctx, takeAsks([]protocol.CheckRequest{*req}))
 	cancel()
 	if err != nil {
-		if _, ok := errors.AsType[*leases.DecisionError](err); ok {
-			writeProblem(w, decisionProblem(err))
-			return
-		}
 		s.storeFailed(w, r, err)
 		return
 	}
 	s.metrics.record(rep)
-	resp := takeResultWire(&decided)
+	if err := decided[0].Err; err != nil {
+		writeProblem(w, decisionProblem(err))
+		return
+	}
+	resp := takeResultWire(&decided[0])
 	if !resp.Allowed {
 		w.Header().Set("Retry-After", retryAfterSeconds(resp.RetryAfterMillis))
 	}

@@ -23,7 +23,7 @@ func leaseAsks(entries []protocol.LeaseEntry) []leases.LeaseAsk {
 func takeAsks(reqs []protocol.CheckRequest) []leases.TakeAsk {
 	asks := make([]leases.TakeAsk, len(reqs))
 	for i := range reqs {
-		asks[i] = leases.TakeAsk{Keys: reqs[i].Keys, Cost: reqs[i].CostOrDefault()}
+		asks[i] = leases.TakeAsk{Keys: reqs[i].Keys, Cost: reqs[i].CostOrDefault(), MaxDelay: reqs[i].MaxDelay()}
 	}
 	return asks
 }

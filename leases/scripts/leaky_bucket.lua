@@ -272,11 +272,15 @@ if mode == 'take' then
   local cost = tonumber(ARGV[9])
   local start = tat
   if now > start then start = now end
+  local maxd = tonumber(ARGV[11]) or -1 -- µs; −1: no maximum
   local taken, retry, delay = 0, 0, 0
   if cost == 0 then
     taken = 1
   elseif cost > burst then
     retry = -1
+  elseif free(start) >= cost and maxd >= 0 and start - now > maxd then
+    -- The slot is further away than the caller waits: not taken.
+    retry = ms_up(start - now - maxd)
   elseif free(start) >= cost then
     taken = 1
     tat = start + cost * t

@@ -37,6 +37,7 @@ func RunLeaky(t *testing.T, newStore Factory, opts Options) {
 	t.Run("LeaseCaps", func(t *testing.T) { testLBCaps(t, newFixture(t, newStore)) })
 	t.Run("QueueFull", func(t *testing.T) { testLBQueueFull(t, newFixture(t, newStore)) })
 	t.Run("FairShare", func(t *testing.T) { testLBFairShare(t, newFixture(t, newStore)) })
+	t.Run("MaxDelay", func(t *testing.T) { testLBMaxDelay(t, newFixture(t, newStore)) })
 	t.Run("RefundNamesItsTake", func(t *testing.T) { testLBRefund(t, newFixture(t, newStore)) })
 	t.Run("FractionalInterval", func(t *testing.T) { testLBFractional(t, newFixture(t, newStore)) })
 	t.Run("ConcurrentSlots", func(t *testing.T) { testLBConcurrent(t, newFixture(t, newStore), opts.ConcurrentTicks) })
@@ -284,6 +285,30 @@ func testLBFairShare(t *testing.T, f *fixture) {
 	o = f.lease("c/1", "k", b, 12, "", 0)
 	assert.EqualValues(t, 4, o.Granted, "three holders: 12 / 3")
 	assert.Equal(t, 3, o.Holders)
+}
+
+func testLBMaxDelay(t *testing.T, f *fixture) {
+	b := leaky(10, time.Second, 10, time.Second)
+	take := func(cost int64, maxDelay time.Duration) leases.TakeOutcome {
+		out, err := f.store.Take(f.ctx, []leases.TakeOp{{Key: "k", Bucket: b, Cost: cost, MaxDelay: &maxDelay}})
+		require.NoError(t, err)
+		return out[0]
+	}
+	o := take(1, 0)
+	require.True(t, o.Taken, "an empty queue: the slot is now")
+	assert.Zero(t, o.Delay)
+	o = take(1, 0)
+	assert.False(t, o.Taken, "the next slot is 100 ms away: an Allow does not take it")
+	assert.Equal(t, 100*time.Millisecond, o.RetryAfter)
+	o = take(1, 50*time.Millisecond)
+	assert.False(t, o.Taken)
+	assert.Equal(t, 50*time.Millisecond, o.RetryAfter, "until the slot is 50 ms away")
+	o = take(1, 100*time.Millisecond)
+	require.True(t, o.Taken, "a caller that waits 100 ms takes it")
+	assert.Equal(t, 100*time.Millisecond, o.Delay)
+	f.clock.Advance(200 * time.Millisecond)
+	o = take(1, 0)
+	assert.True(t, o.Taken, "the queue drained: now again")
 }
 
 func testLBRefund(t *testing.T, f *fixture) {
