@@ -63,7 +63,7 @@ type state struct {
 }
 
 // heldOf returns the keys who holds, nil when there is no cap.
-func (st *state) heldOf(who *client) *heldKeys {
+func (st *state) heldOf(who *principal) *heldKeys {
 	if who.index < 0 {
 		return st.anonHeld
 	}
