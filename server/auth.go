@@ -67,7 +67,7 @@ func bearerToken(h string) (string, bool) {
 }
 
 // metricsAuth requires the bearer token of Options.MetricsTokenSHA256 for
-// h, when it is set.
+// h, when it is set. It guards /metrics and the status page (/status).
 func (s *Server) metricsAuth(h http.HandlerFunc) http.HandlerFunc {
 	if s.opts.MetricsTokenSHA256 == "" {
 		return h

@@ -88,7 +88,8 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 	}
 	if len(permitted) > 0 {
 		ctx, cancel := context.WithTimeout(r.Context(), s.opts.StoreTimeout)
-		decided, rep, err := st.engine.Lease(ctx, leases.Owner{Client: who.name, Process: req.ClientID}, leaseAsks(permitted))
+		asks := leaseAsks(permitted)
+		decided, rep, err := st.engine.Lease(ctx, leases.Owner{Client: who.name, Process: req.ClientID}, asks)
 		cancel()
 		var out []protocol.LeaseResult
 		if err == nil {
@@ -103,6 +104,7 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 			return
 		}
 		s.metrics.record(rep)
+		s.ops.leases(asks, decided)
 		if idx == nil {
 			results = out
 		} else {
@@ -164,6 +166,7 @@ func (s *Server) takes(w http.ResponseWriter, r *http.Request, st *state, who *p
 		return nil, false
 	}
 	s.metrics.record(rep)
+	s.ops.takes(decided)
 	for j := range decided {
 		i := j
 		if idx != nil {
@@ -245,6 +248,7 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request, st *state, 
 		return
 	}
 	s.metrics.record(rep)
+	s.ops.take(&decided)
 	resp := takeResultWire(&decided)
 	if !resp.Allowed {
 		w.Header().Set("Retry-After", retryAfterSeconds(resp.RetryAfterMillis))

@@ -32,9 +32,11 @@ func (s *Server) routes() http.Handler {
 		{http.MethodPost, protocol.PathLeases, s.authed(s.handleLeases)},
 		{http.MethodPost, protocol.PathCheck, s.authed(s.handleCheck)},
 		{http.MethodGet, protocol.PathRules, s.authed(s.handleRules)},
+		{http.MethodGet, protocol.PathKeysPrefix + "{key...}", s.authed(s.handleKeyState)},
 		{http.MethodGet, protocol.PathHealthz, s.handleHealthz},
 		{http.MethodGet, protocol.PathReadyz, s.handleReadyz},
 		{http.MethodGet, protocol.PathMetrics, s.metricsAuth(metrics.ServeHTTP)},
+		{http.MethodGet, protocol.PathStatus, s.metricsAuth(s.handleStatus)},
 	}
 	for _, rt := range api {
 		s.handle(mux, rt.method+" "+rt.path, rt.h)
@@ -120,9 +122,9 @@ func (w *statusWriter) Flush() {
 
 func notFound(w http.ResponseWriter, r *http.Request) {
 	writeProblem(w, protocol.NewProblem(protocol.CodeNotFound, fmt.Sprintf(
-		"no route for %s %s: the API serves POST %s, POST %s, GET %s, GET %s, GET %s and GET %s",
-		r.Method, r.URL.Path, protocol.PathLeases, protocol.PathCheck, protocol.PathRules,
-		protocol.PathHealthz, protocol.PathReadyz, protocol.PathMetrics)))
+		"no route for %s %s: the API serves POST %s, POST %s, GET %s, GET %s{key}, GET %s, GET %s, GET %s and GET %s",
+		r.Method, r.URL.Path, protocol.PathLeases, protocol.PathCheck, protocol.PathRules, protocol.PathKeysPrefix,
+		protocol.PathHealthz, protocol.PathReadyz, protocol.PathMetrics, protocol.PathStatus)))
 }
 
 func methodNotAllowed(allow string) http.HandlerFunc {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ratelease/ratelease/leases"
 	"github.com/ratelease/ratelease/protocol"
 )
 
@@ -35,23 +36,28 @@ func (s *Server) handleRules(w http.ResponseWriter, r *http.Request, st *state, 
 		}) {
 			continue
 		}
-		info := protocol.RuleInfo{
-			Name:           rl.Name,
-			Match:          rl.Match,
-			Limits:         make([]protocol.LimitInfo, len(rl.Limits)),
-			LeaseTTL:       formatDuration(rl.LeaseTTL),
-			LeaseTTLMillis: rl.LeaseTTL.Milliseconds(),
-			Soft:           rl.Soft,
-			Shadow:         rl.Shadow,
-		}
-		for i, l := range rl.Limits {
-			info.Limits[i] = protocol.LimitInfo{Algorithm: string(l.Algorithm), Limit: l.Limit, Period: formatDuration(l.Period), PeriodMillis: l.Period.Milliseconds(), Burst: l.Burst}
-		}
-		first := info.Limits[0]
-		info.Algorithm, info.Limit, info.Period, info.PeriodMillis, info.Burst = first.Algorithm, first.Limit, first.Period, first.PeriodMillis, first.Burst
-		resp.Rules = append(resp.Rules, info)
+		resp.Rules = append(resp.Rules, ruleInfo(&rl))
 	}
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// ruleInfo describes rl on the wire.
+func ruleInfo(rl *leases.Rule) protocol.RuleInfo {
+	info := protocol.RuleInfo{
+		Name:           rl.Name,
+		Match:          rl.Match,
+		Limits:         make([]protocol.LimitInfo, len(rl.Limits)),
+		LeaseTTL:       formatDuration(rl.LeaseTTL),
+		LeaseTTLMillis: rl.LeaseTTL.Milliseconds(),
+		Soft:           rl.Soft,
+		Shadow:         rl.Shadow,
+	}
+	for i, l := range rl.Limits {
+		info.Limits[i] = protocol.LimitInfo{Algorithm: string(l.Algorithm), Limit: l.Limit, Period: formatDuration(l.Period), PeriodMillis: l.Period.Milliseconds(), Burst: l.Burst}
+	}
+	first := info.Limits[0]
+	info.Algorithm, info.Limit, info.Period, info.PeriodMillis, info.Burst = first.Algorithm, first.Limit, first.Period, first.PeriodMillis, first.Burst
+	return info
 }
 
 // formatDuration is time.Duration.String without trailing zero units:

@@ -24,6 +24,7 @@ type Server struct {
 	opts    Options
 	log     *slog.Logger
 	metrics *metrics
+	ops     *operator // the operator's view: rule counters, top keys, peers
 	handler http.Handler
 
 	// state holds the rules in force and an engine running them, swapped
@@ -48,6 +49,7 @@ type Server struct {
 	stopOnce sync.Once
 	stop     chan struct{} // closed by Close
 	done     chan struct{} // closed when the watcher has exited
+	opsDone  chan struct{} // closed when the operator's loop has exited
 }
 
 // state is one version of the rules with the engine that runs them.
@@ -95,12 +97,18 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	ops, err := newOperator(opts.Registry, opts.Peers, opts.Now())
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{
 		opts:    opts,
 		log:     opts.Logger,
 		metrics: m,
+		ops:     ops,
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
+		opsDone: make(chan struct{}),
 	}
 	addr := opts.ListenAddr
 	s.listenAddr.Store(&addr)
@@ -111,6 +119,7 @@ func New(opts Options) (*Server, error) {
 	} else {
 		close(s.done)
 	}
+	go s.operatorLoop()
 	return s, nil
 }
 
@@ -242,12 +251,13 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
-// Close stops polling the rules file and waits for the poller to exit. It
-// does not close the store, nor connections served by Run (cancel Run's
+// Close stops polling the rules file and recording the server in
+// Options.Peers, and waits for both to exit. It does not close the store, nor connections served by Run (cancel Run's
 // context for that). Close is idempotent and always returns nil.
 func (s *Server) Close() error {
 	s.stopOnce.Do(func() { close(s.stop) })
 	<-s.done
+	<-s.opsDone
 	return nil
 }
 
