@@ -202,6 +202,14 @@ func (o *operator) rates(now time.Time) (map[string]ruleRates, time.Duration) {
 	return out, window
 }
 
+// rebeat asks the operator's loop for a heartbeat now, without waiting.
+func (s *Server) rebeat() {
+	select {
+	case s.beatNow <- struct{}{}:
+	default:
+	}
+}
+
 // selfName names this server among its peers: host, listen address and
 // process ID.
 func selfName(addr string) string {
@@ -245,6 +253,13 @@ func (s *Server) operatorLoop() {
 				cancel()
 			}
 			return
+		case <-s.beatNow:
+			prev := name
+			if name = beat(); name != prev && s.ops.peers != nil {
+				ctx, cancel := context.WithTimeout(context.Background(), s.opts.StoreTimeout)
+				_ = s.ops.peers.Leave(ctx, prev)
+				cancel()
+			}
 		case <-t.C:
 			s.ops.sample(s.opts.Now())
 			prev := name

@@ -50,6 +50,7 @@ type Server struct {
 	stop     chan struct{} // closed by Close
 	done     chan struct{} // closed when the watcher has exited
 	opsDone  chan struct{} // closed when the operator's loop has exited
+	beatNow  chan struct{} // asks the operator's loop for a heartbeat now
 }
 
 // state is one version of the rules with the engine that runs them.
@@ -109,6 +110,7 @@ func New(opts Options) (*Server, error) {
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 		opsDone: make(chan struct{}),
+		beatNow: make(chan struct{}, 1),
 	}
 	addr := opts.ListenAddr
 	s.listenAddr.Store(&addr)
@@ -196,6 +198,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 	s.listenAddr.Store(&addr)
+	s.rebeat() // the peers learn the bound address now, not a beat later
 
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
