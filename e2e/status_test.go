@@ -148,4 +148,3 @@ func section(t *testing.T, dom, marker string) string {
 	s, _, _ := strings.Cut(rest, "</table>")
 	return s
 }
-
