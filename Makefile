@@ -18,6 +18,7 @@ all: test
 # cores would skew.
 test: redis browser jq
 	$(GO) vet ./...
+	./scripts/quickstart-check.sh
 	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/e2e$$')
 	$(GO) test -race -count=1 -timeout 20m ./e2e/
 
@@ -67,6 +68,11 @@ jq:
 		echo 'jq is missing: install it with `sudo apt-get install jq`' >&2; \
 		exit 1; \
 	fi
+
+# The README's quickstart, run as written from a fresh clone of HEAD
+# against a started rateleased (a few seconds).
+quickstart: jq
+	./scripts/quickstart-check.sh
 
 vet:
 	$(GO) vet ./...

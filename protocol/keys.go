@@ -61,8 +61,9 @@ type KeyLimitState struct {
 	Holders *int `json:"holders,omitempty"`
 	// NextTokenMillis is, for a token bucket that is not full, the time
 	// until its level gains the next whole token; FullMillis the time
-	// until it is full again if nothing is taken (leases settled early can
-	// make it sooner). Both are absent for the other algorithms, whose
+	// until it is full again if nothing is taken: holds Burst minus
+	// Outstanding, the most it can while those leases are open (their
+	// settles give back what was not spent). Both are absent for the other algorithms, whose
 	// window boundaries the snapshot does not carry, and zero for a full
 	// bucket.
 	NextTokenMillis *int64 `json:"next_token_ms,omitempty"`

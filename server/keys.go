@@ -73,7 +73,9 @@ func limitStateWire(i int, ls *leases.LimitState) protocol.KeyLimitState {
 	if b.Algorithm == leases.TokenBucket && b.Limit > 0 && b.Period > 0 {
 		perMilli := float64(b.Limit) / float64(b.Period.Milliseconds())
 		var next, full int64
-		if missing := float64(b.Burst) - bs.Level; missing > 0 {
+		// A token bucket holds at most its burst minus the tokens out in
+		// open leases.
+		if missing := float64(b.Burst-bs.Outstanding) - bs.Level; missing > 0 {
 			full = int64(math.Ceil(missing / perMilli))
 			toNext := math.Floor(bs.Level) + 1 - bs.Level
 			next = int64(math.Ceil(min(toNext, missing) / perMilli))
