@@ -1,21 +1,24 @@
 # Run `make` (or `make test`) to vet and test everything. The end-to-end tests
-# start real redis-server processes (see e2e/redistest); `make test` installs
-# redis-server with apt-get when it is missing and make runs as root.
+# start real redis-server processes (see e2e/redistest) and a headless
+# Chromium (the status page test), and the quickstart check runs the
+# README's commands with jq; `make test` installs redis-server, chromium and
+# jq with apt-get when they are missing and make runs as root.
 
 GO       ?= go
 FUZZTIME ?= 30s
 
 .DEFAULT_GOAL := all
 
-.PHONY: all test redis vet bench e2e-long fuzz build clean
+.PHONY: all test redis browser jq quickstart vet bench e2e-long fuzz build clean
 
 all: test
 
 # The multi-process scenarios of e2e/ run last and alone: they measure
 # utilization and fairness, which other test binaries competing for the two
 # cores would skew.
-test: redis
+test: redis browser jq
 	$(GO) vet ./...
+	./scripts/quickstart-check.sh
 	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/e2e$$')
 	$(GO) test -race -count=1 -timeout 20m ./e2e/
 
@@ -35,6 +38,41 @@ redis:
 		echo 'redis-server is missing: install it with `sudo apt-get install redis-server` (Debian/Ubuntu)' >&2; \
 		exit 1; \
 	fi
+
+# Ensure a headless browser for the status page test of e2e/
+# (RATELEASE_CHROMIUM, when set to an executable, is used instead of the
+# chromium on PATH). Without root, the test skips and says why.
+browser:
+	@if [ -n "$${RATELEASE_CHROMIUM:-}" ] && [ -x "$${RATELEASE_CHROMIUM}" ]; then \
+		echo "chromium: $${RATELEASE_CHROMIUM} (RATELEASE_CHROMIUM)"; \
+	elif command -v chromium >/dev/null 2>&1; then \
+		echo "chromium: $$(command -v chromium)"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "chromium is missing: installing it with apt-get"; \
+		apt-get update || exit 1; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y chromium || exit 1; \
+		command -v chromium >/dev/null 2>&1 || { echo "chromium is still not on PATH after apt-get install" >&2; exit 1; }; \
+	else \
+		echo 'chromium is missing: install it with `sudo apt-get install chromium` (Debian); the status page test will skip' >&2; \
+	fi
+
+# Ensure jq, which the README's quickstart uses.
+jq:
+	@if command -v jq >/dev/null 2>&1; then \
+		echo "jq: $$(command -v jq)"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "jq is missing: installing it with apt-get"; \
+		apt-get update || exit 1; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y jq || exit 1; \
+	else \
+		echo 'jq is missing: install it with `sudo apt-get install jq`' >&2; \
+		exit 1; \
+	fi
+
+# The README's quickstart, run as written from a fresh clone of HEAD
+# against a started rateleased (a few seconds).
+quickstart: jq
+	./scripts/quickstart-check.sh
 
 vet:
 	$(GO) vet ./...

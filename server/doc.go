@@ -125,6 +125,28 @@
 // of a bearer token it then requires (the daemon's -metrics-token-sha256);
 // the clients of the rules file do not apply to it.
 //
+// # The operator's view
+//
+// GET /v1/keys/{key} returns a key's rule and, per limit, the bucket's level,
+// free tokens, tokens outstanding in open leases, open leases, and for a
+// token bucket the time to the next token and to a full bucket
+// (protocol.KeyStateResponse). It is authenticated like the lease routes: a
+// client sees only the keys its patterns allow. It changes nothing.
+//
+// GET /status is a read-only HTML page (no JavaScript): the rules in force
+// and their version, each rule's decisions (ratelease_rule_decisions_total
+// {rule,result}, result granted, denied or shadow_denied, counted by the
+// handlers from the engine's results) with rates over the last minute, the
+// busiest and the most denied keys, and the servers sharing the store. The
+// keys are found by a space-saving top-K summary of 100 counters per list
+// (see topK): each count is at most total/100 over the key's true count,
+// and every key above that is listed; counts are this server's since it
+// started. Servers sharing a Redis store record themselves in the sorted
+// set rl:servers every PeerInterval (Options.Peers, NewRedisPeers; the
+// daemon sets it with -redis), and the page lists those seen in the last
+// PeerWindow; with the memory store a server lists itself. /status is
+// guarded like /metrics: Options.MetricsTokenSHA256, when set, applies.
+//
 // # TLS
 //
 // With Options.TLSConfig, Run serves HTTPS, HTTP/1.1 and HTTP/2 by ALPN,

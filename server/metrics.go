@@ -18,6 +18,8 @@ const namespace = "ratelease"
 //	ratelease_settles_total                     leases settled
 //	ratelease_expiries_total                    leases closed unsettled (expired or replaced)
 //	ratelease_shadow_denials_total              entries and checks of shadow rules admitted though their limits denied
+//	ratelease_rule_decisions_total{rule,result} decisions per rule (result: granted, denied, shadow_denied;
+//	                                                see operator.go)
 //	ratelease_request_duration_seconds{route,code}  HTTP request latency by route pattern and status;
 //	                                                its _count is the one count of requests
 //	ratelease_store_latency_seconds{op}         store call latency (op: lease, take, refund)

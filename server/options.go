@@ -159,6 +159,12 @@ type Options struct {
 	// 401. Empty leaves /metrics open, as it is by default. The clients of
 	// the rules file do not apply to /metrics: a scraper is not a client.
 	MetricsTokenSHA256 string
+
+	// Peers, when set, is where the servers sharing the store record
+	// themselves every PeerInterval, so that the status page (/status)
+	// lists those seen in the last PeerWindow: NewRedisPeers over the
+	// Redis client of the store. Nil lists this server alone.
+	Peers Peers
 }
 
 // withDefaults validates o and fills in the defaults.

@@ -3,7 +3,6 @@ package server
 import (
 	"bytes"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -259,17 +258,8 @@ type ClientConfig struct {
 // concurrent use; a reload builds new Rules.
 type Rules struct {
 	policy  *leases.Policy
-	clients []client
+	clients []principal
 	digest  [sha256.Size]byte
-}
-
-// client is one client of the rules file, and the authenticated identity
-// of a request.
-type client struct {
-	index int // position in Rules.clients; -1 for anonymous
-	name  string
-	hash  [sha256.Size]byte
-	keys  []string // glob patterns of the keys it may use; nil: every key
 }
 
 // ParseRules decodes and validates a rules file. Errors wrap
@@ -313,8 +303,8 @@ func noRules() *Rules {
 	return r
 }
 
-func compileClients(cfgs []ClientConfig) ([]client, error) {
-	out := make([]client, 0, len(cfgs))
+func compileClients(cfgs []ClientConfig) ([]principal, error) {
+	out := make([]principal, 0, len(cfgs))
 	names := make(map[string]bool, len(cfgs))
 	hashes := make(map[[sha256.Size]byte]string, len(cfgs))
 	for i, c := range cfgs {
@@ -339,7 +329,7 @@ func compileClients(cfgs []ClientConfig) ([]client, error) {
 			return nil, fail("token_sha256", "is %d characters; it must be the %d hex digits of the token's SHA-256: compute it with printf %%s \"$TOKEN\" | sha256sum",
 				len(c.TokenSHA256), hex.EncodedLen(sha256.Size))
 		}
-		var cl client
+		var cl principal
 		if _, err := hex.Decode(cl.hash[:], []byte(c.TokenSHA256)); err != nil {
 			return nil, fail("token_sha256", "is not hex: %v", err)
 		}
@@ -394,41 +384,3 @@ func (r *Rules) Clients() []string {
 // Version returns the hex SHA-256 of the rules file's content, which
 // identifies the rules in force (GET /v1/rules reports it).
 func (r *Rules) Version() string { return hex.EncodeToString(r.digest[:]) }
-
-// authRequired reports whether callers must present a bearer token.
-func (r *Rules) authRequired() bool { return len(r.clients) > 0 }
-
-// authenticate returns the client whose token hash matches token, or nil.
-// It compares the hash with every client's, in constant time each and
-// without stopping at a match, so the time taken does not reveal which
-// client (if any) matched.
-func (r *Rules) authenticate(token string) *client {
-	sum := sha256.Sum256([]byte(token))
-	found := -1
-	for i := range r.clients {
-		eq := subtle.ConstantTimeCompare(sum[:], r.clients[i].hash[:])
-		found = subtle.ConstantTimeSelect(eq, i, found)
-	}
-	if found < 0 {
-		return nil
-	}
-	return &r.clients[found]
-}
-
-// anonymous is the caller of every request when the rules configure no
-// clients: it may use every key.
-var anonymous = &client{index: -1, name: AnonymousClient}
-
-// may reports whether the client may use key. A client without key
-// patterns (anonymous) may use every key.
-func (c *client) may(key string) bool {
-	if c.keys == nil {
-		return true
-	}
-	for _, p := range c.keys {
-		if leases.MatchGlob(p, key) {
-			return true
-		}
-	}
-	return false
-}

@@ -99,7 +99,7 @@ func TestLoadRules(t *testing.T) {
 }
 
 func TestClientMay(t *testing.T) {
-	c := &client{name: "a", keys: []string{"user:*", "api:createURL", `lit\*`}}
+	c := &principal{name: "a", keys: []string{"user:*", "api:createURL", `lit\*`}}
 	for key, want := range map[string]bool{
 		"user:1":        true,
 		"user:1/x":      true, // '*' crosses '/'

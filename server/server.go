@@ -24,6 +24,7 @@ type Server struct {
 	opts    Options
 	log     *slog.Logger
 	metrics *metrics
+	ops     *operator // the operator's view: rule counters, top keys, peers
 	handler http.Handler
 
 	// state holds the rules in force and an engine running them, swapped
@@ -48,6 +49,8 @@ type Server struct {
 	stopOnce sync.Once
 	stop     chan struct{} // closed by Close
 	done     chan struct{} // closed when the watcher has exited
+	opsDone  chan struct{} // closed when the operator's loop has exited
+	beatNow  chan struct{} // asks the operator's loop for a heartbeat now
 }
 
 // state is one version of the rules with the engine that runs them.
@@ -63,7 +66,7 @@ type state struct {
 }
 
 // heldOf returns the keys who holds, nil when there is no cap.
-func (st *state) heldOf(who *client) *heldKeys {
+func (st *state) heldOf(who *principal) *heldKeys {
 	if who.index < 0 {
 		return st.anonHeld
 	}
@@ -95,12 +98,19 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	ops, err := newOperator(opts.Registry, opts.Peers, opts.Now())
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{
 		opts:    opts,
 		log:     opts.Logger,
 		metrics: m,
+		ops:     ops,
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
+		opsDone: make(chan struct{}),
+		beatNow: make(chan struct{}, 1),
 	}
 	addr := opts.ListenAddr
 	s.listenAddr.Store(&addr)
@@ -111,6 +121,7 @@ func New(opts Options) (*Server, error) {
 	} else {
 		close(s.done)
 	}
+	go s.operatorLoop()
 	return s, nil
 }
 
@@ -187,6 +198,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 	s.listenAddr.Store(&addr)
+	s.rebeat() // the peers learn the bound address now, not a beat later
 
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
@@ -242,12 +254,13 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
-// Close stops polling the rules file and waits for the poller to exit. It
-// does not close the store, nor connections served by Run (cancel Run's
+// Close stops polling the rules file and recording the server in
+// Options.Peers, and waits for both to exit. It does not close the store, nor connections served by Run (cancel Run's
 // context for that). Close is idempotent and always returns nil.
 func (s *Server) Close() error {
 	s.stopOnce.Do(func() { close(s.stop) })
 	<-s.done
+	<-s.opsDone
 	return nil
 }
 

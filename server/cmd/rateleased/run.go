@@ -187,7 +187,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		}
 		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
-	store, storeAttrs, closeStore, err := openStore(ctx, cfg, log)
+	store, peers, storeAttrs, closeStore, err := openStore(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
@@ -210,6 +210,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		MaxKeysPerClient:   cfg.maxKeys,
 		TLSConfig:          tlsConfig,
 		MetricsTokenSHA256: cfg.metricsToken,
+		Peers:              peers,
 	})
 	if err != nil {
 		return err
@@ -238,12 +239,13 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 }
 
 // openStore returns the memory store, or a Redis store when cfg names a
-// Redis URL, with attributes that describe it for the log and a function
-// that releases it.
-func openStore(ctx context.Context, cfg config, log *slog.Logger) (leases.Store, []any, func(), error) {
+// Redis URL, with the record of the servers sharing it (nil for the memory
+// store), attributes that describe it for the log and a function that
+// releases it.
+func openStore(ctx context.Context, cfg config, log *slog.Logger) (leases.Store, server.Peers, []any, func(), error) {
 	if cfg.redisURL == "" {
 		s := leases.NewMemoryStore(leases.MemoryOptions{})
-		return s, []any{"store", "memory"}, func() { _ = s.Close() }, nil
+		return s, nil, []any{"store", "memory"}, func() { _ = s.Close() }, nil
 	}
 	var (
 		rdb  redis.UniversalClient
@@ -252,14 +254,14 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger) (leases.Store,
 	if cfg.redisCluster {
 		opts, err := redis.ParseClusterURL(cfg.redisURL)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("-redis (with -redis-cluster): %w: want redis://host:port?addr=host2:port", err)
+			return nil, nil, nil, nil, fmt.Errorf("-redis (with -redis-cluster): %w: want redis://host:port?addr=host2:port", err)
 		}
 		clusterFailFast(opts).apply()
 		rdb, addr = redis.NewClusterClient(opts), strings.Join(opts.Addrs, ",")
 	} else {
 		opts, err := redis.ParseURL(cfg.redisURL)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("-redis: %w: want redis://[user:password@]host:port/db or rediss://…", err)
+			return nil, nil, nil, nil, fmt.Errorf("-redis: %w: want redis://[user:password@]host:port/db or rediss://…", err)
 		}
 		clientFailFast(opts).apply()
 		rdb, addr = redis.NewClient(opts), opts.Addr
@@ -282,7 +284,7 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger) (leases.Store,
 		_ = s.Close()
 		_ = rdb.Close()
 	}
-	return s, []any{"store", "redis", "redis", addr, "redis_cluster", cfg.redisCluster}, release, nil
+	return s, server.NewRedisPeers(rdb), []any{"store", "redis", "redis", addr, "redis_cluster", cfg.redisCluster}, release, nil
 }
 
 func newLogger(cfg config, w io.Writer) *slog.Logger {

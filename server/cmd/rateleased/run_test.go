@@ -139,7 +139,7 @@ func post(t *testing.T, url, token, body string) (int, []byte) {
 func TestRunServesAndStops(t *testing.T) {
 	d := startDaemon(t, nil, "-rules", "../../../examples/rules.yaml")
 	assert.Equal(t, "memory", d.start["store"])
-	assert.EqualValues(t, 5, d.start["rules"])
+	assert.EqualValues(t, 6, d.start["rules"])
 	assert.EqualValues(t, 0, d.start["clients"])
 
 	status, body := post(t, "http://"+d.addr+protocol.PathLeases, "",

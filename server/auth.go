@@ -1,0 +1,134 @@
+package server
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/ratelease/ratelease/leases"
+	"github.com/ratelease/ratelease/protocol"
+)
+
+// principal is an authenticated caller of the API: one client of the rules
+// file, or anonymous when the rules configure no clients.
+type principal struct {
+	index int // position in Rules.clients; -1 for anonymous
+	name  string
+	hash  [sha256.Size]byte
+	keys  []string // glob patterns of the keys it may use; nil: every key
+}
+
+// apiHandler serves an authenticated /v1 request with one version of the
+// rules; who is the principal that sent it: a client of the rules, or
+// anonymous.
+type apiHandler func(w http.ResponseWriter, r *http.Request, st *state, who *principal)
+
+// authed loads the rules in force and authenticates the caller: when the
+// rules configure clients, the request needs "Authorization: Bearer
+// <token>" with the token of one of them, or it gets 401.
+func (s *Server) authed(h apiHandler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		st := s.state.Load()
+		if !st.rules.authRequired() {
+			h(w, r, st, anonymous)
+			return
+		}
+		token, ok := bearerToken(r.Header.Get("Authorization"))
+		if !ok {
+			unauthorized(w, "send the header \"Authorization: Bearer <token>\": this server authenticates its clients")
+			return
+		}
+		c := st.rules.authenticate(token)
+		if c == nil {
+			unauthorized(w, "the bearer token is not the token of any client of the rules file")
+			return
+		}
+		h(w, r, st, c)
+	}
+}
+
+func unauthorized(w http.ResponseWriter, detail string) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="ratelease"`)
+	writeProblem(w, protocol.NewProblem(protocol.CodeUnauthorized, detail))
+}
+
+// bearerToken returns the token of an "Authorization: Bearer <token>"
+// header value. The scheme is case-insensitive (RFC 9110).
+func bearerToken(h string) (string, bool) {
+	scheme, token, ok := strings.Cut(strings.TrimSpace(h), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token = strings.TrimSpace(token)
+	return token, token != ""
+}
+
+// metricsAuth requires the bearer token of Options.MetricsTokenSHA256 for
+// h, when it is set. It guards /metrics and the status page (/status).
+func (s *Server) metricsAuth(h http.HandlerFunc) http.HandlerFunc {
+	if s.opts.MetricsTokenSHA256 == "" {
+		return h
+	}
+	var want [sha256.Size]byte
+	_, _ = hex.Decode(want[:], []byte(s.opts.MetricsTokenSHA256)) // validated by withDefaults
+	return func(w http.ResponseWriter, r *http.Request) {
+		token, ok := bearerToken(r.Header.Get("Authorization"))
+		if !ok {
+			unauthorized(w, "send the header \"Authorization: Bearer <token>\": this server requires a token for /metrics (rateleased -metrics-token-sha256)")
+			return
+		}
+		got := sha256.Sum256([]byte(token))
+		if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+			unauthorized(w, "the bearer token is not the metrics token (rateleased -metrics-token-sha256)")
+			return
+		}
+		h(w, r)
+	}
+}
+
+func forbidden(who *principal, key, where string) *protocol.Problem {
+	return protocol.NewProblem(protocol.CodeForbidden, fmt.Sprintf(
+		"%s: client %q may not use key %q: its key patterns are %q; change the client's keys in the rules file",
+		where, who.name, key, who.keys))
+}
+
+// authRequired reports whether callers must present a bearer token.
+func (r *Rules) authRequired() bool { return len(r.clients) > 0 }
+
+// authenticate returns the principal whose token hash matches token, or nil.
+// It compares the hash with every client's, in constant time each and
+// without stopping at a match, so the time taken does not reveal which
+// client (if any) matched.
+func (r *Rules) authenticate(token string) *principal {
+	sum := sha256.Sum256([]byte(token))
+	found := -1
+	for i := range r.clients {
+		eq := subtle.ConstantTimeCompare(sum[:], r.clients[i].hash[:])
+		found = subtle.ConstantTimeSelect(eq, i, found)
+	}
+	if found < 0 {
+		return nil
+	}
+	return &r.clients[found]
+}
+
+// anonymous is the caller of every request when the rules configure no
+// clients: it may use every key.
+var anonymous = &principal{index: -1, name: AnonymousClient}
+
+// may reports whether the principal may use key. A principal without key
+// patterns (anonymous) may use every key.
+func (c *principal) may(key string) bool {
+	if c.keys == nil {
+		return true
+	}
+	for _, p := range c.keys {
+		if leases.MatchGlob(p, key) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,122 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/ratelease/ratelease/leases"
+	"github.com/ratelease/ratelease/protocol"
+)
+
+// writeProblem writes p as an RFC 9457 problem+json response with p.Status.
+func writeProblem(w http.ResponseWriter, p *protocol.Problem) {
+	h := w.Header()
+	h.Set("Content-Type", protocol.ContentTypeProblem)
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+// writeJSON writes v as an application/json response with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// readBody checks the content type and reads the body, at most
+// Options.MaxBodyBytes. On failure it writes the problem and returns false.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		// The media type is what comes before any parameter (RFC 9110
+		// 8.3.1); it is case-insensitive.
+		mt, _, _ := strings.Cut(ct, ";")
+		if !strings.EqualFold(strings.TrimSpace(mt), "application/json") {
+			writeProblem(w, protocol.NewProblem(protocol.CodeUnsupportedMediaType, fmt.Sprintf(
+				"Content-Type is %q: send application/json", ct)))
+			return nil, false
+		}
+	}
+	max := s.opts.MaxBodyBytes
+	if r.ContentLength > max {
+		w.Header().Set("Connection", "close")
+		writeProblem(w, protocol.NewProblem(protocol.CodeBodyTooLarge, fmt.Sprintf(
+			"body is %d bytes; the most is %d: split the call", r.ContentLength, max)))
+		return nil, false
+	}
+	// When the length is known (it is at most max here), the buffer is
+	// allocated once, with a byte to spare to read the end of the body.
+	size := int64(512)
+	if r.ContentLength >= 0 {
+		size = r.ContentLength + 1
+	}
+	body, err := readAll(http.MaxBytesReader(w, r.Body, max), make([]byte, 0, size))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			writeProblem(w, protocol.NewProblem(protocol.CodeBodyTooLarge, fmt.Sprintf(
+				"body is more than %d bytes: split the call", max)))
+			return nil, false
+		}
+		writeProblem(w, protocol.NewProblem(protocol.CodeInvalidJSON, "could not read the body: "+err.Error()))
+		return nil, false
+	}
+	return body, true
+}
+
+// readAll is io.ReadAll into buf, which it grows only when full.
+func readAll(r io.Reader, buf []byte) ([]byte, error) {
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
+}
+
+// problemOf returns the *protocol.Problem in err, or a 500 problem when err
+// holds none.
+func problemOf(err error) *protocol.Problem {
+	if p, ok := errors.AsType[*protocol.Problem](err); ok {
+		return p
+	}
+	return protocol.NewProblem(protocol.CodeInternal, "the server failed and logged why")
+}
+
+// storeFailed answers a failed engine call: 503 with Retry-After when the
+// store is unreachable, closed or too slow, 500 otherwise.
+func (s *Server) storeFailed(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, leases.ErrClosed):
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, protocol.NewProblem(protocol.CodeShuttingDown, "the store is closed: the server is stopping; use another lease server"))
+	case errors.Is(err, leases.ErrStoreUnavailable),
+		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		if r.Context().Err() != nil {
+			s.log.DebugContext(r.Context(), "request canceled by the caller", "route", r.Pattern, "err", err)
+		} else {
+			s.log.WarnContext(r.Context(), "store unavailable", "route", r.Pattern, "err", err)
+		}
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, protocol.NewProblem(protocol.CodeStoreUnavailable,
+			"the store did not answer: retry after the Retry-After delay, or use another lease server"))
+	default:
+		s.log.ErrorContext(r.Context(), "engine failed", "route", r.Pattern, "err", err)
+		writeProblem(w, protocol.NewProblem(protocol.CodeInternal, "the server failed and logged why"))
+	}
+}

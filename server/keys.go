@@ -1,0 +1,86 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+
+	"github.com/ratelease/ratelease/leases"
+	"github.com/ratelease/ratelease/protocol"
+)
+
+// handleKeyState serves GET /v1/keys/{key}: the key's rule and the state of
+// each of its limits in the store (see protocol.KeyStateResponse). A client
+// may see the keys its patterns allow, as for leasing; any other key is
+// 403. The call changes nothing.
+func (s *Server) handleKeyState(w http.ResponseWriter, r *http.Request, st *state, who *principal) {
+	key := r.PathValue("key")
+	if err := protocol.ValidateKey(key); err != nil {
+		writeProblem(w, protocol.NewProblem(protocol.CodeInvalidRequest, fmt.Sprintf(
+			"key %q: %v: put the key, percent-encoded, after %s", key, err, protocol.PathKeysPrefix)))
+		return
+	}
+	if !who.may(key) {
+		writeProblem(w, forbidden(who, key, "key"))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.opts.StoreTimeout)
+	ks, err := st.engine.KeyState(ctx, key)
+	cancel()
+	if err != nil {
+		s.storeFailed(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, keyStateWire(&ks, st.rules))
+}
+
+// keyStateWire maps the engine's snapshot of a key to the wire.
+func keyStateWire(ks *leases.KeyState, rules *Rules) protocol.KeyStateResponse {
+	out := protocol.KeyStateResponse{
+		Key:       ks.Key,
+		Unlimited: ks.Unlimited,
+		Default:   string(rules.policy.Default()),
+		Version:   rules.Version(),
+		Limits:    make([]protocol.KeyLimitState, len(ks.Limits)),
+	}
+	if ks.Rule != nil {
+		info := ruleInfo(ks.Rule)
+		out.Rule = &info
+	}
+	for i := range ks.Limits {
+		out.Limits[i] = limitStateWire(i, &ks.Limits[i])
+	}
+	return out
+}
+
+// limitStateWire maps one limit's snapshot to the wire, with the times to
+// the next token and to a full bucket for a token bucket.
+func limitStateWire(i int, ls *leases.LimitState) protocol.KeyLimitState {
+	l, b, bs := ls.Limit, ls.Bucket, ls.State
+	out := protocol.KeyLimitState{
+		Index:        i,
+		Algorithm:    string(l.Algorithm),
+		Limit:        l.Limit,
+		PeriodMillis: l.Period.Milliseconds(),
+		Burst:        l.Burst,
+		Level:        bs.Level,
+		Free:         int64(math.Floor(bs.Level)),
+		Outstanding:  bs.Outstanding,
+		Leases:       bs.Leases,
+		AtUnixMillis: bs.Now.UnixMilli(),
+	}
+	if b.Algorithm == leases.TokenBucket && b.Limit > 0 && b.Period > 0 {
+		perMilli := float64(b.Limit) / float64(b.Period.Milliseconds())
+		var next, full int64
+		// A token bucket holds at most its burst minus the tokens out in
+		// open leases.
+		if missing := float64(b.Burst-bs.Outstanding) - bs.Level; missing > 0 {
+			full = int64(math.Ceil(missing / perMilli))
+			toNext := math.Floor(bs.Level) + 1 - bs.Level
+			next = int64(math.Ceil(min(toNext, missing) / perMilli))
+		}
+		out.NextTokenMillis, out.FullMillis = &next, &full
+	}
+	return out
+}
