@@ -23,6 +23,10 @@ type EngineOptions struct {
 	// operation ("lease", "take", "refund"), its duration and its error.
 	// The server uses it for the store latency histogram.
 	OnStoreCall func(op string, elapsed time.Duration, err error)
+	// Overrides, when set, supplies per-key rules consulted before the
+	// Policy (see Overrides); OnStoreCall also sees its lookups, as
+	// operation "overrides".
+	Overrides Overrides
 }
 
 // Engine applies the rules to lease and take requests: it matches each key
@@ -41,6 +45,8 @@ type Engine struct {
 	policy *Policy
 	limits LeaseLimits
 	onCall func(string, time.Duration, error)
+	// overrides are consulted before policy; nil when none.
+	overrides Overrides
 }
 
 // NewEngine returns an Engine. It panics if opts.Store is nil, which is a
@@ -49,7 +55,7 @@ func NewEngine(opts EngineOptions) *Engine {
 	if opts.Store == nil {
 		panic("leases: NewEngine with nil Store")
 	}
-	e := &Engine{store: opts.Store, policy: opts.Policy, limits: opts.Limits, onCall: opts.OnStoreCall}
+	e := &Engine{store: opts.Store, policy: opts.Policy, limits: opts.Limits, onCall: opts.OnStoreCall, overrides: opts.Overrides}
 	if e.policy == nil {
 		e.policy, _ = NewPolicy(RuleSet{})
 	}
@@ -234,6 +240,10 @@ type LeaseResult struct {
 // grants are returned at once (a second store call).
 func (e *Engine) Lease(ctx context.Context, owner Owner, asks []LeaseAsk) ([]LeaseResult, Report, error) {
 	p := e.policy
+	over, err := e.leaseOverrides(ctx, asks)
+	if err != nil {
+		return nil, Report{}, err
+	}
 	results := make([]LeaseResult, len(asks))
 	var ops []LeaseOp
 	var at []int // the ask of each op
@@ -242,7 +252,7 @@ func (e *Engine) Lease(ctx context.Context, owner Owner, asks []LeaseAsk) ([]Lea
 		a := &asks[i]
 		res := &results[i]
 		res.Key, res.Slot = a.Key, a.Slot
-		r, ok := p.Match(a.Key)
+		r, ok := matchKey(p, over, a.Key)
 		if !ok {
 			if p.Default() == DefaultDeny {
 				res.Err = decisionErr(ErrNoRule, "key %q matches no rule and the server's default is deny", a.Key)
@@ -491,6 +501,10 @@ func (e *Engine) Check(ctx context.Context, keys []string, cost int64) (TakeResu
 // key may appear in several takes: they are decided in order.
 func (e *Engine) Take(ctx context.Context, takes []TakeAsk) ([]TakeResult, Report, error) {
 	p := e.policy
+	over, err := e.takeOverrides(ctx, takes)
+	if err != nil {
+		return nil, Report{}, err
+	}
 	resps := make([]TakeResult, len(takes))
 	var ops []TakeOp
 	var at [][3]int // take, key and limit index of each op
@@ -504,7 +518,7 @@ func (e *Engine) Take(ctx context.Context, takes []TakeAsk) ([]TakeResult, Repor
 		for i, k := range t.Keys {
 			res := &resp.Keys[i]
 			res.Key = k
-			r, ok := p.Match(k)
+			r, ok := matchKey(p, over, k)
 			if !ok {
 				if p.Default() == DefaultDeny {
 					resp.Err = decisionErr(ErrNoRule, "keys[%d] %q matches no rule and the server's default is deny", i, k)

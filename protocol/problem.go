@@ -71,6 +71,26 @@ const (
 	// CodeCostExceedsBurst: a check's cost is larger than a key's bucket,
 	// so it could never be allowed (422).
 	CodeCostExceedsBurst Code = "cost_exceeds_burst"
+	// CodeInvalidRule: an admin PUT or DELETE would leave the rule
+	// database's rules or clients invalid; the detail names the rule or
+	// client and the field, as loading a rules file does. Nothing was
+	// stored (422).
+	CodeInvalidRule Code = "invalid_rule"
+	// CodeAdminForbidden: the caller authenticated, but not as an admin:
+	// the admin API needs the admin token (403).
+	CodeAdminForbidden Code = "admin_forbidden"
+	// CodePreconditionFailed: If-Match names a version of the item that is
+	// not the current one (or the item does not exist, or, for
+	// If-None-Match: *, it does): someone else changed it first. GET it
+	// again and retry. Nothing was stored (412).
+	CodePreconditionFailed Code = "precondition_failed"
+	// CodeNoSuchItem: the rule, client or override named in an admin path
+	// does not exist (404).
+	CodeNoSuchItem Code = "no_such_item"
+	// CodeNoRuleDB: the server has no rule database (it runs without
+	// Redis, or no admin token is configured), so the admin API is off
+	// (404).
+	CodeNoRuleDB Code = "no_rule_db"
 	// CodeNotFound: no such route (404).
 	CodeNotFound Code = "not_found"
 	// CodeMethodNotAllowed: the route exists with another method (405).
@@ -111,6 +131,11 @@ var codes = map[Code]codeInfo{
 	CodeUsedExceedsGranted:   {http.StatusUnprocessableEntity, "Used exceeds granted"},
 	CodeCostExceedsBurst:     {http.StatusUnprocessableEntity, "Cost exceeds burst"},
 	CodeTooManyLeases:        {http.StatusTooManyRequests, "Too many open leases on the key"},
+	CodeInvalidRule:          {http.StatusUnprocessableEntity, "Invalid rule"},
+	CodeAdminForbidden:       {http.StatusForbidden, "Admin token required"},
+	CodePreconditionFailed:   {http.StatusPreconditionFailed, "Precondition failed"},
+	CodeNoSuchItem:           {http.StatusNotFound, "No such item"},
+	CodeNoRuleDB:             {http.StatusNotFound, "No rule database"},
 	CodeNotFound:             {http.StatusNotFound, "Not found"},
 	CodeMethodNotAllowed:     {http.StatusMethodNotAllowed, "Method not allowed"},
 	CodeStoreUnavailable:     {http.StatusServiceUnavailable, "Store unavailable"},

@@ -77,6 +77,26 @@
 // a file replaced by rename or a Kubernetes ConfigMap symlink swap alike,
 // and costs one small read per interval.
 //
+// # The rule database and the admin API
+//
+// With Options.RuleDB and no RulesPath the server runs in database mode:
+// rules, clients and per-key overrides live in Redis (see RuleDB for the
+// layout), each server holds the rule set compiled in memory and rebuilds
+// it when the set's version moves, and looks overrides up on first use
+// through an LRU cache with a TTL (leases.Overrides, consulted by the
+// engine before the Policy). A change publishes on a channel, which wakes
+// every server at once; a version check every Options.DBCheckInterval
+// (1s) is the safety net. A rule set in the database that does not
+// validate (written behind the API's back) keeps the rules in force, and
+// /readyz says why, as a failed file reload does.
+//
+// The admin API (/v1/admin/rules, /v1/admin/clients, /v1/admin/overrides,
+// /v1/admin/changes; see adminRoutes in admin.go) needs the token named by
+// Options.AdminTokenSHA256. Writes are validated against the whole set
+// (422 invalid_rule, nothing stored), conditional on If-Match (412
+// precondition_failed), atomic (one Lua script), versioned, written to the
+// change log and logged at INFO with who and what.
+//
 // # Store and failures
 //
 // The Server builds its leases.Engine itself from Options.Store: it owns

@@ -165,6 +165,38 @@ type Options struct {
 	// lists those seen in the last PeerWindow: NewRedisPeers over the
 	// Redis client of the store. Nil lists this server alone.
 	Peers Peers
+	// RuleDB is the rule database (rules, clients and per-key overrides in
+	// Redis; see RuleDB). With RuleDB set and RulesPath empty, the server
+	// runs in database mode: New reads the rule set from the database and
+	// fails when it cannot, and the server follows its changes within
+	// DBCheckInterval (at once, through pub/sub, as a rule); per-key
+	// overrides are looked up on first use and cached (OverrideCacheSize,
+	// OverrideCacheTTL). With RulesPath set too, the rules file is in
+	// force (file mode) and the database is only what the admin API
+	// edits, for instance to seed it before servers move to database mode.
+	// The admin API needs RuleDB and AdminTokenSHA256.
+	RuleDB *RuleDB
+
+	// AdminTokenSHA256 is the hex SHA-256 of the bearer token of the
+	// bootstrap admin, the one principal the admin API (/v1/admin/...)
+	// accepts; a client's token gets 403. Empty turns the admin API off.
+	// rateleased takes it from -admin-token-sha256.
+	AdminTokenSHA256 string
+
+	// DBCheckInterval is how often a server in database mode checks the
+	// database's version, in case it missed a change notice. Zero means
+	// DefaultDBCheckInterval.
+	DBCheckInterval time.Duration
+
+	// OverrideCacheSize bounds the overrides (and keys known to have none)
+	// a server in database mode caches, least recently used first out.
+	// Zero means DefaultOverrideCacheSize.
+	OverrideCacheSize int
+
+	// OverrideCacheTTL is how long a cached override, or a key's lack of
+	// one, is used before it is read again; changes invalidate it sooner.
+	// Zero means DefaultOverrideCacheTTL.
+	OverrideCacheTTL time.Duration
 }
 
 // withDefaults validates o and fills in the defaults.
@@ -198,6 +230,20 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.DBCheckInterval <= 0 {
+		o.DBCheckInterval = DefaultDBCheckInterval
+	}
+	if o.OverrideCacheSize <= 0 {
+		o.OverrideCacheSize = DefaultOverrideCacheSize
+	}
+	if o.OverrideCacheTTL <= 0 {
+		o.OverrideCacheTTL = DefaultOverrideCacheTTL
+	}
+	if o.AdminTokenSHA256 != "" {
+		if b, err := hex.DecodeString(o.AdminTokenSHA256); err != nil || len(b) != sha256.Size {
+			return o, fmt.Errorf("server: Options.AdminTokenSHA256 is not 64 hex digits: give the SHA-256 of the token, printf %%s \"$TOKEN\" | sha256sum")
+		}
 	}
 	if o.TLSConfig != nil && len(o.TLSConfig.Certificates) == 0 && o.TLSConfig.GetCertificate == nil && o.TLSConfig.GetConfigForClient == nil {
 		return o, errors.New("server: Options.TLSConfig holds no certificate: set Certificates (tls.LoadX509KeyPair) or GetCertificate")

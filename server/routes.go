@@ -46,6 +46,7 @@ func (s *Server) routes() http.Handler {
 		}
 		s.handle(mux, rt.path, methodNotAllowed(allow))
 	}
+	s.adminRoutes(mux)
 	s.handle(mux, "/", notFound)
 	return mux
 }

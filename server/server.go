@@ -46,6 +46,9 @@ type Server struct {
 	// file is back to the rules in force. /readyz reports it.
 	reloadErr atomic.Pointer[error]
 
+	// db is the state of database mode; nil in file mode.
+	db *dbMode
+
 	stopOnce sync.Once
 	stop     chan struct{} // closed by Close
 	done     chan struct{} // closed when the watcher has exited
@@ -89,6 +92,15 @@ func New(opts Options) (*Server, error) {
 			return nil, fmt.Errorf("server: %w", err)
 		}
 	}
+	var db *dbMode
+	if opts.RuleDB != nil && opts.RulesPath == "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		db, rules, err = openDBMode(ctx, opts)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+	}
 	if opts.ListenAddr != "" {
 		if err := checkExposure(opts.ListenAddr, rules, opts.Insecure); err != nil {
 			return nil, err
@@ -111,6 +123,7 @@ func New(opts Options) (*Server, error) {
 		done:    make(chan struct{}),
 		opsDone: make(chan struct{}),
 		beatNow: make(chan struct{}, 1),
+		db:      db,
 	}
 	addr := opts.ListenAddr
 	s.listenAddr.Store(&addr)
@@ -122,6 +135,9 @@ func New(opts Options) (*Server, error) {
 		close(s.done)
 	}
 	go s.operatorLoop()
+	if db != nil {
+		go s.watchDB()
+	}
 	return s, nil
 }
 
@@ -133,10 +149,15 @@ func (s *Server) Handler() http.Handler { return s.handler }
 func (s *Server) Rules() *Rules { return s.state.Load().rules }
 
 func (s *Server) setRules(r *Rules) {
+	var ov leases.Overrides
+	if s.db != nil {
+		ov = s.db.cache
+	}
 	e := leases.NewEngine(leases.EngineOptions{
 		Store:       s.opts.Store,
 		Policy:      r.policy,
 		OnStoreCall: s.metrics.observeStore,
+		Overrides:   ov,
 	})
 	st := &state{rules: r, engine: e}
 	if s.opts.MaxKeysPerClient >= 0 {
@@ -261,6 +282,9 @@ func (s *Server) Close() error {
 	s.stopOnce.Do(func() { close(s.stop) })
 	<-s.done
 	<-s.opsDone
+	if s.db != nil {
+		<-s.db.done
+	}
 	return nil
 }
 

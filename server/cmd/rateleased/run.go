@@ -122,6 +122,7 @@ type config struct {
 	tlsCert         string
 	tlsKey          string
 	metricsToken    string // hex SHA-256
+	adminToken      string // hex SHA-256
 	check           bool   // validate the rules file and exit
 	version         bool   // print the build and exit
 }
@@ -187,7 +188,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		}
 		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
-	store, peers, storeAttrs, closeStore, err := openStore(ctx, cfg, log)
+	store, rdb, storeAttrs, closeStore, err := openStore(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
@@ -197,7 +198,19 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	// server's own.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// With Redis, the rule database is there: the rules in force when no
+	// -rules file is given (database mode), and what the admin API edits.
+	var (
+		ruleDB *server.RuleDB
+		peers  server.Peers
+	)
+	if rdb != nil {
+		ruleDB = server.NewRuleDB(rdb, server.RuleDBOptions{})
+		peers = server.NewRedisPeers(rdb)
+	}
 	srv, err := server.New(server.Options{
+		RuleDB:             ruleDB,
+		AdminTokenSHA256:   cfg.adminToken,
 		Registry:           reg,
 		Store:              store,
 		RulesPath:          cfg.rules,
@@ -227,22 +240,34 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		"addr", ln.Addr().String(),
 		"rules", len(rules.Policy().Rules()),
 		"rules_file", cfg.rules,
+		"rules_source", rulesSource(cfg),
 		"clients", len(rules.Clients()),
 		"default", rules.Policy().Default(),
 	}, storeAttrs...)
 	if cfg.insecure {
 		attrs = append(attrs, "insecure", true)
 	}
-	attrs = append(attrs, "tls", tlsConfig != nil, "metrics_token", cfg.metricsToken != "", "version", server.ReadBuild().Version)
+	attrs = append(attrs, "tls", tlsConfig != nil, "metrics_token", cfg.metricsToken != "", "admin_api", ruleDB != nil && cfg.adminToken != "", "version", server.ReadBuild().Version)
 	log.Info("rateleased listening", attrs...)
 	return srv.Run(ctx, ln)
 }
 
-// openStore returns the memory store, or a Redis store when cfg names a
-// Redis URL, with the record of the servers sharing it (nil for the memory
-// store), attributes that describe it for the log and a function that
-// releases it.
-func openStore(ctx context.Context, cfg config, log *slog.Logger) (leases.Store, server.Peers, []any, func(), error) {
+// rulesSource says where the rules in force come from: "file", "database"
+// (with -redis and no -rules) or "none".
+func rulesSource(cfg config) string {
+	switch {
+	case cfg.rules != "":
+		return "file"
+	case cfg.redisURL != "":
+		return "database"
+	}
+	return "none"
+}
+
+// openStore returns the memory store, or a Redis store and its client when
+// cfg names a Redis URL, with attributes that describe it for the log and
+// a function that releases it.
+func openStore(ctx context.Context, cfg config, log *slog.Logger) (leases.Store, redis.UniversalClient, []any, func(), error) {
 	if cfg.redisURL == "" {
 		s := leases.NewMemoryStore(leases.MemoryOptions{})
 		return s, nil, []any{"store", "memory"}, func() { _ = s.Close() }, nil
@@ -284,7 +309,7 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger) (leases.Store,
 		_ = s.Close()
 		_ = rdb.Close()
 	}
-	return s, server.NewRedisPeers(rdb), []any{"store", "redis", "redis", addr, "redis_cluster", cfg.redisCluster}, release, nil
+	return s, rdb, []any{"store", "redis", "redis", addr, "redis_cluster", cfg.redisCluster}, release, nil
 }
 
 func newLogger(cfg config, w io.Writer) *slog.Logger {
@@ -366,6 +391,8 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 		"private key `file` (PEM) of -tls-cert (env RATELEASED_TLS_KEY)")
 	fs.StringVar(&cfg.metricsToken, "metrics-token-sha256", str("RATELEASED_METRICS_TOKEN_SHA256", ""),
 		"hex SHA-256 of a bearer `token` that GET /metrics then requires (printf %s \"$TOKEN\" | sha256sum); empty: /metrics is open (env RATELEASED_METRICS_TOKEN_SHA256)")
+	fs.StringVar(&cfg.adminToken, "admin-token-sha256", str("RATELEASED_ADMIN_TOKEN_SHA256", ""),
+		"hex SHA-256 of the bootstrap admin's bearer `token`, which the admin API (/v1/admin/...) requires; needs -redis (the rule database); empty: admin API off (env RATELEASED_ADMIN_TOKEN_SHA256)")
 	fs.BoolVar(&cfg.check, "check", false,
 		"validate the -rules file and exit: 0 with a summary, 1 with the rule and field at fault; starts no server and needs no Redis")
 	fs.BoolVar(&cfg.version, "version", false,
@@ -412,6 +439,14 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 	if cfg.metricsToken != "" {
 		if b, err := hex.DecodeString(cfg.metricsToken); err != nil || len(b) != sha256.Size {
 			return config{}, usageError(fs, errors.New("-metrics-token-sha256: want 64 hex digits, the SHA-256 of the token: printf %s \"$TOKEN\" | sha256sum"))
+		}
+	}
+	if cfg.adminToken != "" {
+		if b, err := hex.DecodeString(cfg.adminToken); err != nil || len(b) != sha256.Size {
+			return config{}, usageError(fs, errors.New("-admin-token-sha256: want 64 hex digits, the SHA-256 of the token: printf %s \"$TOKEN\" | sha256sum"))
+		}
+		if cfg.redisURL == "" {
+			return config{}, usageError(fs, errors.New("-admin-token-sha256 needs -redis: the admin API edits the rule database in Redis"))
 		}
 	}
 	if cfg.check && cfg.rules == "" {

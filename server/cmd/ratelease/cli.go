@@ -1,0 +1,361 @@
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ratelease/ratelease/protocol"
+	"github.com/ratelease/ratelease/server"
+)
+
+// errUsage is wrapped by the errors of bad command lines.
+var errUsage = errors.New("usage")
+
+// errCall is wrapped by the error of an API call the server refused.
+var errCall = errors.New("call failed")
+
+// api is the admin API of one server.
+type api struct {
+	base  string
+	token string
+	http  *http.Client
+}
+
+// run is the CLI: args without the program name; flag defaults from env.
+func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("ratelease", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	a := &api{http: &http.Client{Timeout: 30 * time.Second}}
+	fs.StringVar(&a.base, "server", cmp.Or(env("RATELEASE_SERVER"), "http://127.0.0.1:8080"), "`URL` of a rateleased (env RATELEASE_SERVER)")
+	fs.StringVar(&a.token, "token", env("RATELEASE_ADMIN_TOKEN"), "admin bearer `token` (env RATELEASE_ADMIN_TOKEN)")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), `usage: ratelease [-server URL] [-token TOKEN] COMMAND
+commands:
+  rules apply -f FILE [-prune]    put the file's rules and clients into the rule database
+  rules diff -f FILE [-prune]     what apply would change
+  rules list                      the database's rules
+  override set KEY -limit N -period D [-burst B] [-algorithm A] [-lease-ttl D]
+  override get KEY
+  override delete KEY
+  key show KEY                    a key's state
+flags:`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	a.base = strings.TrimSuffix(a.base, "/")
+	rest := fs.Args()
+	if len(rest) < 2 {
+		fs.Usage()
+		return fmt.Errorf("%w: want a command and a subcommand", errUsage)
+	}
+	cmd := rest[0] + " " + rest[1]
+	var err error
+	switch cmd {
+	case "rules apply", "rules diff":
+		err = a.rulesApply(ctx, rest[1], rest[2:], stdout, stderr)
+	case "rules list":
+		err = a.rulesList(ctx, stdout)
+	case "override set":
+		err = a.overrideSet(ctx, rest[2:], stdout, stderr)
+	case "override get", "override delete", "key show":
+		if len(rest) != 3 {
+			return fmt.Errorf("%w: %s takes one KEY", errUsage, cmd)
+		}
+		switch cmd {
+		case "override get":
+			err = a.show(ctx, protocol.PathAdminOverrides+"/"+escapeKey(rest[2]), stdout)
+		case "override delete":
+			err = a.call(ctx, http.MethodDelete, protocol.PathAdminOverrides+"/"+escapeKey(rest[2]), nil, nil, nil)
+			if err == nil {
+				fmt.Fprintf(stdout, "deleted override of %s\n", rest[2])
+			}
+		default:
+			err = a.show(ctx, "/v1/keys/"+escapeKey(rest[2]), stdout)
+		}
+	default:
+		fs.Usage()
+		return fmt.Errorf("%w: unknown command %q", errUsage, cmd)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "ratelease: %v\n", err)
+	}
+	return err
+}
+
+// escapeKey escapes a key for a path, keeping '/' and ':' readable.
+func escapeKey(k string) string {
+	return strings.ReplaceAll(url.PathEscape(k), "%2F", "/")
+}
+
+// call sends one request; out, when set, receives a 2xx JSON body; hdr,
+// when set, receives the response headers. A problem response is an
+// error wrapping errCall with its status, code and detail.
+func (a *api) call(ctx context.Context, method, path string, body any, headers map[string]string, out any, hdr ...*http.Header) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return fmt.Errorf("encode request: %w", err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, a.base+path, rd)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	if a.token != "" {
+		req.Header.Set("Authorization", "Bearer "+a.token)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := a.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("%s %s: read response: %w", method, path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var p protocol.Problem
+		if json.Unmarshal(data, &p) == nil && p.Code != "" {
+			return fmt.Errorf("%w: %s %s: %d %s: %s", errCall, method, path, resp.StatusCode, p.Code, p.Detail)
+		}
+		return fmt.Errorf("%w: %s %s: %s: %s", errCall, method, path, resp.Status, bytes.TrimSpace(data))
+	}
+	for _, h := range hdr {
+		*h = resp.Header
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			return fmt.Errorf("%s %s: decode response: %w", method, path, err)
+		}
+	}
+	return nil
+}
+
+// show prints a GET's JSON body, indented.
+func (a *api) show(ctx context.Context, path string, stdout io.Writer) error {
+	var v json.RawMessage
+	if err := a.call(ctx, http.MethodGet, path, nil, nil, &v); err != nil {
+		return err
+	}
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, v, "", "  "); err != nil {
+		return fmt.Errorf("indent response: %w", err)
+	}
+	buf.WriteByte('\n')
+	_, err := stdout.Write(buf.Bytes())
+	return err
+}
+
+// parseInterleaved parses args whose positional arguments may come before,
+// between or after the flags, and returns the positional ones.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+func (a *api) overrideSet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("override set", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o protocol.AdminOverride
+	var period, ttl time.Duration
+	fs.Int64Var(&o.Limit, "limit", 0, "tokens per period (required)")
+	fs.DurationVar(&period, "period", 0, "the period, such as 1s or 1m (required)")
+	fs.Int64Var(&o.Burst, "burst", 0, "bucket size; 0: the limit")
+	fs.StringVar(&o.Algorithm, "algorithm", "", "algorithm; empty: token_bucket")
+	fs.DurationVar(&ttl, "lease-ttl", 0, "lease TTL; 0: the default")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if len(pos) != 1 || o.Limit == 0 || period == 0 {
+		return fmt.Errorf("%w: override set KEY -limit N -period D", errUsage)
+	}
+	o.Period = period.String()
+	if ttl > 0 {
+		o.LeaseTTL = ttl.String()
+	}
+	var got protocol.AdminOverride
+	if err := a.call(ctx, http.MethodPut, protocol.PathAdminOverrides+"/"+escapeKey(pos[0]), o, nil, &got); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "override of %s: %d per %s (version %d)\n", pos[0], o.Limit, o.Period, got.Version)
+	return nil
+}
+
+func (a *api) rulesList(ctx context.Context, stdout io.Writer) error {
+	var rs protocol.AdminRules
+	if err := a.call(ctx, http.MethodGet, protocol.PathAdminRules, nil, nil, &rs); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "database version %d, %d rules, default %s\n", rs.Version, len(rs.Rules), rs.Default)
+	for _, r := range rs.Rules {
+		b, _ := json.Marshal(r)
+		fmt.Fprintf(stdout, "%s\t%s\n", r.Name, b)
+	}
+	return nil
+}
+
+// step is one write of apply.
+type step struct {
+	op, kind, name string // op: "+" create, "~" change, "-" delete
+	path           string
+	body           any
+	ifMatch        string
+}
+
+func (a *api) rulesApply(ctx context.Context, sub string, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("rules "+sub, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	file := fs.String("f", "", "rules `file` (YAML)")
+	prune := fs.Bool("prune", false, "delete the database's rules and clients that the file does not list")
+	if _, err := parseInterleaved(fs, args); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if *file == "" {
+		return fmt.Errorf("%w: rules %s needs -f FILE", errUsage, sub)
+	}
+	data, err := os.ReadFile(*file)
+	if err != nil {
+		return fmt.Errorf("read rules file: %w", err)
+	}
+	rf, err := server.ReadRulesFile(data)
+	if err != nil {
+		return fmt.Errorf("rules file %s: %w", *file, err)
+	}
+	var curRules protocol.AdminRules
+	if err := a.call(ctx, http.MethodGet, protocol.PathAdminRules, nil, nil, &curRules); err != nil {
+		return err
+	}
+	var curClients protocol.AdminClients
+	if err := a.call(ctx, http.MethodGet, protocol.PathAdminClients, nil, nil, &curClients); err != nil {
+		return err
+	}
+	steps := plan(rf, curRules.Rules, curClients.Clients, *prune)
+	if rf.Default == "deny" {
+		fmt.Fprintln(stderr, "ratelease: note: the file's default: deny is not stored; servers in database mode allow keys that match no rule")
+	}
+	if len(steps) == 0 {
+		fmt.Fprintln(stdout, "no changes")
+		return nil
+	}
+	for _, s := range steps {
+		if sub == "diff" {
+			fmt.Fprintf(stdout, "%s %s %s\n", s.op, s.kind, s.name)
+			continue
+		}
+		h := map[string]string{}
+		if s.ifMatch == "" {
+			h["If-None-Match"] = "*"
+		} else {
+			h["If-Match"] = strconv.Quote(s.ifMatch)
+		}
+		method := http.MethodPut
+		if s.op == "-" {
+			method = http.MethodDelete
+		}
+		if err := a.call(ctx, method, s.path, s.body, h, nil); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s %s %s\n", s.op, s.kind, s.name)
+	}
+	return nil
+}
+
+// plan returns the writes that make the database's rules and clients the
+// file's: deletions first (with prune), so that a rule renamed with the
+// same match never collides with its old self, then creations and changes.
+func plan(rf *server.RulesFile, rules []protocol.AdminRule, clients []protocol.AdminClient, prune bool) []step {
+	var dels, puts []step
+	want := map[string]bool{}
+	cur := map[string]protocol.AdminRule{}
+	for _, r := range rules {
+		cur[r.Name] = r
+	}
+	for _, rc := range rf.Rules {
+		r := server.AdminRuleOf(rc)
+		want[r.Name] = true
+		path := protocol.PathAdminRules + "/" + url.PathEscape(r.Name)
+		old, ok := cur[r.Name]
+		switch {
+		case !ok:
+			puts = append(puts, step{op: "+", kind: "rule", name: r.Name, path: path, body: r})
+		default:
+			v := old.Version
+			old.Version = 0
+			if !reflect.DeepEqual(old, r) {
+				puts = append(puts, step{op: "~", kind: "rule", name: r.Name, path: path, body: r, ifMatch: strconv.FormatInt(v, 10)})
+			}
+		}
+	}
+	if prune {
+		for _, r := range rules {
+			if !want[r.Name] {
+				dels = append(dels, step{op: "-", kind: "rule", name: r.Name, path: protocol.PathAdminRules + "/" + url.PathEscape(r.Name), ifMatch: strconv.FormatInt(r.Version, 10)})
+			}
+		}
+	}
+	wantC := map[string]bool{}
+	curC := map[string]protocol.AdminClient{}
+	for _, c := range clients {
+		curC[c.Name] = c
+	}
+	for _, cc := range rf.Clients {
+		c := protocol.AdminClient{Name: cc.Name, TokenSHA256: cc.TokenSHA256, Keys: cc.Keys}
+		wantC[c.Name] = true
+		path := protocol.PathAdminClients + "/" + url.PathEscape(c.Name)
+		old, ok := curC[c.Name]
+		switch {
+		case !ok:
+			puts = append(puts, step{op: "+", kind: "client", name: c.Name, path: path, body: c})
+		default:
+			v := old.Version
+			old.Version = 0
+			if !reflect.DeepEqual(old, c) {
+				puts = append(puts, step{op: "~", kind: "client", name: c.Name, path: path, body: c, ifMatch: strconv.FormatInt(v, 10)})
+			}
+		}
+	}
+	if prune {
+		for _, c := range clients {
+			if !wantC[c.Name] {
+				dels = append(dels, step{op: "-", kind: "client", name: c.Name, path: protocol.PathAdminClients + "/" + url.PathEscape(c.Name), ifMatch: strconv.FormatInt(c.Version, 10)})
+			}
+		}
+	}
+	return append(dels, puts...)
+}

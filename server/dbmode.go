@@ -1,0 +1,364 @@
+package server
+
+import (
+	"container/list"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ratelease/ratelease/leases"
+	"github.com/ratelease/ratelease/protocol"
+)
+
+// Defaults of the rule database's cache (see Options.RuleDB).
+const (
+	// DefaultDBCheckInterval is how often a server in database mode checks
+	// the database version when Options.DBCheckInterval is zero.
+	DefaultDBCheckInterval = time.Second
+	// DefaultOverrideCacheSize is the most overrides (and keys known to
+	// have none) a server caches when Options.OverrideCacheSize is zero.
+	DefaultOverrideCacheSize = 100_000
+	// DefaultOverrideCacheTTL is how long a cached override (or its
+	// absence) is used when Options.OverrideCacheTTL is zero.
+	DefaultOverrideCacheTTL = time.Minute
+)
+
+// dbMode is the state of a server whose rules live in the rule database:
+// the versions it has seen and the override cache.
+//
+// The rule set (rules and clients) is held whole, compiled into the Rules
+// in force, and rebuilt when the rule set's version changes. Overrides are
+// looked up by the engine (leases.Overrides) on first use and cached. Two
+// paths bring changes: every change publishes on the database's channel,
+// and each message wakes the syncer at once; the syncer also runs every
+// DBCheckInterval, in case a message was lost (a reconnect, say). Either
+// way it reads the versions (one MGET), rebuilds the rules when the rule
+// set's changed, and reads the change log entries since the version it
+// last saw to drop the changed keys from the override cache; when the log
+// no longer holds them all, it drops the whole cache.
+type dbMode struct {
+	db       *RuleDB
+	cache    *overrideCache
+	interval time.Duration
+
+	seen, setSeen int64 // versions in force; only the syncer writes them after New
+	kick          chan struct{}
+	done          chan struct{}
+	lastErr       string // last sync failure logged
+}
+
+// openDBMode reads the rule set from the database and returns the mode's
+// state and the rules.
+func openDBMode(ctx context.Context, opts Options) (*dbMode, *Rules, error) {
+	snap, err := opts.RuleDB.snapshot(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("server: rule database: %w", err)
+	}
+	rules, err := snap.compile()
+	if err != nil {
+		return nil, nil, fmt.Errorf("server: rule database (version %d): %w", snap.version, err)
+	}
+	d := &dbMode{
+		db:       opts.RuleDB,
+		cache:    newOverrideCache(opts.RuleDB, opts.OverrideCacheSize, opts.OverrideCacheTTL, opts.Now),
+		interval: opts.DBCheckInterval,
+		seen:     snap.version,
+		setSeen:  snap.setVersion,
+		kick:     make(chan struct{}, 1),
+		done:     make(chan struct{}),
+	}
+	return d, rules, nil
+}
+
+// watchDB keeps the rules and the override cache in step with the database
+// until Close.
+func (s *Server) watchDB() {
+	d := s.db
+	defer close(d.done)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ps := d.db.rdb.Subscribe(ctx, d.db.Channel())
+	defer ps.Close()
+	msgs := ps.Channel()
+	t := time.NewTicker(d.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		case <-msgs:
+		}
+		// Drain what else came meanwhile: one sync covers it all.
+		for drained := false; !drained; {
+			select {
+			case <-msgs:
+			default:
+				drained = true
+			}
+		}
+		sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
+		err := s.SyncRuleDB(sctx)
+		scancel()
+		s.dbSynced(err)
+	}
+}
+
+// SyncRuleDB brings the rules and the override cache in step with the
+// rule database now, as the server does on every change notice and every
+// Options.DBCheckInterval. It does nothing outside database mode.
+func (s *Server) SyncRuleDB(ctx context.Context) error {
+	if s.db == nil {
+		return nil
+	}
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	return s.syncDBLocked(ctx)
+}
+
+// syncDBLocked is SyncRuleDB with reloadMu held.
+func (s *Server) syncDBLocked(ctx context.Context) error {
+	d := s.db
+	vals, err := d.db.rdb.MGet(ctx, d.db.key("version"), d.db.key("setversion")).Result()
+	if err != nil {
+		return fmt.Errorf("read rule database version: %w", unavailable(err))
+	}
+	ver, setVer := intOf(vals[0]), intOf(vals[1])
+	if setVer != d.setSeen {
+		snap, err := d.db.snapshot(ctx)
+		if err != nil {
+			return err
+		}
+		rules, err := snap.compile()
+		if err == nil {
+			if addr := *s.listenAddr.Load(); addr != "" {
+				err = checkExposure(addr, rules, s.opts.Insecure)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("rule database (version %d): %w", snap.version, err)
+		}
+		s.metrics.reloads.WithLabelValues("ok").Inc()
+		s.log.Info("rules reloaded from the rule database", "version", snap.version,
+			"rules", len(rules.policy.Rules()), "clients", len(rules.clients))
+		s.setRules(rules)
+		d.setSeen = snap.setVersion
+	}
+	if ver != d.seen {
+		if err := d.invalidateSince(ctx, ver); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// invalidateSince drops from the override cache the keys changed after
+// the version last seen, reading the change log; it drops everything when
+// the log does not reach back that far.
+func (d *dbMode) invalidateSince(ctx context.Context, ver int64) error {
+	n := ver - d.seen
+	if n <= 0 || n > int64(d.db.logCap) {
+		d.cache.flush()
+		d.seen = ver
+		return nil
+	}
+	// A few more than needed: changes made since the MGET are newer and
+	// come first.
+	entries, err := d.db.rdb.LRange(ctx, d.db.key("log"), 0, n+63).Result()
+	if err != nil {
+		return fmt.Errorf("read change log: %w", unavailable(err))
+	}
+	var keys []string
+	newest, oldest := int64(0), int64(0)
+	for _, e := range entries {
+		var c protocol.AdminChange
+		if json.Unmarshal([]byte(e), &c) != nil {
+			continue
+		}
+		if c.Version <= d.seen {
+			break
+		}
+		newest, oldest = max(newest, c.Version), c.Version
+		if c.Kind == KindOverride {
+			keys = append(keys, c.Name)
+		}
+	}
+	if oldest != d.seen+1 {
+		d.cache.flush() // a gap: the log was trimmed past what we saw
+	} else {
+		d.cache.invalidate(keys)
+	}
+	d.seen = max(ver, newest)
+	return nil
+}
+
+// dbSynced logs a sync failure once per distinct message, and its end.
+func (s *Server) dbSynced(err error) {
+	d := s.db
+	if err == nil {
+		if d.lastErr != "" {
+			s.log.Info("rule database in sync again", "version", d.seen)
+			d.lastErr = ""
+			s.reloadErr.Store(nil)
+			s.metrics.reloadSuccess.Set(1)
+		}
+		return
+	}
+	if msg := err.Error(); msg != d.lastErr {
+		d.lastErr = msg
+		if errors.Is(err, leases.ErrInvalidRules) {
+			s.log.Error("rule database holds invalid rules: keeping the rules in force", "err", err)
+		} else {
+			s.log.Warn("rule database: sync failed; retrying", "err", err)
+		}
+		s.reloadErr.Store(&err)
+		s.metrics.reloadSuccess.Set(0)
+		s.metrics.reloads.WithLabelValues("error").Inc()
+	}
+}
+
+func intOf(v any) int64 {
+	s, _ := v.(string)
+	n, _ := strconv.ParseInt(s, 10, 64)
+	return n
+}
+
+// overrideCache is the leases.Overrides of a server in database mode: an
+// LRU of overrides (and of keys known to have none) with a TTL, filled
+// from the database on first use. A lookup whose keys are all cached takes
+// a mutex and reads a map; the misses of one lookup cost one HMGET
+// together.
+//
+// A fill races with invalidation: a value read before a change may arrive
+// after the change was invalidated. Every invalidation bumps epoch, and a
+// fill stores its values only if epoch did not move while it read them.
+type overrideCache struct {
+	db  *RuleDB
+	max int
+	ttl time.Duration
+	now func() time.Time
+
+	mu    sync.Mutex
+	m     map[string]*list.Element // of *overrideEntry
+	lru   list.List                // front: most recently used
+	epoch uint64
+
+	lookups, misses uint64 // under mu
+}
+
+type overrideEntry struct {
+	key     string
+	rule    *leases.Rule // nil: the key has no override
+	expires time.Time
+}
+
+func newOverrideCache(db *RuleDB, size int, ttl time.Duration, now func() time.Time) *overrideCache {
+	return &overrideCache{db: db, max: size, ttl: ttl, now: now, m: map[string]*list.Element{}}
+}
+
+// Lookup implements leases.Overrides.
+func (c *overrideCache) Lookup(ctx context.Context, keys []string) (map[string]*leases.Rule, error) {
+	var out map[string]*leases.Rule
+	var missing []string
+	now := c.now()
+	c.mu.Lock()
+	epoch := c.epoch
+	c.lookups += uint64(len(keys))
+	for _, k := range keys {
+		if el, ok := c.m[k]; ok {
+			e := el.Value.(*overrideEntry)
+			if now.Before(e.expires) {
+				c.lru.MoveToFront(el)
+				if e.rule != nil {
+					if out == nil {
+						out = make(map[string]*leases.Rule, len(keys))
+					}
+					out[k] = e.rule
+				}
+				continue
+			}
+		}
+		missing = append(missing, k)
+	}
+	c.misses += uint64(len(missing))
+	c.mu.Unlock()
+	if len(missing) == 0 {
+		return out, nil
+	}
+	vals, err := c.db.rdb.HMGet(ctx, c.db.OverridesKey(), missing...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("read overrides: %w", unavailable(err))
+	}
+	rules := make([]*leases.Rule, len(missing))
+	for i, v := range vals {
+		s, ok := v.(string)
+		if !ok {
+			continue
+		}
+		var o protocol.AdminOverride
+		if decodeItem(s, &o, &o.Version) != nil {
+			continue // validated when written; a corrupt item is no override
+		}
+		o.Key = missing[i]
+		if r, err := overrideRule(&o); err == nil {
+			rules[i] = r
+			if out == nil {
+				out = make(map[string]*leases.Rule, len(keys))
+			}
+			out[missing[i]] = r
+		}
+	}
+	c.mu.Lock()
+	if c.epoch == epoch {
+		exp := now.Add(c.ttl)
+		for i, k := range missing {
+			if el, ok := c.m[k]; ok {
+				e := el.Value.(*overrideEntry)
+				e.rule, e.expires = rules[i], exp
+				c.lru.MoveToFront(el)
+				continue
+			}
+			c.m[k] = c.lru.PushFront(&overrideEntry{key: k, rule: rules[i], expires: exp})
+		}
+		for c.lru.Len() > c.max {
+			el := c.lru.Back()
+			c.lru.Remove(el)
+			delete(c.m, el.Value.(*overrideEntry).key)
+		}
+	}
+	c.mu.Unlock()
+	return out, nil
+}
+
+// invalidate drops keys from the cache.
+func (c *overrideCache) invalidate(keys []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.epoch++
+	for _, k := range keys {
+		if el, ok := c.m[k]; ok {
+			c.lru.Remove(el)
+			delete(c.m, k)
+		}
+	}
+}
+
+// flush drops every entry.
+func (c *overrideCache) flush() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.epoch++
+	clear(c.m)
+	c.lru.Init()
+}
+
+// stats returns the keys looked up and those that missed the cache.
+func (c *overrideCache) stats() (lookups, misses uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lookups, c.misses
+}

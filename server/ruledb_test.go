@@ -1,0 +1,401 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ratelease/ratelease/e2e/redistest"
+	"github.com/ratelease/ratelease/leases"
+	"github.com/ratelease/ratelease/protocol"
+)
+
+const adminToken = "admin-token"
+
+// newDBFixture starts a server in database mode over rs: its store and its
+// rule database share that Redis.
+func newDBFixture(t *testing.T, rs *redistest.Server, opts Options) *fixture {
+	t.Helper()
+	rdb := rs.Client(t)
+	opts.RuleDB = NewRuleDB(rdb, RuleDBOptions{})
+	opts.AdminTokenSHA256 = sha(adminToken)
+	return newFixture(t, "", leases.NewRedisStore(rdb, leases.RedisOptions{}), opts)
+}
+
+// admin sends an admin request with the admin token (or token, when set)
+// and optional headers ("If-Match", ...).
+func (f *fixture) admin(method, path, token string, body any, headers ...string) response {
+	f.t.Helper()
+	if token == "" {
+		token = adminToken
+	}
+	var rd *bytes.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		require.NoError(f.t, err)
+		rd = bytes.NewReader(b)
+	} else {
+		rd = bytes.NewReader(nil)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, f.url+path, rd)
+	require.NoError(f.t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := f.client.Do(req)
+	require.NoError(f.t, err)
+	defer resp.Body.Close()
+	var buf bytes.Buffer
+	_, err = buf.ReadFrom(resp.Body)
+	require.NoError(f.t, err)
+	return response{status: resp.StatusCode, header: resp.Header, body: buf.Bytes()}
+}
+
+// check posts a check of key with token and returns its decision.
+func (f *fixture) check(token, key string) protocol.CheckResponse {
+	f.t.Helper()
+	r := f.postJSON(protocol.PathCheck, token, protocol.CheckRequest{Keys: []string{key}})
+	require.Equal(f.t, http.StatusOK, r.status, "body: %s", r.body)
+	var cr protocol.CheckResponse
+	require.NoError(f.t, json.Unmarshal(r.body, &cr))
+	return cr
+}
+
+// ruleLimit returns the limit of rule name as f's GET /v1/rules lists it,
+// 0 when it is not listed.
+func (f *fixture) ruleLimit(token, name string) int64 {
+	f.t.Helper()
+	r := f.do(http.MethodGet, protocol.PathRules, token, "", nil)
+	require.Equal(f.t, http.StatusOK, r.status, "body: %s", r.body)
+	var rr protocol.RulesResponse
+	require.NoError(f.t, json.Unmarshal(r.body, &rr))
+	for _, rl := range rr.Rules {
+		if rl.Name == name {
+			return rl.Limit
+		}
+	}
+	return 0
+}
+
+// within polls cond every 5ms until it holds or d has passed, and
+// returns how long it took; it fails the test at the deadline.
+func within(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > d {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(5 * time.Millisecond) // polling an observed state, not synchronising
+	}
+	return time.Since(start)
+}
+
+// TestRuleDBChangeReachesEveryServer: a rule put through one server's admin
+// API applies on another server sharing the Redis within a second, and so
+// does its change and its deletion.
+func TestRuleDBChangeReachesEveryServer(t *testing.T) {
+	rs := redistest.Start(t)
+	a := newDBFixture(t, rs, Options{})
+	b := newDBFixture(t, rs, Options{})
+
+	r := a.admin(http.MethodPut, protocol.PathAdminRules+"/api", "", protocol.AdminRule{Match: "api:*", Limit: 2, Period: "1m"})
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	took := within(t, time.Second, "rule on server b", func() bool { return b.ruleLimit("", "api") == 2 })
+	t.Logf("rule put on a applied on b after %v", took)
+	assert.Equal(t, int64(2), a.ruleLimit("", "api"), "a syncs at once after its own change")
+
+	// It limits: 2 per minute, shared through Redis, whichever server decides.
+	assert.True(t, a.check("", "api:x").Allowed)
+	assert.True(t, b.check("", "api:x").Allowed)
+	denied := b.check("", "api:x")
+	assert.False(t, denied.Allowed)
+	assert.Equal(t, "api", denied.Keys[0].Rule)
+
+	r = b.admin(http.MethodPut, protocol.PathAdminRules+"/api", "", protocol.AdminRule{Match: "api:*", Limit: 50, Period: "1m"})
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	took = within(t, time.Second, "changed rule on server a", func() bool { return a.ruleLimit("", "api") == 50 })
+	t.Logf("rule changed on b applied on a after %v", took)
+
+	r = a.admin(http.MethodDelete, protocol.PathAdminRules+"/api", "", nil)
+	require.Equal(t, http.StatusNoContent, r.status, "body: %s", r.body)
+	within(t, time.Second, "deleted rule on server b", func() bool { return b.ruleLimit("", "api") == 0 })
+	assert.True(t, b.check("", "api:x").Keys[0].Unlimited)
+
+	// The change log has who, what and when.
+	r = a.admin(http.MethodGet, protocol.PathAdminChanges, "", nil)
+	require.Equal(t, http.StatusOK, r.status)
+	var ch protocol.AdminChanges
+	require.NoError(t, json.Unmarshal(r.body, &ch))
+	require.Len(t, ch.Changes, 3)
+	assert.Equal(t, protocol.AdminChange{Version: 3, At: ch.Changes[0].At, Who: AdminPrincipal, Op: "delete", Kind: KindRule, Name: "api"}, ch.Changes[0])
+	assert.Equal(t, "put", ch.Changes[2].Op)
+	assert.WithinDuration(t, time.Now(), time.UnixMilli(ch.Changes[0].At), time.Minute)
+	assert.Contains(t, a.logs.String(), `msg="rule database changed" who=admin op=put kind=rule name=api version=1`)
+}
+
+// TestRuleDBOverride: an override applies to its key only, on every server;
+// cached lookups make no Redis call; a deleted override stops applying.
+func TestRuleDBOverride(t *testing.T) {
+	rs := redistest.Start(t)
+	a := newDBFixture(t, rs, Options{})
+	b := newDBFixture(t, rs, Options{})
+	r := a.admin(http.MethodPut, protocol.PathAdminRules+"/per-user", "", protocol.AdminRule{Match: "user:*", Limit: 100, Period: "1m"})
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	within(t, time.Second, "rule on b", func() bool { return b.ruleLimit("", "per-user") == 100 })
+
+	// b looks the key up once before the override exists: the absence is
+	// cached, and the change must invalidate it.
+	assert.Equal(t, "per-user", b.check("", "user:241531").Keys[0].Rule)
+
+	r = a.admin(http.MethodPut, protocol.PathAdminOverrides+"/user:241531", "", protocol.AdminOverride{Limit: 2, Period: "1m"})
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	took := within(t, time.Second, "override on b", func() bool {
+		return b.check("", "user:241531").Keys[0].Rule == leases.OverrideRuleName
+	})
+	t.Logf("override put on a applied on b after %v", took)
+
+	// The check above took one token of 2; one more is allowed, then none.
+	assert.True(t, a.check("", "user:241531").Allowed)
+	d := a.check("", "user:241531")
+	assert.False(t, d.Allowed)
+	assert.EqualValues(t, 2, d.Keys[0].Limit)
+	// Other keys keep their rule.
+	for range 5 {
+		res := b.check("", "user:1")
+		assert.True(t, res.Allowed)
+		assert.Equal(t, "per-user", res.Keys[0].Rule)
+		assert.EqualValues(t, 100, res.Keys[0].Limit)
+	}
+
+	// Cached keys make no Redis call for their override: Redis's own count
+	// of HMGET commands does not move.
+	rdb := rs.Client(t)
+	ctx := context.Background()
+	require.NoError(t, rdb.ConfigResetStat(ctx).Err())
+	_, missesBefore := b.srv.db.cache.stats()
+	for range 20 {
+		b.check("", "user:241531")
+		b.check("", "user:1")
+	}
+	stats, err := rdb.Info(ctx, "commandstats").Result()
+	require.NoError(t, err)
+	assert.NotContains(t, stats, "cmdstat_hmget", "no override lookup reached Redis")
+	_, missesAfter := b.srv.db.cache.stats()
+	assert.Equal(t, missesBefore, missesAfter)
+
+	r = b.admin(http.MethodDelete, protocol.PathAdminOverrides+"/user:241531", "", nil)
+	require.Equal(t, http.StatusNoContent, r.status, "body: %s", r.body)
+	within(t, time.Second, "override deleted on a", func() bool {
+		return a.check("", "user:241531").Keys[0].Rule == "per-user"
+	})
+	r = a.admin(http.MethodGet, protocol.PathAdminOverrides+"/user:241531", "", nil)
+	assert.Equal(t, http.StatusNotFound, r.status)
+	assert.Equal(t, protocol.CodeNoSuchItem, r.problem(t).Code)
+}
+
+// TestRuleDBFailedWriteChangesNothing: a rule or override that does not
+// validate, or that makes the set invalid, is refused with 422 naming the
+// rule and field, and the database (items, version, log) is unchanged.
+func TestRuleDBFailedWriteChangesNothing(t *testing.T) {
+	rs := redistest.Start(t)
+	f := newDBFixture(t, rs, Options{})
+	r := f.admin(http.MethodPut, protocol.PathAdminRules+"/per-user", "", protocol.AdminRule{Match: "user:*", Limit: 100, Period: "1s"})
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	rdb := rs.Client(t)
+	ctx := context.Background()
+	dump := func() string {
+		var b strings.Builder
+		for _, k := range []string{"version", "setversion"} {
+			v, _ := rdb.Get(ctx, DefaultRuleDBPrefix+k).Result()
+			fmt.Fprintf(&b, "%s=%s\n", k, v)
+		}
+		for _, h := range []string{"rules", "clients", "overrides"} {
+			v, err := rdb.HGetAll(ctx, DefaultRuleDBPrefix+h).Result()
+			require.NoError(t, err)
+			fmt.Fprintf(&b, "%s=%v\n", h, v)
+		}
+		l, err := rdb.LRange(ctx, DefaultRuleDBPrefix+"log", 0, -1).Result()
+		require.NoError(t, err)
+		fmt.Fprintf(&b, "log=%v\n", l)
+		return b.String()
+	}
+	before := dump()
+
+	cases := []struct {
+		name, path string
+		body       any
+		detail     []string
+	}{
+		{"bad limit", protocol.PathAdminRules + "/bad", protocol.AdminRule{Match: "bad:*", Limit: -1, Period: "1s"}, []string{`rule "bad"`, "limit", "-1"}},
+		{"bad period", protocol.PathAdminRules + "/bad", protocol.AdminRule{Match: "bad:*", Limit: 1, Period: "soon"}, []string{`rule "bad"`, "period", `"soon"`}},
+		{"unknown algorithm", protocol.PathAdminRules + "/bad", protocol.AdminRule{Match: "bad:*", Limit: 1, Period: "1s", Algorithm: "magic"}, []string{`rule "bad"`, "algorithm", "magic"}},
+		{"duplicate match", protocol.PathAdminRules + "/again", protocol.AdminRule{Match: "user:*", Limit: 1, Period: "1s"}, []string{`rule`, "match", `"user:*"`}},
+		{"bad client", protocol.PathAdminClients + "/c", protocol.AdminClient{TokenSHA256: "abc", Keys: []string{"*"}}, []string{`client "c"`, "token_sha256"}},
+		{"bad override", protocol.PathAdminOverrides + "/user:1", protocol.AdminOverride{Limit: 5}, []string{`override of key "user:1"`, "period"}},
+	}
+	for _, c := range cases {
+		r := f.admin(http.MethodPut, c.path, "", c.body)
+		require.Equal(t, http.StatusUnprocessableEntity, r.status, "%s: body: %s", c.name, r.body)
+		p := r.problem(t)
+		assert.Equal(t, protocol.CodeInvalidRule, p.Code, c.name)
+		for _, s := range c.detail {
+			assert.Contains(t, p.Detail, s, c.name)
+		}
+	}
+	// A typo in a field name is refused too.
+	r = f.do(http.MethodPut, protocol.PathAdminRules+"/x", adminToken, "application/json", strings.NewReader(`{"match":"x:*","limt":5,"period":"1s"}`))
+	require.Equal(t, http.StatusBadRequest, r.status)
+	assert.Contains(t, r.problem(t).Detail, "limt")
+
+	assert.Equal(t, before, dump(), "nothing was stored")
+	assert.Equal(t, int64(100), f.ruleLimit("", "per-user"))
+}
+
+// TestRuleDBStaleETag: with If-Match, the second of two edits from the
+// same read gets 412 and changes nothing; of concurrent edits from one
+// read exactly one wins.
+func TestRuleDBStaleETag(t *testing.T) {
+	rs := redistest.Start(t)
+	f := newDBFixture(t, rs, Options{})
+	r := f.admin(http.MethodPut, protocol.PathAdminRules+"/r", "", protocol.AdminRule{Match: "r:*", Limit: 1, Period: "1s"}, "If-None-Match", "*")
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	r = f.admin(http.MethodPut, protocol.PathAdminRules+"/r", "", protocol.AdminRule{Match: "r:*", Limit: 1, Period: "1s"}, "If-None-Match", "*")
+	require.Equal(t, http.StatusPreconditionFailed, r.status, "create-only on an existing rule")
+
+	get := f.admin(http.MethodGet, protocol.PathAdminRules+"/r", "", nil)
+	require.Equal(t, http.StatusOK, get.status)
+	etag := get.header.Get("ETag")
+	require.NotEmpty(t, etag)
+
+	const n = 8
+	var wg sync.WaitGroup
+	statuses := make([]int, n)
+	for i := range n {
+		wg.Go(func() {
+			statuses[i] = f.admin(http.MethodPut, protocol.PathAdminRules+"/r", "", protocol.AdminRule{Match: "r:*", Limit: int64(10 + i), Period: "1s"}, "If-Match", etag).status
+		})
+	}
+	wg.Wait()
+	won := 0
+	for _, s := range statuses {
+		if s == http.StatusOK {
+			won++
+		} else {
+			assert.Equal(t, http.StatusPreconditionFailed, s)
+		}
+	}
+	assert.Equal(t, 1, won, "statuses %v", statuses)
+
+	r = f.admin(http.MethodPut, protocol.PathAdminRules+"/r", "", protocol.AdminRule{Match: "r:*", Limit: 99, Period: "1s"}, "If-Match", etag)
+	require.Equal(t, http.StatusPreconditionFailed, r.status)
+	assert.Equal(t, protocol.CodePreconditionFailed, r.problem(t).Code)
+	r = f.admin(http.MethodDelete, protocol.PathAdminRules+"/r", "", nil, "If-Match", etag)
+	require.Equal(t, http.StatusPreconditionFailed, r.status)
+	got := f.admin(http.MethodGet, protocol.PathAdminRules+"/r", "", nil)
+	var rule protocol.AdminRule
+	require.NoError(t, json.Unmarshal(got.body, &rule))
+	assert.NotEqual(t, int64(99), rule.Limit)
+	assert.Equal(t, got.header.Get("ETag"), fmt.Sprintf("%q", fmt.Sprint(rule.Version)))
+
+	// The current ETag works, for overrides too.
+	r = f.admin(http.MethodDelete, protocol.PathAdminRules+"/r", "", nil, "If-Match", got.header.Get("ETag"))
+	assert.Equal(t, http.StatusNoContent, r.status, "body: %s", r.body)
+	r = f.admin(http.MethodPut, protocol.PathAdminOverrides+"/k", "", protocol.AdminOverride{Limit: 1, Period: "1s"})
+	require.Equal(t, http.StatusOK, r.status)
+	r2 := f.admin(http.MethodPut, protocol.PathAdminOverrides+"/k", "", protocol.AdminOverride{Limit: 2, Period: "1s"}, "If-Match", r.header.Get("ETag"))
+	require.Equal(t, http.StatusOK, r2.status)
+	r3 := f.admin(http.MethodPut, protocol.PathAdminOverrides+"/k", "", protocol.AdminOverride{Limit: 3, Period: "1s"}, "If-Match", r.header.Get("ETag"))
+	require.Equal(t, http.StatusPreconditionFailed, r3.status)
+}
+
+// TestRuleDBAdminAuth: the admin API needs the admin token; a client's
+// token gets 403, no token or an unknown one 401; a client put through the
+// admin API authenticates /v1 calls.
+func TestRuleDBAdminAuth(t *testing.T) {
+	rs := redistest.Start(t)
+	f := newDBFixture(t, rs, Options{})
+	r := f.admin(http.MethodPut, protocol.PathAdminClients+"/alpha", "", protocol.AdminClient{TokenSHA256: sha(alphaToken), Keys: []string{"user:*"}})
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+
+	r = f.admin(http.MethodGet, protocol.PathAdminRules, alphaToken, nil)
+	require.Equal(t, http.StatusForbidden, r.status)
+	assert.Equal(t, protocol.CodeAdminForbidden, r.problem(t).Code)
+	r = f.admin(http.MethodPut, protocol.PathAdminRules+"/x", alphaToken, protocol.AdminRule{Match: "x:*", Limit: 1, Period: "1s"})
+	require.Equal(t, http.StatusForbidden, r.status)
+	r = f.admin(http.MethodGet, protocol.PathAdminRules, "nope", nil)
+	require.Equal(t, http.StatusUnauthorized, r.status)
+	r = f.do(http.MethodGet, protocol.PathAdminRules, "", "", nil)
+	require.Equal(t, http.StatusUnauthorized, r.status)
+
+	// The client is in force: /v1 now needs a token, and alpha's works.
+	assert.Equal(t, http.StatusUnauthorized, f.postJSON(protocol.PathCheck, "", protocol.CheckRequest{Keys: []string{"user:1"}}).status)
+	assert.True(t, f.check(alphaToken, "user:1").Allowed)
+	// The admin token is no client token.
+	assert.Equal(t, http.StatusUnauthorized, f.postJSON(protocol.PathCheck, adminToken, protocol.CheckRequest{Keys: []string{"user:1"}}).status)
+
+	// The list shows the client; GET by name has an ETag.
+	r = f.admin(http.MethodGet, protocol.PathAdminClients, "", nil)
+	var cl protocol.AdminClients
+	require.NoError(t, json.Unmarshal(r.body, &cl))
+	require.Len(t, cl.Clients, 1)
+	assert.Equal(t, []string{"user:*"}, cl.Clients[0].Keys)
+}
+
+// TestRuleDBAdminOff: without a rule database the admin API answers 404
+// no_rule_db.
+func TestRuleDBAdminOff(t *testing.T) {
+	f := newFixture(t, rulesYAML, nil, Options{})
+	r := f.admin(http.MethodGet, protocol.PathAdminRules, "", nil)
+	require.Equal(t, http.StatusNotFound, r.status)
+	assert.Equal(t, protocol.CodeNoRuleDB, r.problem(t).Code)
+}
+
+// TestRuleDBSafetyNet: a change written while pub/sub is silent (here: by
+// a script that publishes nothing) still reaches the server through the
+// periodic version check.
+func TestRuleDBSafetyNet(t *testing.T) {
+	rs := redistest.Start(t)
+	f := newDBFixture(t, rs, Options{DBCheckInterval: 100 * time.Millisecond})
+	// The write script, run with a channel nobody listens on.
+	silent := NewRuleDB(rs.Client(t), RuleDBOptions{})
+	_, err := writeScript.Run(context.Background(), silent.rdb,
+		[]string{silent.key("version"), silent.hashOf(KindRule), silent.key("log"), silent.key("setversion")},
+		"quiet", "put", `{"match":"q:*","limit":7,"period":"1s"}`, "", "0", silent.logCap, "nobody-listens", time.Now().UnixMilli(), "test", KindRule,
+	).Result()
+	require.NoError(t, err)
+	within(t, time.Second, "silent change", func() bool { return f.ruleLimit("", "quiet") == 7 })
+}
+
+// TestRuleDBInvalidStoredSet: a rule set made invalid behind the API's back
+// keeps the rules in force and says so in /readyz.
+func TestRuleDBInvalidStoredSet(t *testing.T) {
+	rs := redistest.Start(t)
+	f := newDBFixture(t, rs, Options{DBCheckInterval: 50 * time.Millisecond})
+	require.Equal(t, http.StatusOK, f.admin(http.MethodPut, protocol.PathAdminRules+"/ok", "", protocol.AdminRule{Match: "ok:*", Limit: 3, Period: "1s"}).status)
+	rdb := rs.Client(t)
+	ctx := context.Background()
+	require.NoError(t, rdb.HSet(ctx, DefaultRuleDBPrefix+"rules", "broken", `99|{"match":"b:*","limit":0,"period":"1s"}`).Err())
+	require.NoError(t, rdb.Incr(ctx, DefaultRuleDBPrefix+"setversion").Err())
+	require.NoError(t, rdb.Publish(ctx, DefaultRuleDBPrefix+"changes", "x").Err())
+	within(t, time.Second, "readyz detail", func() bool {
+		r := f.do(http.MethodGet, protocol.PathReadyz, "", "", nil)
+		return r.status == http.StatusOK && strings.Contains(string(r.body), `rule \"broken\"`)
+	})
+	assert.Equal(t, int64(3), f.ruleLimit("", "ok"), "the rules in force still serve")
+}
