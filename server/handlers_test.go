@@ -545,6 +545,7 @@ func TestMetrics(t *testing.T) {
 	assert.Equal(t, "4", f.metric(`ratelease_store_latency_seconds_count{op="lease"}`))
 	assert.Equal(t, "0", f.metric(`ratelease_store_errors_total{op="lease"}`))
 	assert.Equal(t, "2", f.metric("ratelease_rules_loaded"))
+	assert.Equal(t, "1", f.metric(`ratelease_rules_info{version="`+f.srv.Rules().Version()+`"}`), "the version in force")
 	assert.Equal(t, "0", f.metric(`ratelease_rules_reloads_total{result="ok"}`))
 }
 

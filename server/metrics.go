@@ -25,6 +25,7 @@ const namespace = "ratelease"
 //	ratelease_store_latency_seconds{op}         store call latency (op: lease, take, refund)
 //	ratelease_store_errors_total{op}            store calls that failed, by operation
 //	ratelease_rules_loaded                      rules in force
+//	ratelease_rules_info{version}               always 1: the version of the rules in force
 //	ratelease_rules_reloads_total{result}       rules file reloads (result: ok, error)
 //	ratelease_rules_last_reload_success         1 when the last load of the rules file succeeded, 0 when it failed
 //	ratelease_build_info{version,revision,goversion}  always 1: the build serving
@@ -39,6 +40,7 @@ type metrics struct {
 	storeLatency  *prometheus.HistogramVec
 	storeErrors   *prometheus.CounterVec
 	rulesLoaded   prometheus.Gauge
+	rulesInfo     *prometheus.GaugeVec
 	reloads       *prometheus.CounterVec
 	reloadSuccess prometheus.Gauge
 	buildInfo     *prometheus.GaugeVec
@@ -84,6 +86,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: namespace, Name: "rules_loaded",
 			Help: "Number of rules in force.",
 		}),
+		rulesInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "rules_info",
+			Help: "Always 1; its label is the version of the rules in force (as GET /v1/rules says), so that servers that drifted apart show.",
+		}, []string{"version"}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "rules_reloads_total",
 			Help: "Reloads of a changed rules file, by result (ok, error).",
@@ -91,7 +97,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{
 		m.grants, m.denials, m.settles, m.expiries, m.shadowDenials,
-		m.duration, m.storeLatency, m.storeErrors, m.rulesLoaded, m.reloads, m.reloadSuccess, m.buildInfo,
+		m.duration, m.storeLatency, m.storeErrors, m.rulesLoaded, m.rulesInfo, m.reloads, m.reloadSuccess, m.buildInfo,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("server: register metrics (give every Server its own Registry): %w", err)
@@ -144,4 +150,10 @@ func (m *metrics) observeStore(op string, elapsed time.Duration, err error) {
 	if err != nil {
 		c.Inc()
 	}
+}
+
+// setRulesVersion makes version the one rules_info reports.
+func (m *metrics) setRulesVersion(version string) {
+	m.rulesInfo.Reset()
+	m.rulesInfo.WithLabelValues(version).Set(1)
 }

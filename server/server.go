@@ -181,6 +181,7 @@ func (s *Server) setRules(r *Rules) {
 	}
 	s.state.Store(st)
 	s.metrics.rulesLoaded.Set(float64(len(r.policy.Rules())))
+	s.metrics.setRulesVersion(r.Version())
 
 }
 
