@@ -13,6 +13,8 @@ FUZZTIME ?= 30s
 
 all: test
 
+# grpclimit/ is a module of its own (so that gRPC stays out of the SDK's
+# go.mod), outside ./...: it is vetted and tested from its directory.
 # The multi-process scenarios of e2e/ run last and alone: they measure
 # utilization and fairness, which other test binaries competing for the two
 # cores would skew.
@@ -20,6 +22,7 @@ test: redis browser jq
 	$(GO) vet ./...
 	./scripts/quickstart-check.sh
 	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/e2e$$')
+	cd grpclimit && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	$(GO) test -race -count=1 -timeout 20m ./e2e/
 
 # Ensure redis-server is installed (RATELEASE_REDIS_SERVER, when set to an
@@ -76,6 +79,7 @@ quickstart: jq
 
 vet:
 	$(GO) vet ./...
+	cd grpclimit && $(GO) vet ./...
 
 # The end-to-end scenarios of e2e/ three times longer than in `make test`
 # (about seven minutes on two cores).

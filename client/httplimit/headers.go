@@ -118,6 +118,14 @@ func rateLimitFields(ls []client.LimitState, now time.Time, withState bool) (pol
 	return policy, state
 }
 
+// RateLimitFields returns the RateLimit-Policy and RateLimit field values
+// (structured-field lists, as the middleware writes them) for the limits
+// of a decision at now; "" for both when ls is empty. For other transports:
+// the grpclimit module sends them as gRPC response metadata.
+func RateLimitFields(ls []client.LimitState, now time.Time) (policy, state string) {
+	return rateLimitFields(ls, now, true)
+}
+
 // fieldCache keeps the serialized RateLimit fields of recent Limits
 // slices. A decision's Limits slice is shared and immutable, and a leased
 // key answers every decision with the slice of its lease's answer; its

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+
+	"github.com/ratelease/ratelease/client/keytemplate"
 )
 
 // Proxy headers: the header a trusted proxy writes the client's address in
@@ -34,18 +36,7 @@ func (in *inputs) ip(r *http.Request) string {
 	if !ok {
 		return ""
 	}
-	if a.Is4() {
-		if in.v4Bits >= 32 {
-			return a.String()
-		}
-		p, _ := a.Prefix(in.v4Bits)
-		return p.String()
-	}
-	if in.v6Bits >= 128 {
-		return a.String()
-	}
-	p, _ := a.Prefix(in.v6Bits)
-	return p.String()
+	return keytemplate.IPPart(a, in.v4Bits, in.v6Bits)
 }
 
 // route returns the {route} part: the pattern of the mux route that serves
@@ -63,45 +54,17 @@ func (in *inputs) route(r *http.Request) string {
 
 // normalize drops an address's zone and turns an IPv4-mapped IPv6 address
 // into IPv4, so that one host has one address.
-func normalize(a netip.Addr) netip.Addr {
-	return a.WithZone("").Unmap()
-}
-
-// peerAddr parses Request.RemoteAddr ("ip:port", or a bare address).
-func peerAddr(remote string) (netip.Addr, bool) {
-	if ap, err := netip.ParseAddrPort(remote); err == nil {
-		return normalize(ap.Addr()), true
-	}
-	if a, err := netip.ParseAddr(remote); err == nil {
-		return normalize(a), true
-	}
-	return netip.Addr{}, false
-}
-
-func (in *inputs) isTrusted(a netip.Addr) bool {
-	for _, p := range in.trusted {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
-}
+func normalize(a netip.Addr) netip.Addr { return keytemplate.NormalizeAddr(a) }
 
 // clientAddr returns the client's address: the direct peer's, unless the
 // peer is a trusted proxy; then the right-most address of the proxy header
-// that is not itself a trusted proxy. Each proxy appends the address it
-// received the request from, so everything right of that address was
-// written by trusted proxies and everything left of it by the client, who
-// may have written anything. An entry that is not an address ("unknown",
-// an obfuscated identifier, garbage) stops the walk: the client is then
-// identified by the last trusted hop, the proxy that could not tell who
-// sent the request.
+// that is not itself a trusted proxy (keytemplate.ClientAddr).
 func (in *inputs) clientAddr(r *http.Request) (netip.Addr, bool) {
-	peer, ok := peerAddr(r.RemoteAddr)
+	peer, ok := keytemplate.ParsePeer(r.RemoteAddr)
 	if !ok {
 		return netip.Addr{}, false
 	}
-	if in.proxyHeader == "" || !in.isTrusted(peer) {
+	if in.proxyHeader == "" || !keytemplate.Trusted(in.trusted, peer) {
 		return peer, true
 	}
 	vals := r.Header.Values(in.proxyHeader)
@@ -112,56 +75,9 @@ func (in *inputs) clientAddr(r *http.Request) (netip.Addr, bool) {
 	if in.proxyHeader == HeaderForwarded {
 		addrs = forwardedFor(vals)
 	} else {
-		for _, v := range vals {
-			for e := range strings.SplitSeq(v, ",") {
-				addrs = append(addrs, strings.TrimSpace(e))
-			}
-		}
+		addrs = keytemplate.SplitXForwardedFor(vals)
 	}
-	cur := peer
-	for i := len(addrs) - 1; i >= 0; i-- {
-		a, ok := parseNodeAddr(addrs[i])
-		if !ok {
-			return cur, true
-		}
-		if !in.isTrusted(a) {
-			return a, true
-		}
-		cur = a
-	}
-	return cur, true
-}
-
-// parseNodeAddr parses one forwarded address: "192.0.2.1", "192.0.2.1:80",
-// "2001:db8::1", "[2001:db8::1]", "[2001:db8::1]:80".
-func parseNodeAddr(s string) (netip.Addr, bool) {
-	if s == "" {
-		return netip.Addr{}, false
-	}
-	if s[0] == '[' {
-		end := strings.IndexByte(s, ']')
-		if end < 0 {
-			return netip.Addr{}, false
-		}
-		rest := s[end+1:]
-		if rest != "" {
-			if _, err := netip.ParseAddrPort(s); err != nil {
-				return netip.Addr{}, false
-			}
-		}
-		a, err := netip.ParseAddr(s[1:end])
-		if err != nil {
-			return netip.Addr{}, false
-		}
-		return normalize(a), true
-	}
-	if a, err := netip.ParseAddr(s); err == nil {
-		return normalize(a), true
-	}
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return normalize(ap.Addr()), true
-	}
-	return netip.Addr{}, false
+	return keytemplate.ClientAddr(peer, addrs, in.trusted), true
 }
 
 // forwardedFor returns the for= node of each element of RFC 7239

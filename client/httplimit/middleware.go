@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ratelease/ratelease/client"
+	"github.com/ratelease/ratelease/client/keytemplate"
 	"github.com/ratelease/ratelease/protocol"
 )
 
@@ -295,11 +296,7 @@ func New(cfg Config) (*Middleware, error) {
 		if !p.IsValid() {
 			return nil, fmt.Errorf("httplimit: trusted proxy prefix %v is not valid", p)
 		}
-		p = p.Masked()
-		if p.Addr().Is4In6() && p.Bits() >= 96 {
-			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
-		}
-		m.in.trusted = append(m.in.trusted, p)
+		m.in.trusted = append(m.in.trusted, keytemplate.NormalizePrefix(p))
 	}
 	if len(m.in.trusted) > 0 {
 		switch http.CanonicalHeaderKey(cfg.ProxyHeader) {
