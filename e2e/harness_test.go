@@ -21,7 +21,7 @@ import (
 
 // bins are the binaries TestMain builds once for all scenarios.
 var bins struct {
-	rateleased, loadgen string
+	rateleased, loadgen, protected string
 }
 
 // scale stretches every scenario: 1 in `make test`, 3 in `make e2e-long`
@@ -54,6 +54,7 @@ func TestMain(m *testing.M) {
 		}{
 			{&bins.rateleased, "github.com/ratelease/ratelease/server/cmd/rateleased"},
 			{&bins.loadgen, "github.com/ratelease/ratelease/e2e/cmd/loadgen"},
+			{&bins.protected, "github.com/ratelease/ratelease/examples/protected"},
 		} {
 			if *b.dst, err = e2eproc.Build(dir, b.pkg); err != nil {
 				fmt.Fprintln(os.Stderr, err)
