@@ -40,13 +40,16 @@ func freeAddr(t *testing.T) string {
 // startProtected starts one rateleased (memory store) with the hello rule
 // given extra fields, and two processes of examples/protected behind it,
 // and returns their base URLs and the lease server's.
-func startProtected(t *testing.T, extra string) (apis []string, leaseServer string) {
+func startProtected(t *testing.T, extra string, moreRules ...string) (apis []string, leaseServer string) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("multi-process scenario")
 	}
 	path := filepath.Join(t.TempDir(), "rules.yaml")
 	rules := fmt.Sprintf("rules:\n  - {name: hello, match: \"api:GET /hello|*\", limit: %g, period: 1s, burst: %d%s}\n", helloRate, helloBurst, extra)
+	for _, r := range moreRules {
+		rules += "  - " + r + "\n"
+	}
 	require.NoError(t, os.WriteFile(path, []byte(rules), 0o600))
 	d := e2eproc.StartDaemon(t, bins.rateleased, "-rules", path)
 	for i := range 2 {
@@ -248,4 +251,26 @@ func TestProtectedAPIShadow(t *testing.T) {
 	}
 	t.Logf("would have denied: %.0f lease entries and takes", would)
 	assert.Positive(t, would, "the would-be denials are counted")
+}
+
+// TestProtectedAPIElastic: the hello rule elastic over a pool of 10/s
+// (burst 10) shared by every caller: each caller's own 10/s, plus what
+// they borrow together, at most the pool's bound; and they do borrow.
+func TestProtectedAPIElastic(t *testing.T) {
+	apis, _ := startProtected(t, ", elastic: \"capacity:api\"", "{name: capacity, match: \"capacity:*\", limit: 10, period: 1s, burst: 10}")
+	d := scaled(3 * time.Second)
+	const users = 4
+	byUser := callUsers(t, apis, users, 3*helloRate, d)
+	own := helloBurst + helloRate*d.Seconds()
+	pool := 10 + 10*d.Seconds()
+	var total int
+	for user, as := range byUser {
+		ok := admittedOf(as)
+		total += len(ok)
+		assert.GreaterOrEqual(t, float64(len(ok)), 0.9*own, "%s: its own limit at least", user)
+		assert.LessOrEqual(t, float64(len(ok)), own+pool, "%s: its own limit and at most the whole pool", user)
+	}
+	t.Logf("%d callers admitted %d: their own limits allow %.0f, the pool %.0f more", users, total, users*own, pool)
+	assert.LessOrEqual(t, float64(total), users*own+pool, "together, at most the pool beyond their own limits")
+	assert.Greater(t, float64(total), users*own+0.5*pool, "they borrowed")
 }

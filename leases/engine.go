@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -103,6 +102,9 @@ type Report struct {
 	// admitted although their limits would have denied them (in part, for
 	// a lease).
 	ShadowDenials int
+	// Borrows counts entries and takes of elastic rules that their pools
+	// served beyond their own limits.
+	Borrows int
 }
 
 // NewLeaseID returns a fresh lease ID: 16 hex digits from a random 64-bit
@@ -167,25 +169,6 @@ func limitStatus(r *Rule, i int, remaining int64, reset time.Duration) LimitStat
 	return st
 }
 
-// shadowSep separates, in the lease ID a shadow rule's entry returns, the
-// store's lease ID from what the store granted: "<id>~<granted>". Lease IDs
-// of NewLeaseID never contain it.
-const shadowSep = "~"
-
-// splitShadowID returns the store's lease ID and grant of a lease ID a
-// shadow rule returned; ok is false for any other ID.
-func splitShadowID(id string) (storeID string, granted int64, ok bool) {
-	storeID, g, ok := strings.Cut(id, shadowSep)
-	if !ok {
-		return id, 0, false
-	}
-	n, err := strconv.ParseInt(g, 10, 64)
-	if err != nil || n < 0 {
-		return id, 0, false
-	}
-	return storeID, n, true
-}
-
 // LeaseResult is the outcome of one LeaseAsk.
 type LeaseResult struct {
 	// Key and Slot repeat the ask's.
@@ -222,7 +205,12 @@ type LeaseResult struct {
 	// would have granted less than Want: Granted is Want all the same.
 	ShadowDenied bool
 
-	settled bool // a shadow lease of nothing was settled without a store call
+	// Borrowed is, for an elastic rule, the part of Granted taken from
+	// the rule's pool because its own limits granted less than Want.
+	Borrowed int64
+
+	settled      bool // a shadow lease of nothing was settled without a store call
+	storeSettled bool // the own limits settled the entry's lease in this call
 }
 
 // Lease runs asks for owner and returns one result per ask, in order. Asks
@@ -271,11 +259,12 @@ func (e *Engine) Lease(ctx context.Context, owner Owner, asks []LeaseAsk) ([]Lea
 		res.Rule = r
 		id := NewLeaseID()
 		settleID, used := a.LeaseID, a.Used
-		if sid, g, ok := splitShadowID(a.LeaseID); ok {
-			// A shadow rule's lease: the limits granted g of what the
-			// owner was given, so at most g of what it used is theirs.
-			settleID, used = sid, min(used, g)
-			if g == 0 {
+		if lp, ok := parseLeaseID(a.LeaseID); ok {
+			// A shadow or elastic rule's lease: the limits granted g of
+			// what the owner was given, so at most g of what it used is
+			// theirs (the rest was the pool's, see elastic.go).
+			settleID, used = lp.storeID, min(used, lp.own)
+			if g := lp.own; g == 0 {
 				// The limits granted nothing: nothing to settle.
 				res.settled = true
 				if a.Want == 0 {
@@ -332,6 +321,16 @@ func (e *Engine) Lease(ctx context.Context, owner Owner, asks []LeaseAsk) ([]Lea
 		_, err := e.store.Lease(ctx, owner, giveBack)
 		e.observe("lease", start, err)
 	}
+	if err := e.borrowLeases(ctx, asks, results, &rep); err != nil {
+		return nil, Report{}, err
+	}
+	if refunds := e.poolRefunds(asks, results); len(refunds) > 0 {
+		// What a settled elastic lease borrowed and did not use goes back
+		// to its pool; a failure only costs the pool's utilization.
+		start := time.Now()
+		err := e.store.Refund(ctx, refunds)
+		e.observe("refund", start, err)
+	}
 	return results, rep, nil
 }
 
@@ -387,6 +386,7 @@ func (e *Engine) combineLease(res *LeaseResult, a *LeaseAsk, ops []LeaseOp, outs
 	if settled {
 		rep.Settles++
 	}
+	res.storeSettled = settled
 	if res.Granted > 0 {
 		res.LeaseID = ops[0].NewLeaseID
 		res.RetryAfter = 0
@@ -400,7 +400,7 @@ func (e *Engine) combineLease(res *LeaseResult, a *LeaseAsk, ops []LeaseOp, outs
 			res.ShadowDenied = true
 			rep.ShadowDenials++
 		}
-		res.LeaseID = ops[0].NewLeaseID + shadowSep + strconv.FormatInt(res.Granted, 10)
+		res.LeaseID = shadowLeaseID(ops[0].NewLeaseID, res.Granted)
 		if res.TTL == 0 {
 			res.TTL = r.LeaseTTL
 		}
@@ -448,6 +448,9 @@ type KeyResult struct {
 	// ShadowDenied is true when the key's rule is in shadow mode and its
 	// limits denied: Allowed is true all the same.
 	ShadowDenied bool
+	// Borrowed is true when the key's own limits denied and its elastic
+	// rule's pool served the take.
+	Borrowed bool
 }
 
 // TakeResult is the outcome of one TakeAsk.
@@ -463,6 +466,9 @@ type TakeResult struct {
 	// ShadowDenied is true when a key of a shadow rule denied and the take
 	// was allowed all the same.
 	ShadowDenied bool
+	// Borrowed is true when keys of elastic rules denied and their pools
+	// served the take.
+	Borrowed bool
 	// Err says why the take could not be decided: a *DecisionError
 	// wrapping ErrNoRule or ErrCostExceedsBurst. Nothing was taken and
 	// the other fields are zero.
@@ -582,6 +588,9 @@ func (e *Engine) Take(ctx context.Context, takes []TakeAsk) ([]TakeResult, Repor
 				res.RetryAfter = max(res.RetryAfter, o.RetryAfter)
 				resp.RetryAfter = max(resp.RetryAfter, o.RetryAfter)
 			}
+		}
+		if err := e.borrowTakes(ctx, takes, resps, &rep); err != nil {
+			return nil, Report{}, err
 		}
 		// Give back what the denied takes took from their other keys and
 		// limits. The request is denied either way; tokens not given back

@@ -412,3 +412,70 @@ func TestEngineShadow(t *testing.T) {
 	require.NoError(t, res[0].Err)
 	assert.Equal(t, leases.Report{Settles: 1}, rep)
 }
+
+// TestEngineElastic: requests an elastic rule's own limit denies borrow
+// from its pool, all of them together at most the pool's bound; a lease
+// takes its shortfall from the pool, and its settle gives back what it
+// borrowed and did not use.
+func TestEngineElastic(t *testing.T) {
+	rules := leases.RuleSet{Rules: []leases.Rule{
+		{Name: "users", Match: "user:*", Limit: 2, Period: time.Minute, Elastic: "capacity:api"},
+		{Name: "capacity", Match: "capacity:*", Limit: 3, Period: time.Minute},
+	}}
+	e, _, store := newEngine(t, rules)
+	ctx := context.Background()
+	var borrowed int
+	for i, want := range []bool{true, true, true, true, true, false} {
+		resp, rep, err := e.Check(ctx, []string{"user:1"}, 1)
+		require.NoError(t, err)
+		require.Equal(t, want, resp.Allowed, "request %d", i)
+		if resp.Borrowed {
+			borrowed++
+			assert.True(t, resp.Keys[0].Borrowed)
+			assert.Equal(t, 1, rep.Borrows)
+		}
+	}
+	assert.Equal(t, 3, borrowed, "the pool's 3, after the user's own 2")
+	resp, _, err := e.Check(ctx, []string{"user:2"}, 1)
+	require.NoError(t, err)
+	require.True(t, resp.Allowed, "user 2's own limit")
+	require.False(t, resp.Borrowed)
+	resp, _, err = e.Check(ctx, []string{"user:2"}, 1)
+	require.NoError(t, err)
+	require.True(t, resp.Allowed)
+	resp, _, err = e.Check(ctx, []string{"user:2"}, 1)
+	require.NoError(t, err)
+	assert.False(t, resp.Allowed, "the pool is empty: no more than its bound is ever borrowed")
+
+	// A lease: the own limit grants 2, the pool the other 3.
+	e2, _, store2 := newEngine(t, rules)
+	res, rep, err := e2.Lease(ctx, own("a/1"), []leases.LeaseAsk{{Key: "user:9", Want: 5}})
+	require.NoError(t, err)
+	require.NoError(t, res[0].Err)
+	assert.EqualValues(t, 5, res[0].Granted)
+	assert.EqualValues(t, 3, res[0].Borrowed)
+	assert.Equal(t, 1, rep.Borrows)
+	pool, _ := e2.Policy().Match("capacity:api")
+	level := func() float64 {
+		st, err := store2.State(ctx, "capacity:api", pool.Buckets()[0])
+		require.NoError(t, err)
+		return st.Level
+	}
+	assert.InDelta(t, 0, level(), 1e-6)
+	// 3 used: 2 from the own limit, 1 from the pool; 2 go back to the pool.
+	res, _, err = e2.Lease(ctx, own("a/1"), []leases.LeaseAsk{{Key: "user:9", LeaseID: res[0].LeaseID, Used: 3}})
+	require.NoError(t, err)
+	require.NoError(t, res[0].Err)
+	assert.InDelta(t, 2, level(), 1e-3, "the unused borrowed tokens are back")
+	_ = store
+
+	for _, bad := range []leases.RuleSet{
+		{Rules: []leases.Rule{{Name: "u", Match: "user:*", Limit: 1, Period: time.Second, Elastic: "nowhere"}}},
+		{Rules: []leases.Rule{{Name: "u", Match: "user:*", Limit: 1, Period: time.Second, Elastic: "user:pool"}}},
+		{Rules: []leases.Rule{{Name: "u", Match: "user:*", Limit: 1, Period: time.Second, Shadow: true, Elastic: "p"}, {Name: "p", Match: "p", Limit: 1, Period: time.Second}}},
+	} {
+		_, err := leases.NewPolicy(bad)
+		require.ErrorIs(t, err, leases.ErrInvalidRules)
+		assert.Contains(t, err.Error(), "elastic")
+	}
+}

@@ -118,6 +118,11 @@ type Rule struct {
 	// though the limits grant what they would; Report.ShadowDenials counts
 	// what they would have denied. For rolling a new rule out safely.
 	Shadow bool
+	// Elastic names a pool key: a request this rule's own limits deny may
+	// borrow from the pool's bucket (governed by its own rule, of one
+	// limit), so that callers exceed their limit only while the pool has
+	// room. See elastic.go for the bound. Empty is no borrowing.
+	Elastic string
 }
 
 // MaxSoft is the largest Rule.Soft: a soft limit admits at most 11 times
@@ -369,6 +374,9 @@ func NewPolicy(rs RuleSet) (*Policy, error) {
 		}
 		return sa < sb
 	})
+	if err := validateElastic(p); err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 

@@ -45,6 +45,8 @@ type AdminRule struct {
 	Soft float64 `json:"soft,omitempty"`
 	// Shadow runs the rule in shadow mode.
 	Shadow bool `json:"shadow,omitempty"`
+	// Elastic is the pool key the rule's denied requests may borrow from.
+	Elastic string `json:"elastic,omitempty"`
 	// Version is the database version of the rule's last change; set in
 	// responses (and equal to the ETag), ignored in a PUT.
 	Version int64 `json:"version,omitempty"`

@@ -139,6 +139,9 @@ type LeaseResult struct {
 	// ShadowDenied is true when the rule runs in shadow mode and its limits
 	// would have granted less than Want: Granted is Want all the same.
 	ShadowDenied bool `json:"shadow_denied,omitempty"`
+	// Borrowed is, for an elastic rule, the part of Granted its own limits
+	// did not grant and its pool lent.
+	Borrowed int64 `json:"borrowed,omitempty"`
 	// Unlimited is true when no rule matched and the server's default is
 	// allow: the key has no limit, and Granted equals Want.
 	Unlimited bool `json:"unlimited,omitempty"`
@@ -219,6 +222,9 @@ type CheckResponse struct {
 	// ShadowDenied is true when a key of a rule in shadow mode denied and
 	// the request was allowed all the same.
 	ShadowDenied bool `json:"shadow_denied,omitempty"`
+	// Borrowed is true when keys of elastic rules denied and their pools
+	// served the request.
+	Borrowed bool `json:"borrowed,omitempty"`
 	// Error, in a LeaseResponse's Takes only, says why the take could not
 	// be decided (a key the client may not use, a key that matches no rule
 	// under default deny, a cost above a key's bucket); Allowed is then
@@ -255,6 +261,9 @@ type CheckResult struct {
 	// ShadowDenied is true when the key's rule runs in shadow mode and
 	// denied: Allowed is true all the same.
 	ShadowDenied bool `json:"shadow_denied,omitempty"`
+	// Borrowed is true when the key's own limits denied and its elastic
+	// rule's pool served the request.
+	Borrowed bool `json:"borrowed,omitempty"`
 }
 
 // Errors returned by ValidateKey; match them with errors.Is.

@@ -57,6 +57,8 @@ type RuleInfo struct {
 	// Shadow is true for a rule in shadow mode: decided and counted, but
 	// every request is admitted.
 	Shadow bool `json:"shadow,omitempty"`
+	// Elastic is the pool key a rule's denied requests may borrow from.
+	Elastic string `json:"elastic,omitempty"`
 }
 
 // LimitInfo describes one limit of a rule in a RuleInfo.

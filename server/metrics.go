@@ -18,6 +18,7 @@ const namespace = "ratelease"
 //	ratelease_settles_total                     leases settled
 //	ratelease_expiries_total                    leases closed unsettled (expired or replaced)
 //	ratelease_shadow_denials_total              entries and checks of shadow rules admitted though their limits denied
+//	ratelease_elastic_borrows_total             entries and checks of elastic rules their pool served
 //	ratelease_rule_decisions_total{rule,result} decisions per rule (result: granted, denied, shadow_denied;
 //	                                                see operator.go)
 //	ratelease_request_duration_seconds{route,code}  HTTP request latency by route pattern and status;
@@ -34,7 +35,7 @@ const namespace = "ratelease"
 // requests_total{route,code} counted every request a second time.
 type metrics struct {
 	grants, denials, settles, expiries prometheus.Counter
-	shadowDenials                      prometheus.Counter
+	shadowDenials, borrows             prometheus.Counter
 
 	duration      *prometheus.HistogramVec
 	storeLatency  *prometheus.HistogramVec
@@ -60,6 +61,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		settles:       counter("settles_total", "Leases settled."),
 		expiries:      counter("expiries_total", "Leases closed without being settled: expired, or replaced by a new lease of the same client."),
 		shadowDenials: counter("shadow_denials_total", "Lease entries and checks of rules in shadow mode that their limits would have denied (in part, for a lease), admitted all the same."),
+		borrows:       counter("elastic_borrows_total", "Lease entries and checks of elastic rules served by their pool beyond their own limits."),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "request_duration_seconds",
 			Help:    "HTTP request latency by route pattern and status code; its count is the number of requests.",
@@ -96,7 +98,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 	}
 	for _, c := range []prometheus.Collector{
-		m.grants, m.denials, m.settles, m.expiries, m.shadowDenials,
+		m.grants, m.denials, m.settles, m.expiries, m.shadowDenials, m.borrows,
 		m.duration, m.storeLatency, m.storeErrors, m.rulesLoaded, m.rulesInfo, m.reloads, m.reloadSuccess, m.buildInfo,
 	} {
 		if err := reg.Register(c); err != nil {
@@ -124,6 +126,7 @@ func (m *metrics) record(r leases.Report) {
 	m.settles.Add(float64(r.Settles))
 	m.expiries.Add(float64(r.Expiries))
 	m.shadowDenials.Add(float64(r.ShadowDenials))
+	m.borrows.Add(float64(r.Borrows))
 }
 
 // observeStore is the engine's OnStoreCall hook: the call's latency, and

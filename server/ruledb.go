@@ -248,7 +248,7 @@ func ruleConfigOf(r *protocol.AdminRule) (RuleConfig, error) {
 	fail := func(field string, err error) error {
 		return fmt.Errorf("%w: rule %q: %s: %w", leases.ErrInvalidRules, r.Name, field, err)
 	}
-	rc := RuleConfig{Name: r.Name, Match: r.Match, Algorithm: leases.Algorithm(r.Algorithm), Limit: r.Limit, Burst: r.Burst, Soft: Percent(r.Soft), Shadow: r.Shadow}
+	rc := RuleConfig{Name: r.Name, Match: r.Match, Algorithm: leases.Algorithm(r.Algorithm), Limit: r.Limit, Burst: r.Burst, Soft: Percent(r.Soft), Shadow: r.Shadow, Elastic: r.Elastic}
 	var err error
 	if rc.Period, err = parseDuration(r.Period); err != nil {
 		return rc, fail("period", err)
@@ -268,7 +268,7 @@ func ruleConfigOf(r *protocol.AdminRule) (RuleConfig, error) {
 
 // AdminRuleOf converts a rules file's rule to its wire form.
 func AdminRuleOf(rc RuleConfig) protocol.AdminRule {
-	r := protocol.AdminRule{Name: rc.Name, Match: rc.Match, Algorithm: string(rc.Algorithm), Limit: rc.Limit, Burst: rc.Burst, Soft: float64(rc.Soft), Shadow: rc.Shadow}
+	r := protocol.AdminRule{Name: rc.Name, Match: rc.Match, Algorithm: string(rc.Algorithm), Limit: rc.Limit, Burst: rc.Burst, Soft: float64(rc.Soft), Shadow: rc.Shadow, Elastic: rc.Elastic}
 	if rc.Period != 0 {
 		r.Period = formatDuration(rc.Period)
 	}

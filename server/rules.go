@@ -73,6 +73,9 @@ type RuleConfig struct {
 	Soft Percent `yaml:"soft"`
 	// Shadow runs the rule in shadow mode (see leases.Rule.Shadow).
 	Shadow bool `yaml:"shadow"`
+	// Elastic names a pool key its requests may borrow from when their own
+	// limits deny (see leases.Rule.Elastic).
+	Elastic string `yaml:"elastic"`
 }
 
 // Percent is a fraction written in a rules file as a percentage ("5%") or
@@ -106,7 +109,7 @@ type LimitConfig struct {
 func (f *RulesFile) RuleSet() leases.RuleSet {
 	rs := leases.RuleSet{Default: f.Default, Rules: make([]leases.Rule, len(f.Rules))}
 	for i, rc := range f.Rules {
-		r := leases.Rule{Name: rc.Name, Match: rc.Match, Algorithm: rc.Algorithm, Limit: rc.Limit, Period: rc.Period, Burst: rc.Burst, LeaseTTL: rc.LeaseTTL, Soft: float64(rc.Soft), Shadow: rc.Shadow}
+		r := leases.Rule{Name: rc.Name, Match: rc.Match, Algorithm: rc.Algorithm, Limit: rc.Limit, Period: rc.Period, Burst: rc.Burst, LeaseTTL: rc.LeaseTTL, Soft: float64(rc.Soft), Shadow: rc.Shadow, Elastic: rc.Elastic}
 		for _, lc := range rc.Limits {
 			r.Limits = append(r.Limits, leases.Limit{Algorithm: lc.Algorithm, Limit: lc.Limit, Period: lc.Period, Burst: lc.Burst})
 		}

@@ -94,6 +94,7 @@ func leaseResultWire(r *leases.LeaseResult) protocol.LeaseResult {
 	out.DelayMillis = millis(r.Delay)
 	out.Limits = limitStatuses(r.Limits)
 	out.ShadowDenied = r.ShadowDenied
+	out.Borrowed = r.Borrowed
 	return out
 }
 
@@ -101,10 +102,10 @@ func takeResultWire(r *leases.TakeResult) protocol.CheckResponse {
 	if r.Err != nil {
 		return protocol.CheckResponse{Error: decisionProblem(r.Err)}
 	}
-	out := protocol.CheckResponse{Allowed: r.Allowed, RetryAfterMillis: millis(r.RetryAfter), DelayMillis: millis(r.Delay), ShadowDenied: r.ShadowDenied, Keys: make([]protocol.CheckResult, len(r.Keys))}
+	out := protocol.CheckResponse{Allowed: r.Allowed, RetryAfterMillis: millis(r.RetryAfter), DelayMillis: millis(r.Delay), ShadowDenied: r.ShadowDenied, Borrowed: r.Borrowed, Keys: make([]protocol.CheckResult, len(r.Keys))}
 	for i := range r.Keys {
 		k := &r.Keys[i]
-		kr := protocol.CheckResult{Key: k.Key, Allowed: k.Allowed, RetryAfterMillis: millis(k.RetryAfter), Remaining: k.Remaining, Unlimited: k.Unlimited, ShadowDenied: k.ShadowDenied}
+		kr := protocol.CheckResult{Key: k.Key, Allowed: k.Allowed, RetryAfterMillis: millis(k.RetryAfter), Remaining: k.Remaining, Unlimited: k.Unlimited, ShadowDenied: k.ShadowDenied, Borrowed: k.Borrowed}
 		if k.Rule != nil {
 			l := binding(k.Rule)
 			kr.Limit, kr.PeriodMillis, kr.Burst, kr.Algorithm = l.Limit, millis(l.Period), l.Burst, string(l.Algorithm)
