@@ -337,6 +337,13 @@ func (c *Client) Wait(ctx context.Context, keys ...string) error {
 // until it when it starts within the same bounds, and otherwise fails (the
 // slot is then lost: a direct take's slot cannot be given back). With
 // several keys, shaped ones are retried until their slots come.
+//
+// Wait callers of a key are served first come, first served: they queue
+// (on the first key, when there are several), and only the first decides;
+// it retries when the key's state changes (its lease arrives, a server is
+// back) or when the time its denial named has passed, not at every tick.
+// Allow callers do not queue: under saturation they may take tokens before
+// the first waiter.
 func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) error {
 	if n < 1 || n > protocol.MaxCount || len(keys) == 0 || len(keys) > protocol.MaxEntries {
 		return fmt.Errorf("client: WaitN(%d, %d keys): n must be 1 to %d and keys 1 to %d", n, len(keys), protocol.MaxCount, protocol.MaxEntries)
@@ -348,18 +355,36 @@ func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) error {
 		}
 		states[i] = c.state(k)
 	}
+	// Wait callers of a key go in turn, first come first served: only the
+	// first of the queue (of the first key, for several) decides; the
+	// others wait for it to be done, without a call or a timer of their
+	// own.
+	q := states[0]
+	turn := q.enqueue()
+	defer q.dequeue(turn)
+	select {
+	case <-turn:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.stopped:
+		return ErrClosed
+	}
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		// Taken before deciding, so that a change during the decision
+		// (a lease arriving) is not missed.
+		changed := q.waitCh()
 		if len(states) == 1 {
-			if done, err := c.waitShaped(ctx, n, states[0]); done {
+			if done, err := c.waitShaped(ctx, n, states[0], func() { q.dequeue(turn) }); done {
 				return err
 			}
 		}
 		maxWait := c.maxWait(ctx)
 		d := c.decide(ctx, n, states, time.Duration(maxWait))
 		if d.Allowed {
+			q.dequeue(turn) // the tokens are taken: the next waiter's turn
 			return c.sleep(ctx, int64(d.delay))
 		}
 		if d.delay > 0 {
@@ -387,16 +412,20 @@ func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) error {
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
 			return &RateLimitedError{Keys: keys, RetryAfter: wait, Source: d.Source}
 		}
-		t := time.NewTimer(wait)
+		// Event-driven: the key's next change (its lease arriving, a
+		// server back) or the time the denial named, whichever is first.
+		tc, stop := c.after(wait)
 		select {
 		case <-ctx.Done():
-			t.Stop()
+			stop()
 			return ctx.Err()
 		case <-c.stopped:
-			t.Stop()
+			stop()
 			return ErrClosed
-		case <-t.C:
+		case <-changed:
+		case <-tc:
 		}
+		stop()
 	}
 }
 

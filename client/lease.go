@@ -173,12 +173,13 @@ type keyState struct {
 	// mu guards its fields.
 	mu struct {
 		sync.Mutex
-		ready    chan struct{} // closed and replaced when the key's state changes
-		fallback *rate.Limiter // the FallbackSafeRate limiter
-		rate     float64       // tokens admitted directly per ns (an average over a lease TTL)
-		rateAt   int64         // client clock of rate
-		admitted int64         // tokens admitted directly since since
-		since    int64         // client clock of the first of them
+		ready    chan struct{}   // closed and replaced when the key's state changes
+		waiters  []chan struct{} // Wait callers in arrival order; the first's channel is closed: its turn
+		fallback *rate.Limiter   // the FallbackSafeRate limiter
+		rate     float64         // tokens admitted directly per ns (an average over a lease TTL)
+		rateAt   int64           // client clock of rate
+		admitted int64           // tokens admitted directly since since
+		since    int64           // client clock of the first of them
 	}
 
 	// run is owned by the settle loop goroutine: nothing else reads or
@@ -200,6 +201,36 @@ func newKeyState(key string) *keyState {
 	ks := &keyState{key: key}
 	ks.mu.ready = make(chan struct{})
 	return ks
+}
+
+// enqueue adds a Wait caller to the key's queue and returns the channel
+// closed when its turn comes (at once when the queue was empty).
+func (ks *keyState) enqueue() chan struct{} {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	turn := make(chan struct{})
+	ks.mu.waiters = append(ks.mu.waiters, turn)
+	if len(ks.mu.waiters) == 1 {
+		close(turn)
+	}
+	return turn
+}
+
+// dequeue removes a Wait caller, done or given up, from the key's queue,
+// and gives the turn to the next when it held it.
+func (ks *keyState) dequeue(turn chan struct{}) {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	for i, w := range ks.mu.waiters {
+		if w != turn {
+			continue
+		}
+		ks.mu.waiters = append(ks.mu.waiters[:i], ks.mu.waiters[i+1:]...)
+		if i == 0 && len(ks.mu.waiters) > 0 {
+			close(ks.mu.waiters[0])
+		}
+		return
+	}
 }
 
 // waitCh returns the channel closed at the key's next change.

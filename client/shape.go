@@ -109,7 +109,10 @@ func (c *Client) maxWait(ctx context.Context) int64 {
 // It reports false when the lease cannot serve (no live schedule, or not
 // enough slots left in it): the caller then waits as for any key. A slot
 // beyond the maximum wait fails at once, taking nothing.
-func (c *Client) waitShaped(ctx context.Context, n int64, ks *keyState) (bool, error) {
+//
+// release is called once the slots are reserved, before the sleep: the next
+// waiter may reserve the following slots meanwhile.
+func (c *Client) waitShaped(ctx context.Context, n int64, ks *keyState, release func()) (bool, error) {
 	l := ks.active.Load()
 	if l == nil || l.shape == nil {
 		return false, nil
@@ -127,6 +130,7 @@ func (c *Client) waitShaped(ctx context.Context, n int64, ks *keyState) (bool, e
 		}
 		return false, nil
 	}
+	release()
 	return true, c.sleep(ctx, at-now)
 }
 

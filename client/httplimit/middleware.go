@@ -114,9 +114,8 @@ type Config struct {
 	// its tokens instead of answering 429 at once, honouring the request's
 	// context; after that, 429. A request whose keys cannot be served
 	// within MaxWait (the servers' retry-after says so) gets its 429 at
-	// once. Waiting is Client.WaitN under a context deadline: the order in
-	// which waiters get tokens is the SDK's own (each waiter retries when
-	// its keys' bucket can serve again), not strictly first come, first
+	// once. Waiting is Client.WaitN under a context deadline: waiters of a
+	// key (the first of the request's keys) are served first come, first
 	// served. Default 0: no queue.
 	MaxWait time.Duration
 	// MaxQueue bounds the requests waiting at once (MaxWait); a request
