@@ -16,7 +16,21 @@ const (
 	// PathAdminChanges lists the most recent changes of the rule database
 	// (GET), newest first.
 	PathAdminChanges = "/v1/admin/changes"
+	// PathAdminSettings gets and puts the rule set's settings
+	// (AdminSettings).
+	PathAdminSettings = "/v1/admin/settings"
 )
+
+// AdminSettings are the settings of the rule set in the rule database,
+// the body of PUT /v1/admin/settings and of its GET.
+type AdminSettings struct {
+	// Default says what happens to keys that match no rule: "allow" (the
+	// default) or "deny", as in a rules file.
+	Default string `json:"default"`
+	// Version is the database version of the last change; set in
+	// responses (and equal to the ETag), ignored in a PUT.
+	Version int64 `json:"version,omitempty"`
+}
 
 // AdminRule is one rule of the rule database, the body of PUT
 // /v1/admin/rules/{name} and of its GET. It has the fields of a rule of the

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -35,6 +36,7 @@ const AdminPrincipal = "admin"
 //	GET|PUT|DELETE /v1/admin/clients/{name}     (protocol.AdminClient)
 //	GET|PUT|DELETE /v1/admin/overrides/{key}    (protocol.AdminOverride)
 //	GET    /v1/admin/changes           the newest changes (protocol.AdminChanges; ?n=, at most 1000)
+//	GET|PUT /v1/admin/settings         the rule set's settings: its default (protocol.AdminSettings)
 //
 // PUT and DELETE honour If-Match ("<version>" from an ETag, or *) and PUT
 // If-None-Match: *; a stale one gets 412 precondition_failed and changes
@@ -57,6 +59,8 @@ func (s *Server) adminRoutes(mux *http.ServeMux) {
 		{[]string{http.MethodGet, http.MethodPut, http.MethodDelete}, protocol.PathAdminOverrides + "/{key...}", map[string]adminHandler{
 			http.MethodGet: s.adminGetOverride, http.MethodPut: s.adminPutOverride, http.MethodDelete: s.adminDeleteOverride}},
 		{[]string{http.MethodGet}, protocol.PathAdminChanges, map[string]adminHandler{http.MethodGet: s.adminChanges}},
+		{[]string{http.MethodGet, http.MethodPut}, protocol.PathAdminSettings, map[string]adminHandler{
+			http.MethodGet: s.adminGetSettings, http.MethodPut: s.adminPutSettings}},
 	}
 	for _, rt := range routes {
 		allow := []string{}
@@ -209,7 +213,7 @@ func (s *Server) adminListRules(w http.ResponseWriter, r *http.Request, db *Rule
 		s.adminFailed(w, r, err)
 		return
 	}
-	out := protocol.AdminRules{Version: snap.version, Default: string(leases.DefaultAllow), Rules: snap.rules}
+	out := protocol.AdminRules{Version: snap.version, Default: cmp.Or(snap.settings.Default, string(leases.DefaultAllow)), Rules: snap.rules}
 	if out.Rules == nil {
 		out.Rules = []protocol.AdminRule{}
 	}
@@ -256,6 +260,31 @@ func (s *Server) adminDeleteRule(w http.ResponseWriter, r *http.Request, db *Rul
 	}
 	s.changed(r.Context(), who, "delete", KindRule, name, v)
 	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) adminGetSettings(w http.ResponseWriter, r *http.Request, db *RuleDB, _ string) {
+	st, err := db.Settings(r.Context())
+	if err != nil {
+		s.adminFailed(w, r, err)
+		return
+	}
+	writeItem(w, st.Version, st)
+}
+
+func (s *Server) adminPutSettings(w http.ResponseWriter, r *http.Request, db *RuleDB, who string) {
+	var st protocol.AdminSettings
+	cond, ok := ifMatch(w, r)
+	if !ok || !s.decodeAdmin(w, r, &st) {
+		return
+	}
+	v, err := db.PutSettings(r.Context(), who, st, cond, s.setCheck)
+	if err != nil {
+		s.adminFailed(w, r, err)
+		return
+	}
+	s.changed(r.Context(), who, "put", KindSetting, SettingsName, v)
+	st.Version = v
+	writeItem(w, v, st)
 }
 
 func (s *Server) adminListClients(w http.ResponseWriter, r *http.Request, db *RuleDB, _ string) {

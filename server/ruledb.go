@@ -33,6 +33,9 @@ const (
 	KindRule     = "rule"
 	KindClient   = "client"
 	KindOverride = "override"
+	// KindSetting is the kind of the rule set's settings (one item,
+	// SettingsName).
+	KindSetting = "setting"
 )
 
 // Errors of RuleDB writes, for callers to branch on.
@@ -107,6 +110,8 @@ func (db *RuleDB) hashOf(kind string) string {
 		return db.key("rules")
 	case KindClient:
 		return db.key("clients")
+	case KindSetting:
+		return db.key("settings")
 	default:
 		return db.key("overrides")
 	}
@@ -128,7 +133,11 @@ type ruleSetSnapshot struct {
 	setVersion int64
 	rules      []protocol.AdminRule   // by name
 	clients    []protocol.AdminClient // by name
+	settings   protocol.AdminSettings
 }
+
+// SettingsName is the one item of KindSetting.
+const SettingsName = "rules"
 
 // splitItem splits a stored "<version>|<JSON>" value.
 func splitItem(v string) (int64, []byte, error) {
@@ -147,11 +156,13 @@ func splitItem(v string) (int64, []byte, error) {
 func (db *RuleDB) snapshot(ctx context.Context) (*ruleSetSnapshot, error) {
 	var ver, setVer *redis.StringCmd
 	var rules, clients *redis.MapStringStringCmd
+	var settings *redis.StringCmd
 	_, err := db.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		ver = p.Get(ctx, db.key("version"))
 		setVer = p.Get(ctx, db.key("setversion"))
 		rules = p.HGetAll(ctx, db.hashOf(KindRule))
 		clients = p.HGetAll(ctx, db.hashOf(KindClient))
+		settings = p.HGet(ctx, db.hashOf(KindSetting), SettingsName)
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
@@ -175,6 +186,11 @@ func (db *RuleDB) snapshot(ctx context.Context) (*ruleSetSnapshot, error) {
 		}
 		c.Name = name
 		s.clients = append(s.clients, c)
+	}
+	if v, err := settings.Result(); err == nil {
+		if err := decodeItem(v, &s.settings, &s.settings.Version); err != nil {
+			return nil, fmt.Errorf("settings: %w", err)
+		}
 	}
 	slices.SortFunc(s.rules, func(a, b protocol.AdminRule) int { return strings.Compare(a.Name, b.Name) })
 	slices.SortFunc(s.clients, func(a, b protocol.AdminClient) int { return strings.Compare(a.Name, b.Name) })
@@ -207,7 +223,7 @@ func unavailable(err error) error {
 // field. Rules are in name order, which decides ties of specificity
 // between patterns (see leases.Policy.Match).
 func (s *ruleSetSnapshot) compile() (*Rules, error) {
-	f := RulesFile{Default: leases.DefaultAllow}
+	f := RulesFile{Default: leases.Default(s.settings.Default)}
 	for i := range s.rules {
 		rc, err := ruleConfigOf(&s.rules[i])
 		if err != nil {
@@ -403,6 +419,28 @@ func (db *RuleDB) DeleteRule(ctx context.Context, who, name, ifMatch string, che
 	return db.changeSet(ctx, change{kind: KindRule, name: name, ifMatch: ifMatch, who: who}, check)
 }
 
+// PutSettings validates the rule set with settings st and, when it is
+// valid, stores them atomically (ifMatch as for change.ifMatch).
+func (db *RuleDB) PutSettings(ctx context.Context, who string, st protocol.AdminSettings, ifMatch string, check func(*Rules) error) (int64, error) {
+	st.Version = 0
+	return db.changeSet(ctx, change{kind: KindSetting, name: SettingsName, value: st, ifMatch: ifMatch, who: who}, check)
+}
+
+// Settings returns the rule set's settings; never stored, they are the
+// defaults (Default "allow") at version 0.
+func (db *RuleDB) Settings(ctx context.Context) (protocol.AdminSettings, error) {
+	var st protocol.AdminSettings
+	v, err := db.get(ctx, KindSetting, SettingsName, &st)
+	if errors.Is(err, ErrNoSuchItem) {
+		return protocol.AdminSettings{Default: string(leases.DefaultAllow)}, nil
+	}
+	st.Version = v
+	if st.Default == "" {
+		st.Default = string(leases.DefaultAllow)
+	}
+	return st, err
+}
+
 // PutClient is PutRule for a client.
 func (db *RuleDB) PutClient(ctx context.Context, who string, c protocol.AdminClient, ifMatch string, check func(*Rules) error) (int64, error) {
 	c.Version = 0
@@ -431,6 +469,11 @@ func (db *RuleDB) changeSet(ctx context.Context, c change, check func(*Rules) er
 			if c.value != nil {
 				next.rules = append(next.rules, c.value.(protocol.AdminRule))
 				slices.SortFunc(next.rules, func(a, b protocol.AdminRule) int { return strings.Compare(a.Name, b.Name) })
+			}
+		case KindSetting:
+			next.settings = protocol.AdminSettings{}
+			if c.value != nil {
+				next.settings = c.value.(protocol.AdminSettings)
 			}
 		case KindClient:
 			next.clients = slices.DeleteFunc(slices.Clone(snap.clients), func(x protocol.AdminClient) bool { return x.Name == c.name })

@@ -399,3 +399,34 @@ func TestRuleDBInvalidStoredSet(t *testing.T) {
 	})
 	assert.Equal(t, int64(3), f.ruleLimit("", "ok"), "the rules in force still serve")
 }
+
+// TestRuleDBDefaultDeny: the rule set's default lives in the database
+// too: put to deny, it applies on every server, and keys that match no
+// rule are refused; a stale ETag on it gets 412; a bad value 422.
+func TestRuleDBDefaultDeny(t *testing.T) {
+	rs := redistest.Start(t)
+	a := newDBFixture(t, rs, Options{})
+	b := newDBFixture(t, rs, Options{})
+
+	r := a.admin(http.MethodGet, protocol.PathAdminSettings, "", nil)
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	assert.JSONEq(t, `{"default":"allow"}`, string(r.body), "never stored: the default")
+	assert.True(t, b.check("", "free:x").Keys[0].Unlimited)
+
+	r = a.admin(http.MethodPut, protocol.PathAdminSettings, "", protocol.AdminSettings{Default: "deny"}, "If-None-Match", "*")
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	etag := r.header.Get("ETag")
+	within(t, time.Second, "default deny on server b", func() bool {
+		res := b.postJSON(protocol.PathCheck, "", protocol.CheckRequest{Keys: []string{"free:x"}})
+		return res.status == http.StatusForbidden && res.problem(t).Code == protocol.CodeNoRule
+	})
+
+	r = a.admin(http.MethodPut, protocol.PathAdminSettings, "", protocol.AdminSettings{Default: "allow"}, "If-Match", `"999"`)
+	assert.Equal(t, http.StatusPreconditionFailed, r.status, "a stale ETag")
+	r = a.admin(http.MethodPut, protocol.PathAdminSettings, "", protocol.AdminSettings{Default: "maybe"}, "If-Match", etag)
+	assert.Equal(t, http.StatusUnprocessableEntity, r.status, "body: %s", r.body)
+	assert.Contains(t, string(r.body), `default: \"maybe\" must be allow or deny`)
+	r = a.admin(http.MethodPut, protocol.PathAdminSettings, "", protocol.AdminSettings{Default: "allow"}, "If-Match", etag)
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	within(t, time.Second, "default allow again on server b", func() bool { return b.check("", "free:x").Keys[0].Unlimited })
+}

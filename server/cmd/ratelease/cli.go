@@ -265,9 +265,17 @@ func (a *api) rulesApply(ctx context.Context, sub string, args []string, stdout,
 	if err := a.call(ctx, http.MethodGet, protocol.PathAdminClients, nil, nil, &curClients); err != nil {
 		return err
 	}
+	var curSettings protocol.AdminSettings
+	if err := a.call(ctx, http.MethodGet, protocol.PathAdminSettings, nil, nil, &curSettings); err != nil {
+		return err
+	}
 	steps := plan(rf, curRules.Rules, curClients.Clients, *prune)
-	if rf.Default == "deny" {
-		fmt.Fprintln(stderr, "ratelease: note: the file's default: deny is not stored; servers in database mode allow keys that match no rule")
+	if want := cmp.Or(string(rf.Default), "allow"); want != curSettings.Default {
+		st := step{op: "~", kind: "settings", name: "default " + want, path: protocol.PathAdminSettings, body: protocol.AdminSettings{Default: want}}
+		if curSettings.Version > 0 {
+			st.ifMatch = strconv.FormatInt(curSettings.Version, 10)
+		}
+		steps = append(steps, st)
 	}
 	if len(steps) == 0 {
 		fmt.Fprintln(stdout, "no changes")
