@@ -57,6 +57,9 @@ type RuleInfo struct {
 	// Shadow is true for a rule in shadow mode: decided and counted, but
 	// every request is admitted.
 	Shadow bool `json:"shadow,omitempty"`
+	// Reserve is the share of each limit kept for the priority classes
+	// above a request's, per class, as fractions (see Priorities).
+	Reserve map[string]float64 `json:"reserve,omitempty"`
 }
 
 // LimitInfo describes one limit of a rule in a RuleInfo.

@@ -51,6 +51,7 @@ func ruleInfo(rl *leases.Rule) protocol.RuleInfo {
 		LeaseTTLMillis: rl.LeaseTTL.Milliseconds(),
 		Soft:           rl.Soft,
 		Shadow:         rl.Shadow,
+		Reserve:        rl.Reserve,
 	}
 	for i, l := range rl.Limits {
 		info.Limits[i] = protocol.LimitInfo{Algorithm: string(l.Algorithm), Limit: l.Limit, Period: formatDuration(l.Period), PeriodMillis: l.Period.Milliseconds(), Burst: l.Burst}
