@@ -287,7 +287,9 @@ func (c *Client) Allow(ctx context.Context, keys ...string) Decision {
 }
 
 // AllowN reports whether n requests' worth may happen now for every key,
-// spending n tokens of each: all of them or none.
+// spending n tokens of each: all of them or none. The decision's priority
+// class is ctx's (WithPriority), else Config.Priority; a class other than
+// the default is decided by a direct take (see WithPriority).
 //
 // A key with a live lease is decided locally, without a lock. Any other key
 // is decided by a direct take at a lease server (Source SourceDirect): one
@@ -325,7 +327,8 @@ func (c *Client) Wait(ctx context.Context, keys ...string) error {
 	return c.WaitN(ctx, 1, keys...)
 }
 
-// WaitN is Wait for n tokens of each key.
+// WaitN is Wait for n tokens of each key, under ctx's priority class as
+// AllowN decides it (see WithPriority).
 //
 // A key whose rule shapes (leaky_bucket) is served in slots, one every
 // period/limit: a Wait for such a key alone takes the next free slots of
@@ -376,7 +379,7 @@ func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) error {
 		// Taken before deciding, so that a change during the decision
 		// (a lease arriving) is not missed.
 		changed := q.waitCh()
-		if len(states) == 1 {
+		if _, foreign := c.callPriority(ctx); len(states) == 1 && !foreign {
 			if done, err := c.waitShaped(ctx, n, states[0], func() { q.dequeue(turn) }); done {
 				return err
 			}
@@ -447,6 +450,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 	var dbuf [4]*keyState
 	direct := dbuf[:0]
 	d := Decision{Allowed: true, Source: SourceLease, Remaining: -1}
+	prio, foreign := c.callPriority(ctx)
 	var now int64
 	for i, ks := range states {
 		if ks.dead.Load() {
@@ -458,6 +462,34 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 				d.Source = SourceUnlimited
 			}
 			done = append(done, spent{ks: ks})
+			continue
+		}
+		if foreign {
+			// A class other than the default: decided directly, never
+			// from the lease nor denied by another class's denial (see
+			// WithPriority); a refusal holds for every class.
+			if now == 0 {
+				now = c.nanos()
+			}
+			if c.closing.Load() {
+				c.undo(n, done)
+				return Decision{Source: SourceClosed}
+			}
+			if err := c.refused(now); err != nil {
+				c.undo(n, done)
+				c.denied.Add(1)
+				return Decision{Source: SourceRefused, Err: err, RetryAfter: time.Duration(c.refusedUntil.Load() - now)}
+			}
+			if ks.refused.Load() && ks.denyUntil.Load() > now {
+				c.undo(n, done)
+				c.denied.Add(1)
+				d := Decision{Source: SourceDenied, RetryAfter: time.Duration(ks.denyUntil.Load() - now)}
+				if e := ks.refusal.Load(); e != nil {
+					d.Err = e
+				}
+				return d
+			}
+			direct = append(direct, ks)
 			continue
 		}
 		if l := ks.active.Load(); l != nil && l.spend(n, c) {
@@ -538,7 +570,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 		var dd Decision
 		if c.online.Load() || c.probe(now) {
 			c.directs.Add(1)
-			dd = c.takeDirect(ctx, n, direct, maxDelay)
+			dd = c.takeDirect(ctx, n, direct, maxDelay, prio, foreign)
 		} else {
 			dd = c.offline(n, direct, now)
 		}

@@ -61,6 +61,12 @@ type Config struct {
 	// Fallback applies to a key once its lease has ended and no server
 	// answers. Default FallbackSafeRate.
 	Fallback Fallback
+	// Priority is the process's default priority class: critical, high,
+	// normal or low (see WithPriority); empty means normal. Every lease
+	// the client takes, and every decision without a class of its own,
+	// carries it: a rule that reserves shares for the classes above it
+	// serves them only from what lies beyond their reserve.
+	Priority string
 	// DefaultSafeRate is the rate, in requests per second, FallbackSafeRate
 	// allows for a key the client never got a safe_rate for. Default 0:
 	// such keys are denied.
@@ -158,6 +164,10 @@ func (c *Config) withDefaults() (Config, error) {
 		_, _ = rand.Read(b[:])
 		cfg.ClientID = fmt.Sprintf("%s-%d-%s", strings.ReplaceAll(host, " ", "_"), os.Getpid(), hex.EncodeToString(b[:]))
 	}
+	if err := protocol.ValidatePriority(cfg.Priority); err != nil {
+		return cfg, fmt.Errorf("client: Priority: %w", err)
+	}
+	cfg.Priority = normalPriority(cfg.Priority)
 	if cfg.Fallback < FallbackSafeRate || cfg.Fallback > FallbackClosed {
 		return cfg, fmt.Errorf("client: unknown fallback %d", cfg.Fallback)
 	}

@@ -27,6 +27,11 @@ type directReq struct {
 	res      protocol.CheckResponse
 	err      error // no server answered
 	sent     int64 // client clock when its call was sent
+	// priority is the take's class on the wire; foreign is true when it
+	// is not the client's default (see WithPriority): its answer then
+	// changes no state of its keys but what they learn of their rules.
+	priority string
+	foreign  bool
 }
 
 // directQueue coalesces the direct takes of the process. Its fields are
@@ -42,8 +47,8 @@ type directQueue struct {
 // takeDirect decides states by one direct take at a lease server, sent at
 // once or with the next call when maxDirectCalls are in flight. It waits for
 // the answer, or until ctx ends or the client closes.
-func (c *Client) takeDirect(ctx context.Context, n int64, states []*keyState, maxDelay time.Duration) Decision {
-	req := &directReq{states: states, n: n, maxDelay: max(maxDelay, 0).Milliseconds(), done: make(chan struct{})}
+func (c *Client) takeDirect(ctx context.Context, n int64, states []*keyState, maxDelay time.Duration, priority string, foreign bool) Decision {
+	req := &directReq{states: states, n: n, maxDelay: max(maxDelay, 0).Milliseconds(), done: make(chan struct{}), priority: priority, foreign: foreign}
 	c.direct.mu.Lock()
 	if c.direct.closed {
 		c.direct.mu.Unlock()
@@ -110,6 +115,9 @@ func (c *Client) callDirect(batch []*directReq) {
 			}
 			req.Takes[i].Cost = &chunk[i].n
 			req.Takes[i].MaxDelayMillis = &chunk[i].maxDelay
+			if r.priority != protocol.PriorityNormal {
+				req.Takes[i].Priority = r.priority
+			}
 		}
 		sent := c.nanos()
 		resp, err := c.http.lease(ctx, req)
@@ -204,6 +212,14 @@ func (c *Client) applyDirect(r *directReq) Decision {
 		ks.unlimited.Store(false)
 		ks.learn(kr.Limit, kr.PeriodMillis, kr.Burst, kr.LeaseTTLMillis)
 		ks.shaped.Store(kr.Algorithm == algorithmLeaky)
+		if r.foreign {
+			// Another class than the key's lease and local denials serve:
+			// its answer is its own.
+			if v := c.limitStates(kr.Limits, r.sent); v != nil {
+				ks.limits.Store(v)
+			}
+			continue
+		}
 		if ks.shaped.Load() && !kr.Allowed && kr.RetryAfterMillis >= 0 && c.admitted(ks, r.n, now) {
 			// A shaped key counts its denials as demand too: while another
 			// process's lease holds the queue's next slots, a direct Allow
@@ -243,7 +259,7 @@ func (c *Client) applyDirect(r *directReq) Decision {
 			remaining = res.Keys[i].Remaining
 			limits = ks.limitsView()
 		}
-		if c.admitted(ks, r.n, now) {
+		if !r.foreign && c.admitted(ks, r.n, now) {
 			c.promote(ks)
 		}
 	}

@@ -67,6 +67,18 @@
 // is then denied locally until that time: excess requests cost no network
 // call.
 //
+// # Priorities
+//
+// Config.Priority is the process's default priority class (critical,
+// high, normal or low); a rule may reserve shares of its limits for the
+// classes above a request's (rules file: reserve: {critical: 20%}), and
+// then serves a class only from what lies beyond their reserve. Every
+// lease the client takes carries the default class, so a lease belongs to
+// one class. WithPriority gives one decision another class: it is decided
+// by a direct take that carries its class, never from the key's lease and
+// never denied locally by another class's denial, so a critical call
+// never spends a best-effort lease, nor the reverse.
+//
 // # The settle loop
 //
 // Its time comes through the client's clock (the monotonic clock; the

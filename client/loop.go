@@ -106,7 +106,7 @@ func (c *Client) send(ctx context.Context, items []pending) callResult {
 		chunk := items[start:min(len(items), start+protocol.MaxEntries)]
 		req := &protocol.LeaseRequest{ClientID: c.cfg.ClientID, Leases: make([]protocol.LeaseEntry, len(chunk))}
 		for i, p := range chunk {
-			e := protocol.LeaseEntry{Key: p.ks.key, Want: p.want, Slot: p.slot}
+			e := protocol.LeaseEntry{Key: p.ks.key, Want: p.want, Slot: p.slot, Priority: c.wirePriority()}
 			if p.settling != nil {
 				e.LeaseID, e.Used = p.settling.id, p.used
 			}

@@ -45,9 +45,10 @@ type keyState interface {
 	// another one starts the key afresh.
 	algorithm() Algorithm
 	lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOutcome
-	// take takes cost tokens at now; a shaping algorithm takes no slot
-	// further than maxDelay away (negative: no maximum).
-	take(b *Bucket, cost int64, maxDelay time.Duration, now int64) TakeOutcome
+	// take takes cost tokens at now, leaving at least floor of the
+	// limit's capacity free (see TakeOp.Floor); a shaping algorithm takes
+	// no slot further than maxDelay away (negative: no maximum).
+	take(b *Bucket, cost, floor int64, maxDelay time.Duration, now int64) TakeOutcome
 	// refund gives back cost tokens of a take made at at (µs).
 	refund(b *Bucket, cost int64, at int64, now int64)
 	// idle reports whether the state is the same as no state at now, so

@@ -370,6 +370,55 @@
 // lease is deleted at once. Should the hash be evicted alone, TAT restarts
 // at the latest expiry in the index, after every slice handed out.
 //
+// # Priorities with reserves
+//
+// A request carries a priority class: critical, high, normal (the
+// default) or low (protocol.Priorities, highest first). A rule may reserve
+// a share of each of its limits for the higher classes (Rule.Reserve, for
+// example critical 20% and high 10%). A request of class c may not take a
+// limit below its floor,
+//
+//	floor(c) = ⌈capacity × Σ Reserve[k] over the classes k above c⌉
+//
+// where capacity is the limit's burst (token bucket), its limit (windows)
+// or its queue (leaky bucket), soft overage included (Rule.Floor). The
+// Engine computes the floor of each limit and passes it to the store in
+// LeaseOp.Floor and TakeOp.Floor; every algorithm, in Go and in Lua
+// (ARGV[17]), lets a grant or a take use max(0, free − floor) of what is
+// free, where free is what the algorithm would otherwise grant (the
+// token bucket's whole tokens, a window's limit less what it counts, a
+// leaky bucket's free slots), and its retry_after is the time until
+// floor + need are free (a period when the floor leaves a limit nothing it
+// could ever grant a lease of the class, and a take whose cost does not
+// fit above its floor fails with ErrCostExceedsBurst). Fair share, the
+// caps and the bookkeeping are the same for every class; a floor of 0
+// changes nothing, and TestStoresAgree and its siblings run random floors
+// against both stores. A floor only ever lowers a grant or refuses a take,
+// so every bound above holds unchanged.
+//
+// The guarantee. A class's requests are never denied by a limit while
+// that limit holds more than the class's floor plus their cost (for a
+// lease, one token above the floor is granted, within fair share); lower
+// classes can never take the reserve of the higher ones. So under
+// saturation by lower classes, a class c finds at least the reserve of
+// the classes from c upwards less what those classes took themselves, and
+// the refill above the floor is shared with the lower classes. For a
+// token bucket: when the demand of the classes at and above c stays within
+// their reserved share of the rate (and their bursts within their reserved
+// share of the burst), those requests are admitted however much the lower
+// classes ask. Measured (storetest's PrioritySaturation, memory, Redis and
+// Redis Cluster; TestEnginePrioritySaturation): a 1000/s bucket of burst
+// 100 reserving 20% for critical, best-effort callers asking ten and more
+// times the refill by takes and leases every millisecond, critical callers
+// taking at 200/s: critical admitted 400 of 400 (100%; the test requires
+// 95%), best effort the rest of the refill; without the reserve, critical
+// got 0 of 400.
+//
+// What it costs: the reserve is idle capacity while the higher classes do
+// not use it (a low-only workload gets at most capacity − floor at once,
+// though the full refill over time). Remaining and Reset report the limit
+// as a whole, not the part a class may use.
+//
 // # Other algorithms
 //
 // Rule.Algorithm names the algorithm, and the Store dispatches on it. The

@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"time"
+
+	"github.com/ratelease/ratelease/protocol"
 )
 
 // EngineOptions configure an Engine.
@@ -141,6 +143,10 @@ type LeaseAsk struct {
 	LeaseID string
 	Used    int64
 	Slot    int
+	// Priority is the class the lease is granted to (protocol.Priorities;
+	// empty is normal): each limit grants only from what lies above the
+	// class's floor (Rule.Floor).
+	Priority string
 }
 
 // LimitStatus is the state of one limit of a key's rule after a decision,
@@ -274,7 +280,8 @@ func (e *Engine) Lease(ctx context.Context, owner Owner, asks []LeaseAsk) ([]Lea
 			}
 		}
 		for li := range r.Limits {
-			ops = append(ops, LeaseOp{Key: limitKey(a.Key, li), Bucket: r.bucket(li), Want: a.Want, LeaseID: settleID, Used: used, NewLeaseID: id, Slot: a.Slot, Limits: e.limits})
+			b := r.bucket(li)
+			ops = append(ops, LeaseOp{Key: limitKey(a.Key, li), Bucket: b, Want: a.Want, LeaseID: settleID, Used: used, NewLeaseID: id, Slot: a.Slot, Limits: e.limits, Floor: r.Floor(a.Priority, b.Burst)})
 			at = append(at, i)
 		}
 	}
@@ -375,7 +382,14 @@ func (e *Engine) combineLease(res *LeaseResult, a *LeaseAsk, ops []LeaseOp, outs
 				res.TTL = o.TTL
 			}
 		}
-		res.RetryAfter = max(res.RetryAfter, o.RetryAfter)
+		retry := o.RetryAfter
+		if retry < 0 {
+			// The class's floor leaves this limit nothing to grant, ever,
+			// under the rule as it stands: ask again a period later (the
+			// rule may have changed).
+			retry = l.Period
+		}
+		res.RetryAfter = max(res.RetryAfter, retry)
 		res.Delay = max(res.Delay, o.Delay)
 	}
 	for i := range res.Limits {
@@ -424,6 +438,10 @@ type TakeAsk struct {
 	// MaxDelay is the longest wait for a shaping rule's slot (see
 	// TakeOp.MaxDelay); nil means no maximum.
 	MaxDelay *time.Duration
+	// Priority is the take's class (protocol.Priorities; empty is
+	// normal): each limit admits it only while it leaves the class's floor
+	// free (Rule.Floor).
+	Priority string
 }
 
 // KeyResult is the outcome of a take for one of its keys.
@@ -544,8 +562,13 @@ func (e *Engine) Take(ctx context.Context, takes []TakeAsk) ([]TakeResult, Repor
 					resp.Err = decisionErr(ErrCostExceedsBurst, "cost %d exceeds burst %d of rule %q for keys[%d] %q: it can never be allowed", t.Cost, b.Burst, r.Name, i, k)
 					break
 				}
+				floor := r.Floor(t.Priority, b.Burst)
+				if t.Cost+floor > b.Burst {
+					resp.Err = decisionErr(ErrCostExceedsBurst, "cost %d exceeds the %d of burst %d that rule %q leaves priority %q beyond the reserve of the classes above it, for keys[%d] %q: it can never be allowed at this priority", t.Cost, b.Burst-floor, b.Burst, r.Name, priorityName(t.Priority), i, k)
+					break
+				}
 				res.Limits[li].Limit = *l
-				ops = append(ops, TakeOp{Key: limitKey(k, li), Bucket: b, Cost: t.Cost, MaxDelay: t.MaxDelay})
+				ops = append(ops, TakeOp{Key: limitKey(k, li), Bucket: b, Cost: t.Cost, MaxDelay: t.MaxDelay, Floor: floor})
 				at = append(at, [3]int{ti, i, li})
 			}
 			if resp.Err != nil {
@@ -639,6 +662,14 @@ func (e *Engine) Take(ctx context.Context, takes []TakeAsk) ([]TakeResult, Repor
 		}
 	}
 	return resps, rep, nil
+}
+
+// priorityName returns p, or "normal" for the empty class.
+func priorityName(p string) string {
+	if p == "" {
+		return protocol.PriorityNormal
+	}
+	return p
 }
 
 // wireAlgorithm returns a rule's algorithm as the protocol carries it:

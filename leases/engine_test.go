@@ -479,3 +479,100 @@ func TestEngineElastic(t *testing.T) {
 		assert.Contains(t, err.Error(), "elastic")
 	}
 }
+
+// TestEnginePrioritySaturation: the guarantee at engine level. A rule of
+// 1000/s (burst 100) reserves 20% for critical; best-effort (low) callers
+// ask for ten times the refill, by takes and by leases, every millisecond,
+// and critical callers take at a steady 200/s, their reserved share of the
+// rate, after the low ones in each millisecond. With the reserve they are
+// admitted at ≥ 95% of their demand; without it, low drains the bucket
+// first and critical gets what is left.
+func TestEnginePrioritySaturation(t *testing.T) {
+	run := func(t *testing.T, reserve map[string]float64) (critAsked, critAdmitted, lowAdmitted int64) {
+		e, clock, _ := newEngine(t, leases.RuleSet{Rules: []leases.Rule{{Name: "api", Match: "api:*", Limit: 1000, Period: time.Second, Burst: 100, LeaseTTL: 20 * time.Millisecond, Reserve: reserve}}})
+		ctx := context.Background()
+		leaseIDs := make([]string, 4)
+		granted := make([]int64, 4)
+		for ms := 1; ms <= 2000; ms++ {
+			for w := range 4 {
+				res, _, err := e.Lease(ctx, own(fmt.Sprintf("low/%d", w)), []leases.LeaseAsk{{Key: "api:x", Want: 10, LeaseID: leaseIDs[w], Used: granted[w], Priority: "low"}})
+				require.NoError(t, err)
+				require.NoError(t, res[0].Err)
+				leaseIDs[w], granted[w] = res[0].LeaseID, res[0].Granted
+				lowAdmitted += res[0].Granted
+			}
+			for range 6 {
+				res, _, err := e.Take(ctx, []leases.TakeAsk{{Keys: []string{"api:x"}, Cost: 1, Priority: "low"}})
+				require.NoError(t, err)
+				if res[0].Allowed {
+					lowAdmitted++
+				}
+			}
+			if ms%5 == 0 {
+				res, _, err := e.Take(ctx, []leases.TakeAsk{{Keys: []string{"api:x"}, Cost: 1, Priority: "critical"}})
+				require.NoError(t, err)
+				require.NoError(t, res[0].Err)
+				critAsked++
+				if res[0].Allowed {
+					critAdmitted++
+				}
+			}
+			clock.Advance(time.Millisecond)
+		}
+		return critAsked, critAdmitted, lowAdmitted
+	}
+	asked, admitted, low := run(t, map[string]float64{"critical": 0.2})
+	t.Logf("with a 20%% reserve: critical %d of %d admitted (%.1f%%), low %d tokens", admitted, asked, 100*float64(admitted)/float64(asked), low)
+	assert.GreaterOrEqual(t, float64(admitted), 0.95*float64(asked))
+	assert.LessOrEqual(t, low+admitted, int64(100+2000), "the bound holds")
+	askedNo, admittedNo, lowNo := run(t, nil)
+	t.Logf("without a reserve: critical %d of %d admitted (%.1f%%), low %d tokens", admittedNo, askedNo, 100*float64(admittedNo)/float64(askedNo), lowNo)
+	assert.Less(t, float64(admittedNo), 0.5*float64(askedNo), "the control: without a reserve, best effort starves critical")
+}
+
+// TestEnginePriorityFloors: each limit of a rule takes its own floor; a
+// take whose cost cannot fit above its class's floor is refused as it
+// would be above the burst; a lease whose class can never be served waits
+// a period.
+func TestEnginePriorityFloors(t *testing.T) {
+	e, _, _ := newEngine(t, leases.RuleSet{Rules: []leases.Rule{
+		{Name: "two", Match: "two:*", Limits: []leases.Limit{{Limit: 10, Period: time.Hour}, {Limit: 40, Period: time.Hour}}, Reserve: map[string]float64{"critical": 0.3, "high": 0.2}},
+		{Name: "tiny", Match: "tiny:*", Limit: 1, Period: time.Minute, Reserve: map[string]float64{"critical": 0.2}},
+	}})
+	ctx := context.Background()
+	tests := []struct {
+		name     string
+		priority string
+		cost     int64
+		allowed  bool
+		err      error
+	}{
+		{"normal takes what lies above 50% of the smaller limit", "normal", 5, true, nil},
+		{"normal is then at its floor", "", 1, false, nil},
+		{"high's floor is 30%", "high", 2, true, nil},
+		{"high is at its floor", "high", 1, false, nil},
+		{"critical takes the rest", "critical", 3, true, nil},
+		{"the limit is spent", "critical", 1, false, nil},
+		{"a cost above burst less the floor is refused", "low", 6, false, leases.ErrCostExceedsBurst},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, _, err := e.Take(ctx, []leases.TakeAsk{{Keys: []string{"two:a"}, Cost: tt.cost, Priority: tt.priority}})
+			require.NoError(t, err)
+			if tt.err != nil {
+				require.ErrorIs(t, res[0].Err, tt.err)
+				assert.Contains(t, res[0].Err.Error(), `priority "low"`)
+				return
+			}
+			require.NoError(t, res[0].Err)
+			assert.Equal(t, tt.allowed, res[0].Allowed)
+		})
+	}
+	res, _, err := e.Lease(ctx, own("c/1"), []leases.LeaseAsk{{Key: "tiny:a", Want: 1, Priority: "low"}})
+	require.NoError(t, err)
+	assert.Zero(t, res[0].Granted, "⌈1 × 20%⌉ = 1: nothing of a bucket of one is ever low's")
+	assert.Equal(t, time.Minute, res[0].RetryAfter, "never, under this rule: ask again a period later")
+	res, _, err = e.Lease(ctx, own("c/1"), []leases.LeaseAsk{{Key: "tiny:a", Want: 1, Priority: "critical"}})
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, res[0].Granted)
+}

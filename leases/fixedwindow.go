@@ -161,9 +161,9 @@ func (s *fwState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 	return windowLease(s, b, owner, op, now)
 }
 
-func (s *fwState) take(b *Bucket, cost int64, maxDelay time.Duration, now int64) TakeOutcome {
+func (s *fwState) take(b *Bucket, cost, floor int64, maxDelay time.Duration, now int64) TakeOutcome {
 	s.bucket = *b
-	return windowTake(s, b, cost, now)
+	return windowTake(s, b, cost, floor, now)
 }
 
 // refund gives back up to cost of the tokens taken directly in this

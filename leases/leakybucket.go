@@ -190,7 +190,7 @@ func (s *lbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 	}
 	if op.Want > 0 {
 		start := max(s.tat, float64(now))
-		g := min(op.Want, lbFree(b, start, now, t))
+		g := min(op.Want, lbFree(b, start, now, t)-op.Floor)
 		if h > 1 {
 			g = min(g, max(1, b.Burst/int64(h)))
 		}
@@ -205,14 +205,14 @@ func (s *lbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 			o.Delay = usToMillisUp(start - float64(now))
 		} else {
 			// One slot fits once the queue ahead of it is Burst − 1 long.
-			o.RetryAfter = usToMillisUp(start - float64(now) - float64(float64(b.Burst-1)*t))
+			o.RetryAfter = usToMillisUp(start - float64(now) - float64(float64(b.Burst-op.Floor-1)*t))
 		}
 	}
 	o.Remaining, o.Reset = s.status(b, now, t)
 	return o
 }
 
-func (s *lbState) take(b *Bucket, cost int64, maxDelay time.Duration, now int64) TakeOutcome {
+func (s *lbState) take(b *Bucket, cost, floor int64, maxDelay time.Duration, now int64) TakeOutcome {
 	s.bucket = *b
 	t := b.interval()
 	var o TakeOutcome
@@ -221,12 +221,12 @@ func (s *lbState) take(b *Bucket, cost int64, maxDelay time.Duration, now int64)
 	switch {
 	case cost == 0:
 		o.Taken = true
-	case cost > b.Burst:
+	case cost+floor > b.Burst:
 		o.RetryAfter = -1
-	case lbFree(b, start, now, t) >= cost && maxDelay >= 0 && start-float64(now) > float64(maxDelay.Microseconds()):
+	case lbFree(b, start, now, t) >= cost+floor && maxDelay >= 0 && start-float64(now) > float64(maxDelay.Microseconds()):
 		// The slot is further away than the caller waits: not taken.
 		o.RetryAfter = usToMillisUp(start - float64(now) - float64(maxDelay.Microseconds()))
-	case lbFree(b, start, now, t) >= cost:
+	case lbFree(b, start, now, t) >= cost+floor:
 		o.Taken = true
 		s.tat = start + float64(float64(cost)*t)
 		o.Delay = usToMillisUp(start - float64(now))
@@ -234,7 +234,7 @@ func (s *lbState) take(b *Bucket, cost int64, maxDelay time.Duration, now int64)
 		// only while they are still the last ones handed out.
 		o.At = int64(math.Floor(s.tat))
 	default:
-		o.RetryAfter = usToMillisUp(start - float64(now) - float64(float64(b.Burst-cost)*t))
+		o.RetryAfter = usToMillisUp(start - float64(now) - float64(float64(b.Burst-floor-cost)*t))
 	}
 	o.Remaining, o.Reset = s.status(b, now, t)
 	return o

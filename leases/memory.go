@@ -191,7 +191,7 @@ func (s *MemoryStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, er
 	for i := range ops {
 		op := &ops[i]
 		if err := s.with(op.Key, &op.Bucket, now, func(st keyState) {
-			out[i] = st.take(&op.Bucket, op.Cost, maxDelayOf(op), now)
+			out[i] = st.take(&op.Bucket, op.Cost, op.Floor, maxDelayOf(op), now)
 		}); err != nil {
 			return nil, err
 		}

@@ -87,7 +87,7 @@ type RedisStore struct {
 	rdb        redis.UniversalClient
 	scripts    map[Algorithm]*redis.Script
 	now        func() time.Time
-	noEviction string // the script's ARGV[16]
+	noEviction string // the script's ARGV[16]; ARGV[17] is the op's Floor
 }
 
 // NewRedisStore returns a store over rdb. The caller keeps ownership of rdb:
@@ -226,7 +226,7 @@ func (s *RedisStore) Lease(ctx context.Context, owner Owner, ops []LeaseOp) ([]L
 		algs[i] = op.Bucket.Algorithm
 		keys[i] = redisKeyList(op.Key, algs[i])
 		args[i] = append(bucketArgs("lease", now, &op.Bucket), owner.Client, owner.Process, op.Want, op.LeaseID, op.Used, op.NewLeaseID, op.Slot,
-			op.Limits.maxLeases(), op.Limits.maxProcesses(), s.noEviction)
+			op.Limits.maxLeases(), op.Limits.maxProcesses(), s.noEviction, op.Floor)
 	}
 	cmds, err := s.run(ctx, algs, keys, args)
 	if err != nil {
@@ -252,6 +252,9 @@ func (s *RedisStore) Lease(ctx context.Context, owner Owner, ops []LeaseOp) ([]L
 				}
 			}
 			o.RetryAfter = time.Duration(v[2]) * time.Millisecond
+			if v[2] < 0 {
+				o.RetryAfter = -1 // never, under this floor
+			}
 			o.Remaining = v[3]
 			o.Holders = int(v[4])
 			o.Settled = v[5] == 1
@@ -288,7 +291,7 @@ func (s *RedisStore) runTake(ctx context.Context, mode string, ops []TakeOp) ([]
 			maxDelay = d.Microseconds()
 		}
 		args[i] = append(append(bucketArgs(mode, now, &op.Bucket), noOwner[:2]...), op.Cost, op.At, maxDelay)
-		args[i] = append(append(args[i], noOwner[5:]...), s.noEviction)
+		args[i] = append(append(args[i], noOwner[5:]...), s.noEviction, op.Floor)
 	}
 	return s.run(ctx, algs, keys, args)
 }

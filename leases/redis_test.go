@@ -83,6 +83,19 @@ type agreeCase struct {
 	takes   int           // one op in takes is a Take (and one more a Refund)
 	maxCost int64
 	limits  leases.LeaseLimits
+	// floors gives half the leases and takes a random priority floor
+	// (LeaseOp.Floor, TakeOp.Floor), 0 to the capacity; without it every
+	// floor is 0 and the random sequence is the one it always was.
+	floors bool
+}
+
+// randomFloor returns a priority floor for an op on b: 0 unless c.floors,
+// then 0 half the time and otherwise 1 to the capacity.
+func (c *agreeCase) randomFloor(rng *rand.Rand, b leases.Bucket) int64 {
+	if !c.floors || rng.IntN(2) == 0 {
+		return 0
+	}
+	return 1 + rng.Int64N(b.Burst)
 }
 
 // TestStoresAgree runs random sequences of operations against both stores
@@ -120,6 +133,13 @@ func TestStoresAgree(t *testing.T) {
 		keys:    []string{"crowd"},
 		owners:  crowd,
 		steps:   3000, maxStep: time.Millisecond, abandon: 3, takes: 6, maxCost: 100,
+	}, {
+		name:    "floors",
+		buckets: []leases.Bucket{tb(7, time.Second, 13, 300*time.Millisecond), tb(100, time.Second, 20, 50*time.Millisecond), tb(3, 7*time.Millisecond, 3, 20*time.Millisecond)},
+		keys:    []string{"a", "b", "c", "d}"},
+		owners:  []string{"x/1", "y/1", "z/1", "x/2", "y/2"},
+		steps:   3000, maxStep: 5 * time.Millisecond, abandon: 6, takes: 4, maxCost: 5,
+		floors: true,
 	}}
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
@@ -150,11 +170,12 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 		switch r := rng.IntN(c.takes); {
 		case r == 0:
 			op := []leases.TakeOp{{Key: key, Bucket: b, Cost: rng.Int64N(c.maxCost + 1)}}
+			op[0].Floor = c.randomFloor(rng, b)
 			mo, err := mem.Take(ctx, op)
 			require.NoError(t, err)
 			ro, err := red.Take(ctx, op)
 			require.NoError(t, err)
-			require.Equal(t, mo, ro, "step %d take", step)
+			require.Equal(t, mo, ro, "step %d take %+v", step, op[0])
 			if !mo[0].Taken {
 				denied++
 			}
@@ -167,6 +188,7 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 			hk := fmt.Sprint(owner, "|", key, "|", slot)
 			h := open[hk]
 			op := leases.LeaseOp{Key: key, Bucket: b, Want: rng.Int64N(b.Burst + 2), NewLeaseID: leases.NewLeaseID(), Slot: slot, Limits: c.limits}
+			op.Floor = c.randomFloor(rng, b)
 			if h.id != "" && (c.abandon == 0 || rng.IntN(c.abandon) != 0) {
 				op.LeaseID = h.id
 				op.Used = rng.Int64N(h.g + 2) // sometimes one too many
@@ -429,6 +451,13 @@ func TestStoresAgreeLeaky(t *testing.T) {
 		keys:    []string{"crowd"},
 		owners:  crowd,
 		steps:   3000, maxStep: 2 * time.Millisecond, abandon: 3, takes: 6, maxCost: 100,
+	}, {
+		name:    "floors",
+		buckets: []leases.Bucket{lb(7, time.Second, 13, 300*time.Millisecond), lb(100, time.Second, 20, 50*time.Millisecond), lb(3, 7*time.Millisecond, 3, 20*time.Millisecond)},
+		keys:    []string{"a", "b", "c", "d}"},
+		owners:  []string{"x/1", "y/1", "z/1", "x/2", "y/2"},
+		steps:   3000, maxStep: 30 * time.Millisecond, abandon: 6, takes: 4, maxCost: 4,
+		floors: true,
 	}}
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)

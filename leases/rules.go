@@ -123,6 +123,39 @@ type Rule struct {
 	// limit), so that callers exceed their limit only while the pool has
 	// room. See elastic.go for the bound. Empty is no borrowing.
 	Elastic string
+	// Reserve keeps shares of each limit for the priority classes (see
+	// protocol.Priorities, highest first): Reserve["critical"] = 0.2 keeps
+	// 20% of each limit's capacity from every class below critical. A
+	// request of class c may not take a limit below its floor, the
+	// capacity times the sum of the shares of the classes above c,
+	// rounded up (see Floor). Shares are fractions, 0 to 1, summing to
+	// less than 1; the keys are class names. Nil reserves nothing.
+	Reserve map[string]float64
+}
+
+// Floor returns what a request of class priority must leave free of a
+// limit of capacity tokens (a token bucket's burst, a window's limit, a
+// leaky bucket's queue): ⌈capacity × Σ Reserve[k]⌉ over the classes k
+// above priority. An empty or unknown class counts as normal. The sum runs
+// in the order of protocol.Priorities, so every server computes the same
+// floor.
+func (r *Rule) Floor(priority string, capacity int64) int64 {
+	if len(r.Reserve) == 0 {
+		return 0
+	}
+	rank, ok := protocol.PriorityRank(priority)
+	if !ok {
+		rank, _ = protocol.PriorityRank(protocol.PriorityNormal)
+	}
+	sum := 0.0
+	for _, c := range protocol.Priorities[:rank] {
+		sum += r.Reserve[c]
+	}
+	if sum <= 0 {
+		return 0
+	}
+	// The margin keeps 100 × 0.3 (30.000000000000004) at 30.
+	return min(capacity, int64(math.Ceil(float64(capacity)*sum-1e-9)))
 }
 
 // MaxSoft is the largest Rule.Soft: a soft limit admits at most 11 times
@@ -181,6 +214,13 @@ func (r Rule) withDefaults() Rule {
 		r.Algorithm, r.Limit, r.Period, r.Burst = "", 0, 0, 0
 	} else {
 		r.Limits = append([]Limit(nil), r.Limits...)
+	}
+	if len(r.Reserve) > 0 {
+		res := make(map[string]float64, len(r.Reserve))
+		for c, v := range r.Reserve {
+			res[c] = v
+		}
+		r.Reserve = res
 	}
 	for i := range r.Limits {
 		l := &r.Limits[i]
@@ -243,6 +283,31 @@ func (r *Rule) Validate() error {
 		if b := d.bucket(i); b.Limit > protocol.MaxCount || b.Burst > protocol.MaxCount {
 			return fail("soft", "raises limits[%d] above %d", i, protocol.MaxCount)
 		}
+	}
+	return r.validateReserve(fail)
+}
+
+// validateReserve checks Reserve: known classes, shares 0 to 1, a sum
+// below 1.
+func (r *Rule) validateReserve(fail func(field, format string, args ...any) error) error {
+	sum := 0.0
+	for _, c := range protocol.Priorities {
+		v, ok := r.Reserve[c]
+		if !ok {
+			continue
+		}
+		if !(v >= 0 && v <= 1) {
+			return fail("reserve."+c, "is %g (%g%%); a share must be 0%% to 100%%", v, v*100)
+		}
+		sum += v
+	}
+	for c := range r.Reserve {
+		if _, ok := protocol.PriorityRank(c); !ok || c == "" {
+			return fail("reserve", "names %q, which is not a priority class (critical, high, normal or low)", c)
+		}
+	}
+	if sum >= 1-1e-9 {
+		return fail("reserve", "shares sum to %g%%; they must sum to less than 100%% so that the lowest class can take something", sum*100)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package leases
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -112,6 +113,11 @@ func TestPolicyErrors(t *testing.T) {
 		{"both forms", RuleSet{Rules: []Rule{{Name: "a", Match: "x", Limit: 1, Period: sec, Limits: []Limit{{Limit: 1, Period: sec}}}}}, `rule "a": limits: give algorithm`},
 		{"bad second limit", RuleSet{Rules: []Rule{{Name: "a", Match: "x", Limits: []Limit{{Limit: 1, Period: sec}, {Limit: 1}}}}}, `rule "a": limits[1].period: is 0s`},
 		{"too many limits", RuleSet{Rules: []Rule{{Name: "a", Match: "x", Limits: make([]Limit, MaxLimitsPerRule+1)}}}, `rule "a": limits: has 9 limits`},
+		{"unknown class", RuleSet{Rules: []Rule{{Name: "a", Match: "x", Limit: 1, Period: sec, Reserve: map[string]float64{"urgent": 0.1}}}}, `rule "a": reserve: names "urgent", which is not a priority class`},
+		{"empty class", RuleSet{Rules: []Rule{{Name: "a", Match: "x", Limit: 1, Period: sec, Reserve: map[string]float64{"": 0.1}}}}, `rule "a": reserve: names ""`},
+		{"share above 100%", RuleSet{Rules: []Rule{{Name: "a", Match: "x", Limit: 1, Period: sec, Reserve: map[string]float64{"critical": 1.5}}}}, `rule "a": reserve.critical: is 1.5 (150%)`},
+		{"negative share", RuleSet{Rules: []Rule{{Name: "a", Match: "x", Limit: 1, Period: sec, Reserve: map[string]float64{"high": -0.1}}}}, `rule "a": reserve.high: is -0.1`},
+		{"sum 100%", RuleSet{Rules: []Rule{{Name: "a", Match: "x", Limit: 1, Period: sec, Reserve: map[string]float64{"critical": 0.6, "high": 0.4}}}}, `rule "a": reserve: shares sum to 100%`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -175,4 +181,36 @@ func TestPolicyAlgorithms(t *testing.T) {
 		require.ErrorIs(t, err, ErrInvalidRules, a)
 		assert.Contains(t, err.Error(), "burst: is 20", a)
 	}
+}
+
+func TestRuleFloor(t *testing.T) {
+	r := Rule{Reserve: map[string]float64{"critical": 0.2, "high": 0.1}}
+	tests := []struct {
+		class    string
+		capacity int64
+		want     int64
+	}{
+		{"critical", 100, 0},
+		{"high", 100, 20},
+		{"normal", 100, 30},
+		{"", 100, 30},
+		{"low", 100, 30},
+		{"bogus", 100, 30}, // an unknown class counts as normal
+		{"high", 7, 2},     // ⌈1.4⌉
+		{"low", 7, 3},      // ⌈2.1⌉
+		{"low", 1, 1},
+		{"critical", 1, 0},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%s/%d", tt.class, tt.capacity), func(t *testing.T) {
+			assert.Equal(t, tt.want, r.Floor(tt.class, tt.capacity))
+		})
+	}
+	assert.Zero(t, (&Rule{}).Floor("low", 100), "no reserve, no floor")
+	lowOnly := Rule{Reserve: map[string]float64{"low": 0.5}}
+	assert.Zero(t, lowOnly.Floor("low", 100), "a class's own reserve is not kept from it")
+	p, err := NewPolicy(RuleSet{Rules: []Rule{{Name: "a", Match: "x", Limit: 10, Period: time.Second, Reserve: map[string]float64{"critical": 0.25, "normal": 0}}}})
+	require.NoError(t, err)
+	got := p.Rules()[0]
+	assert.Equal(t, map[string]float64{"critical": 0.25, "normal": 0}, got.Reserve)
 }

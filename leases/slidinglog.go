@@ -176,9 +176,9 @@ func (s *swlState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOu
 	return o
 }
 
-func (s *swlState) take(b *Bucket, cost int64, maxDelay time.Duration, now int64) TakeOutcome {
+func (s *swlState) take(b *Bucket, cost, floor int64, maxDelay time.Duration, now int64) TakeOutcome {
 	s.bucket = *b
-	return windowTake(s, b, cost, now)
+	return windowTake(s, b, cost, floor, now)
 }
 
 // refund gives back up to cost tokens from the bucket of at, where the take

@@ -125,6 +125,13 @@ type LeaseOp struct {
 	Slot int
 	// Limits cap the open leases of the key.
 	Limits LeaseLimits
+	// Floor is the part of the limit's capacity (the burst of a token
+	// bucket, the limit of a window, the queue of a leaky bucket) that
+	// this grant must leave free: the share a rule reserves for the
+	// priority classes above the owner's (see Rule.Floor). A grant may use
+	// max(0, free − Floor) of what is free; its RetryAfter is the time
+	// until Floor + 1 are free. 0 changes nothing.
+	Floor int64
 }
 
 // LeaseOutcome is the result of one LeaseOp.
@@ -139,8 +146,9 @@ type LeaseOutcome struct {
 	LeaseID string
 	TTL     time.Duration
 	// RetryAfter is set when tokens were wanted and none granted: the time
-	// until the bucket can serve one token, assuming no lease is settled
-	// early.
+	// until the bucket can serve one token above the op's Floor, assuming
+	// no lease is settled early. It is negative when the Floor leaves the
+	// bucket nothing it could ever grant.
 	RetryAfter time.Duration
 	// Remaining is the number of whole tokens in the bucket after the
 	// operation.
@@ -186,6 +194,11 @@ type TakeOp struct {
 	// gives back the take's slots only while they are the last handed out;
 	// zero gives back nothing there. The token bucket ignores it.
 	At int64
+	// Floor is, for Take, the part of the limit's capacity the take must
+	// leave free, as in LeaseOp.Floor: the take needs Cost + Floor free,
+	// and its RetryAfter is the time until they are (negative when Cost +
+	// Floor exceeds the capacity). 0 changes nothing; Refund ignores it.
+	Floor int64
 }
 
 // TakeOutcome is the result of one TakeOp.

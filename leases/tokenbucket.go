@@ -433,6 +433,8 @@ func (s *tbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 		if s.level > 0 {
 			avail = int64(math.Floor(s.level + epsilon))
 		}
+		// The floor of the owner's class stays in the bucket.
+		avail = max(0, avail-op.Floor)
 		if avail < g {
 			g = avail
 			if g < need {
@@ -453,7 +455,11 @@ func (s *tbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 			o.LeaseID = op.NewLeaseID
 			o.TTL = b.LeaseTTL
 		} else {
-			o.RetryAfter = max(s.retryAfter(b, float64(need), now), microsToRetry(shareWait))
+			o.RetryAfter = s.retryAfter(b, float64(need+op.Floor), now)
+			if o.RetryAfter >= 0 {
+				// Negative: the floor leaves the bucket nothing, ever.
+				o.RetryAfter = max(o.RetryAfter, microsToRetry(shareWait))
+			}
 			if !s.holdsSlot(ref) {
 				// A waiter holds a lease of nothing for one TTL, so that
 				// the others' fair share counts it while it waits.
@@ -472,17 +478,18 @@ func (s *tbState) reset(b *Bucket) time.Duration {
 	return resetAfter(float64(b.Burst)-max(s.level, 0), b.ratePerMicro())
 }
 
-// take takes cost tokens outright, all or none.
-func (s *tbState) take(b *Bucket, cost int64, maxDelay time.Duration, now int64) TakeOutcome {
+// take takes cost tokens outright, all or none, leaving floor tokens in
+// the bucket.
+func (s *tbState) take(b *Bucket, cost, floor int64, maxDelay time.Duration, now int64) TakeOutcome {
 	s.bucket = *b
 	var o TakeOutcome
 	level, last, open := s.level, s.last, len(s.leases)
 	o.Expired = s.advance(b, now)
-	if cost == 0 || s.level+epsilon >= float64(cost) {
+	if cost == 0 || s.level+epsilon >= float64(cost+floor) {
 		s.level -= float64(cost)
 		o.Taken = true
 	} else {
-		o.RetryAfter = s.retryAfter(b, float64(cost), now)
+		o.RetryAfter = s.retryAfter(b, float64(cost+floor), now)
 	}
 	o.Remaining = s.remaining()
 	o.Reset = s.reset(b)

@@ -230,13 +230,13 @@ func windowLease(a windowAlgo, b *Bucket, owner Owner, op *LeaseOp, now int64) L
 		}
 	}
 	if op.Want > 0 {
-		g := min(op.Want, max(1, b.Limit/int64(o.Holders)), a.free(b, now))
+		g := min(op.Want, max(1, b.Limit/int64(o.Holders)), max(0, a.free(b, now)-op.Floor))
 		if g > 0 {
 			dl, win := a.grant(b, g, now)
 			w.open(&winLease{ref: ref, member: member(owner, op.Slot), id: op.NewLeaseID, granted: g, deadline: dl, window: win})
 			o.Granted, o.LeaseID, o.TTL = g, op.NewLeaseID, time.Duration(dl-now)*time.Microsecond
 		} else {
-			o.RetryAfter = a.retryAfter(b, 1, now)
+			o.RetryAfter = a.retryAfter(b, 1+op.Floor, now)
 		}
 	}
 	o.Remaining = a.free(b, now)
@@ -245,15 +245,15 @@ func windowLease(a windowAlgo, b *Bucket, owner Owner, op *LeaseOp, now int64) L
 }
 
 // windowTake is the take of every window algorithm: cost tokens now, all or
-// none.
-func windowTake(a windowAlgo, b *Bucket, cost int64, now int64) TakeOutcome {
+// none, leaving floor free.
+func windowTake(a windowAlgo, b *Bucket, cost, floor int64, now int64) TakeOutcome {
 	var o TakeOutcome
 	o.Expired = a.advance(b, now)
-	if cost == 0 || cost <= a.free(b, now) {
+	if cost == 0 || cost+floor <= a.free(b, now) {
 		a.spend(b, cost, now)
 		o.Taken = true
 	} else {
-		o.RetryAfter = a.retryAfter(b, cost, now)
+		o.RetryAfter = a.retryAfter(b, cost+floor, now)
 	}
 	o.Remaining = a.free(b, now)
 	o.Reset = a.reset(b, now)

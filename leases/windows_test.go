@@ -54,6 +54,13 @@ func TestStoresAgreeWindows(t *testing.T) {
 			keys:    []string{"crowd"},
 			owners:  crowd,
 			steps:   2500, maxStep: time.Millisecond, abandon: 3, takes: 4, maxCost: 100,
+		}, {
+			name:    "floors",
+			buckets: []leases.Bucket{wb(13, time.Second, 300*time.Millisecond), wb(40, 200*time.Millisecond, 50*time.Millisecond), wb(3, 7*time.Millisecond, 20*time.Millisecond)},
+			keys:    []string{"a", "b", "c", "d}"},
+			owners:  []string{"x/1", "y/1", "z/1", "x/2", "y/2"},
+			steps:   2500, maxStep: 5 * time.Millisecond, abandon: 6, takes: 5, maxCost: 5,
+			floors: true,
 		}}
 		for _, c := range cases {
 			t.Run(string(alg)+"/"+c.name, func(t *testing.T) { agreeWindows(t, rdb, c) })
@@ -83,6 +90,7 @@ func agreeWindows(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 		switch r := rng.IntN(c.takes); {
 		case r == 0:
 			op := []leases.TakeOp{{Key: key, Bucket: b, Cost: rng.Int64N(c.maxCost + 1)}}
+			op[0].Floor = c.randomFloor(rng, b)
 			mo, err := mem.Take(ctx, op)
 			require.NoError(t, err)
 			ro, err := red.Take(ctx, op)
@@ -103,6 +111,7 @@ func agreeWindows(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 			hk := fmt.Sprint(owner, "|", key, "|", slot)
 			h := open[hk]
 			op := leases.LeaseOp{Key: key, Bucket: b, Want: rng.Int64N(b.Limit + 2), NewLeaseID: leases.NewLeaseID(), Slot: slot, Limits: c.limits}
+			op.Floor = c.randomFloor(rng, b)
 			if h.id != "" && (c.abandon == 0 || rng.IntN(c.abandon) != 0) {
 				op.LeaseID = h.id
 				op.Used = rng.Int64N(h.g + 2) // sometimes one too many

@@ -61,6 +61,10 @@ type AdminRule struct {
 	Shadow bool `json:"shadow,omitempty"`
 	// Elastic is the pool key the rule's denied requests may borrow from.
 	Elastic string `json:"elastic,omitempty"`
+	// Reserve keeps shares of each limit for the priority classes, per
+	// class, as fractions ({"critical": 0.2} keeps 20% from the classes
+	// below critical).
+	Reserve map[string]float64 `json:"reserve,omitempty"`
 	// Version is the database version of the rule's last change; set in
 	// responses (and equal to the ETag), ignored in a PUT.
 	Version int64 `json:"version,omitempty"`

@@ -38,6 +38,9 @@ const (
 	CodeInvalidClientID Code = "invalid_client_id"
 	// CodeInvalidLeaseID: lease_id is malformed (422).
 	CodeInvalidLeaseID Code = "invalid_lease_id"
+	// CodeInvalidPriority: priority names no class; the classes are
+	// critical, high, normal and low (422).
+	CodeInvalidPriority Code = "invalid_priority"
 	// CodeTooManyEntries: more than MaxEntries entries or keys (413).
 	CodeTooManyEntries Code = "too_many_entries"
 	// CodeTooManyKeys: the client holds leases on as many distinct keys
@@ -120,6 +123,7 @@ var codes = map[Code]codeInfo{
 	CodeInvalidCount:         {http.StatusUnprocessableEntity, "Invalid count"},
 	CodeInvalidClientID:      {http.StatusUnprocessableEntity, "Invalid client_id"},
 	CodeInvalidLeaseID:       {http.StatusUnprocessableEntity, "Invalid lease_id"},
+	CodeInvalidPriority:      {http.StatusUnprocessableEntity, "Invalid priority"},
 	CodeTooManyEntries:       {http.StatusRequestEntityTooLarge, "Too many entries"},
 	CodeTooManyKeys:          {http.StatusTooManyRequests, "Too many keys for this client"},
 	CodeBodyTooLarge:         {http.StatusRequestEntityTooLarge, "Request body too large"},

@@ -77,6 +77,11 @@ type LeaseEntry struct {
 	// a renewal without ever spending a token of a lease the server already
 	// closed. Clients that do not double-buffer leave it 0.
 	Slot int `json:"slot,omitempty"`
+	// Priority is the class the lease is granted to: critical, high,
+	// normal or low (see Priorities); empty means normal. A rule that
+	// reserves shares for the classes above it grants the lease only from
+	// what lies beyond their reserve.
+	Priority string `json:"priority,omitempty"`
 }
 
 // LeaseResponse is the body of a successful POST /v1/leases. Leases has one
@@ -186,6 +191,11 @@ type CheckRequest struct {
 	// the time until one would be near enough. Absent: any slot the queue
 	// holds. 0 to MaxCount. Other algorithms ignore it.
 	MaxDelayMillis *int64 `json:"max_delay_ms,omitempty"`
+	// Priority is the request's class: critical, high, normal or low (see
+	// Priorities); empty means normal. A rule that reserves shares for the
+	// classes above it admits the request only from what lies beyond
+	// their reserve.
+	Priority string `json:"priority,omitempty"`
 }
 
 // MaxDelay returns the request's MaxDelayMillis as a duration, nil when it
@@ -366,6 +376,9 @@ func (r *LeaseRequest) Validate() error {
 		if e.Used < 0 || e.Used > MaxCount {
 			return NewProblem(CodeInvalidCount, fmt.Sprintf("leases[%d].used is %d; it must be 0 to %d", i, e.Used, MaxCount))
 		}
+		if err := ValidatePriority(e.Priority); err != nil {
+			return NewProblem(CodeInvalidPriority, fmt.Sprintf("leases[%d].priority: %v", i, err))
+		}
 		if e.LeaseID == "" {
 			if e.Used != 0 {
 				return NewProblem(CodeInvalidCount, fmt.Sprintf("leases[%d].used is %d without a lease_id; used reports the spending of the lease being settled", i, e.Used))
@@ -394,6 +407,9 @@ func (r *CheckRequest) validate(prefix string) error {
 	}
 	if m := r.MaxDelayMillis; m != nil && (*m < 0 || *m > MaxCount) {
 		return NewProblem(CodeInvalidCount, fmt.Sprintf("%smax_delay_ms is %d; it must be 0 to %d", prefix, *m, MaxCount))
+	}
+	if err := ValidatePriority(r.Priority); err != nil {
+		return NewProblem(CodeInvalidPriority, fmt.Sprintf("%spriority: %v", prefix, err))
 	}
 	seen := make(map[string]struct{}, len(r.Keys))
 	for i, k := range r.Keys {

@@ -59,6 +59,9 @@ type RuleInfo struct {
 	Shadow bool `json:"shadow,omitempty"`
 	// Elastic is the pool key a rule's denied requests may borrow from.
 	Elastic string `json:"elastic,omitempty"`
+	// Reserve is the share of each limit kept for the priority classes
+	// above a request's, per class, as fractions (see Priorities).
+	Reserve map[string]float64 `json:"reserve,omitempty"`
 }
 
 // LimitInfo describes one limit of a rule in a RuleInfo.

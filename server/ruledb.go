@@ -265,6 +265,12 @@ func ruleConfigOf(r *protocol.AdminRule) (RuleConfig, error) {
 		return fmt.Errorf("%w: rule %q: %s: %w", leases.ErrInvalidRules, r.Name, field, err)
 	}
 	rc := RuleConfig{Name: r.Name, Match: r.Match, Algorithm: leases.Algorithm(r.Algorithm), Limit: r.Limit, Burst: r.Burst, Soft: Percent(r.Soft), Shadow: r.Shadow, Elastic: r.Elastic}
+	for c, v := range r.Reserve {
+		if rc.Reserve == nil {
+			rc.Reserve = make(map[string]Percent, len(r.Reserve))
+		}
+		rc.Reserve[c] = Percent(v)
+	}
 	var err error
 	if rc.Period, err = parseDuration(r.Period); err != nil {
 		return rc, fail("period", err)
@@ -284,7 +290,7 @@ func ruleConfigOf(r *protocol.AdminRule) (RuleConfig, error) {
 
 // AdminRuleOf converts a rules file's rule to its wire form.
 func AdminRuleOf(rc RuleConfig) protocol.AdminRule {
-	r := protocol.AdminRule{Name: rc.Name, Match: rc.Match, Algorithm: string(rc.Algorithm), Limit: rc.Limit, Burst: rc.Burst, Soft: float64(rc.Soft), Shadow: rc.Shadow, Elastic: rc.Elastic}
+	r := protocol.AdminRule{Name: rc.Name, Match: rc.Match, Algorithm: string(rc.Algorithm), Limit: rc.Limit, Burst: rc.Burst, Soft: float64(rc.Soft), Shadow: rc.Shadow, Elastic: rc.Elastic, Reserve: reserveOf(rc.Reserve)}
 	if rc.Period != 0 {
 		r.Period = formatDuration(rc.Period)
 	}

@@ -76,6 +76,10 @@ type RuleConfig struct {
 	// Elastic names a pool key its requests may borrow from when their own
 	// limits deny (see leases.Rule.Elastic).
 	Elastic string `yaml:"elastic"`
+	// Reserve keeps shares of each limit for the priority classes above a
+	// request's, per class, as percentages or fractions:
+	// "reserve: {critical: 20%, high: 10%}" (see leases.Rule.Reserve).
+	Reserve map[string]Percent `yaml:"reserve"`
 }
 
 // Percent is a fraction written in a rules file as a percentage ("5%") or
@@ -97,6 +101,18 @@ func (p *Percent) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
+// reserveOf converts a rules file's reserve to leases.Rule.Reserve.
+func reserveOf(m map[string]Percent) map[string]float64 {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make(map[string]float64, len(m))
+	for c, p := range m {
+		out[c] = float64(p)
+	}
+	return out
+}
+
 // LimitConfig is one entry of a rule's limits (see leases.Limit).
 type LimitConfig struct {
 	Algorithm leases.Algorithm `yaml:"algorithm"`
@@ -109,7 +125,7 @@ type LimitConfig struct {
 func (f *RulesFile) RuleSet() leases.RuleSet {
 	rs := leases.RuleSet{Default: f.Default, Rules: make([]leases.Rule, len(f.Rules))}
 	for i, rc := range f.Rules {
-		r := leases.Rule{Name: rc.Name, Match: rc.Match, Algorithm: rc.Algorithm, Limit: rc.Limit, Period: rc.Period, Burst: rc.Burst, LeaseTTL: rc.LeaseTTL, Soft: float64(rc.Soft), Shadow: rc.Shadow, Elastic: rc.Elastic}
+		r := leases.Rule{Name: rc.Name, Match: rc.Match, Algorithm: rc.Algorithm, Limit: rc.Limit, Period: rc.Period, Burst: rc.Burst, LeaseTTL: rc.LeaseTTL, Soft: float64(rc.Soft), Shadow: rc.Shadow, Elastic: rc.Elastic, Reserve: reserveOf(rc.Reserve)}
 		for _, lc := range rc.Limits {
 			r.Limits = append(r.Limits, leases.Limit{Algorithm: lc.Algorithm, Limit: lc.Limit, Period: lc.Period, Burst: lc.Burst})
 		}

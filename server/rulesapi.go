@@ -52,6 +52,7 @@ func ruleInfo(rl *leases.Rule) protocol.RuleInfo {
 		Soft:           rl.Soft,
 		Shadow:         rl.Shadow,
 		Elastic:        rl.Elastic,
+		Reserve:        rl.Reserve,
 	}
 	for i, l := range rl.Limits {
 		info.Limits[i] = protocol.LimitInfo{Algorithm: string(l.Algorithm), Limit: l.Limit, Period: formatDuration(l.Period), PeriodMillis: l.Period.Milliseconds(), Burst: l.Burst}

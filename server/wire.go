@@ -15,7 +15,7 @@ import (
 func leaseAsks(entries []protocol.LeaseEntry) []leases.LeaseAsk {
 	asks := make([]leases.LeaseAsk, len(entries))
 	for i, e := range entries {
-		asks[i] = leases.LeaseAsk{Key: e.Key, Want: e.Want, LeaseID: e.LeaseID, Used: e.Used, Slot: e.Slot}
+		asks[i] = leases.LeaseAsk{Key: e.Key, Want: e.Want, LeaseID: e.LeaseID, Used: e.Used, Slot: e.Slot, Priority: e.Priority}
 	}
 	return asks
 }
@@ -23,7 +23,7 @@ func leaseAsks(entries []protocol.LeaseEntry) []leases.LeaseAsk {
 func takeAsks(reqs []protocol.CheckRequest) []leases.TakeAsk {
 	asks := make([]leases.TakeAsk, len(reqs))
 	for i := range reqs {
-		asks[i] = leases.TakeAsk{Keys: reqs[i].Keys, Cost: reqs[i].CostOrDefault(), MaxDelay: reqs[i].MaxDelay()}
+		asks[i] = leases.TakeAsk{Keys: reqs[i].Keys, Cost: reqs[i].CostOrDefault(), MaxDelay: reqs[i].MaxDelay(), Priority: reqs[i].Priority}
 	}
 	return asks
 }

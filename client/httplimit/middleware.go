@@ -78,6 +78,16 @@ type Config struct {
 	// health checks); more than protocol.MaxCount is refused as a limit
 	// would.
 	Cost func(r *http.Request) int64
+	// Priority returns a request's priority class: client.PriorityCritical,
+	// PriorityHigh, PriorityNormal or PriorityLow. A rule that reserves
+	// shares for the classes above a request's serves it only from what
+	// lies beyond their reserve, so under saturation the lower classes are
+	// denied first. nil, an empty result or an unknown class: the
+	// Client's default class (client.Config.Priority). A class other than
+	// the default is decided by a direct take, never from the key's lease
+	// (see client.WithPriority): keep the bulk of the traffic in the
+	// default class.
+	Priority func(r *http.Request) string
 
 	// DenyHandler writes the response of a denied request. The middleware
 	// has set Retry-After and (unless Headers is HeadersNone) the
@@ -219,6 +229,7 @@ type Middleware struct {
 	keys     []keyTemplates
 	in       inputs // the mux is set per Handler
 	cost     func(*http.Request) int64
+	priority func(*http.Request) string
 	deny     http.Handler
 	missing  func(http.ResponseWriter, *http.Request, error)
 	hook     func(*http.Request, Result)
@@ -249,17 +260,18 @@ func New(cfg Config) (*Middleware, error) {
 		return nil, errors.New("httplimit: Config.Client is required")
 	}
 	m := &Middleware{
-		c:       cfg.Client,
-		cost:    cfg.Cost,
-		deny:    cfg.DenyHandler,
-		missing: cfg.MissingHandler,
-		hook:    cfg.OnDecision,
-		headers: cfg.Headers,
-		shadow:  cfg.Shadow,
-		maxWait: cfg.MaxWait,
-		log:     cfg.Logger,
-		now:     time.Now,
-		fields:  newFieldCache(),
+		c:        cfg.Client,
+		cost:     cfg.Cost,
+		priority: cfg.Priority,
+		deny:     cfg.DenyHandler,
+		missing:  cfg.MissingHandler,
+		hook:     cfg.OnDecision,
+		headers:  cfg.Headers,
+		shadow:   cfg.Shadow,
+		maxWait:  cfg.MaxWait,
+		log:      cfg.Logger,
+		now:      time.Now,
+		fields:   newFieldCache(),
 	}
 	keys := cfg.Keys
 	if len(keys) == 0 {
@@ -423,7 +435,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	d := m.c.AllowN(r.Context(), cost, keys...)
+	ctx := r.Context()
+	if m.priority != nil {
+		if p := m.priority(r); p != "" {
+			ctx = client.WithPriority(ctx, p)
+		}
+	}
+	d := m.c.AllowN(ctx, cost, keys...)
 	res := Result{Keys: keys, Cost: cost, Decision: d}
 	switch {
 	case d.Allowed:
@@ -453,7 +471,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		select {
 		case m.queue <- struct{}{}:
 			start := m.now()
-			ctx, cancel := context.WithTimeout(r.Context(), m.maxWait)
+			ctx, cancel := context.WithTimeout(ctx, m.maxWait)
 			err := m.c.WaitN(ctx, cost, keys...)
 			cancel()
 			<-m.queue

@@ -44,6 +44,7 @@ local limit = tonumber(ARGV[3])
 local period = tonumber(ARGV[4])
 local burst = tonumber(ARGV[5])
 local ttl = tonumber(ARGV[6])
+local pfloor = tonumber(ARGV[17]) or 0 -- the priority floor (LeaseOp.Floor)
 local t = period / limit -- the emission interval T, µs
 local eps = 1e-9
 local dry = mode == 'state'
@@ -276,18 +277,18 @@ if mode == 'take' then
   local taken, retry, delay = 0, 0, 0
   if cost == 0 then
     taken = 1
-  elseif cost > burst then
+  elseif cost + pfloor > burst then
     retry = -1
-  elseif free(start) >= cost and maxd >= 0 and start - now > maxd then
+  elseif free(start) >= cost + pfloor and maxd >= 0 and start - now > maxd then
     -- The slot is further away than the caller waits: not taken.
     retry = ms_up(start - now - maxd)
-  elseif free(start) >= cost then
+  elseif free(start) >= cost + pfloor then
     taken = 1
     tat = start + cost * t
     delay = ms_up(start - now)
     changed = true
   else
-    retry = ms_up(start - now - (burst - cost) * t)
+    retry = ms_up(start - now - (burst - pfloor - cost) * t)
   end
   if changed then save() end
   local rem, reset = status()
@@ -371,7 +372,7 @@ if want > 0 then
   local start = tat
   if now > start then start = now end
   local g = want
-  local f = free(start)
+  local f = free(start) - pfloor
   if f < g then g = f end
   if h > 1 then
     local fair = math.floor(burst / h)
@@ -395,7 +396,7 @@ if want > 0 then
     delay = ms_up(start - now)
     lttl = e - now
   else
-    retry = ms_up(start - now - (burst - 1) * t)
+    retry = ms_up(start - now - (burst - pfloor - 1) * t)
   end
 end
 save()

@@ -36,7 +36,10 @@
 --          8 process, 9 want or cost, 10 lease id to settle, 11 used,
 --          12 new lease id, 13 slot (0 or 1), 14 max open leases per key,
 --          15 max processes per client on the key, 16 "1" when Redis is
---          known to evict nothing (the check for a lost hash is skipped)
+--          known to evict nothing (the check for a lost hash is skipped),
+--          17 the floor: the part of the capacity a grant or take must
+--          leave free for higher priority classes (LeaseOp.Floor; "" or
+--          absent: 0)
 --
 -- The three keys carry the bucket key's hash tag, so they live in one slot.
 -- O lives in H with the leases it sums, written by the same script, so the
@@ -66,6 +69,7 @@ local limit = tonumber(ARGV[3])
 local period = tonumber(ARGV[4])
 local burst = tonumber(ARGV[5])
 local ttl = tonumber(ARGV[6])
+local pfloor = tonumber(ARGV[17]) or 0 -- the priority floor (LeaseOp.Floor)
 local rate = limit / period
 local eps = 1e-9
 local RETRY_WALK = 64
@@ -527,11 +531,11 @@ end
 if mode == 'take' then
   local cost = tonumber(ARGV[9])
   local taken, retry = 0, 0
-  if cost == 0 or level + eps >= cost then
+  if cost == 0 or level + eps >= cost + pfloor then
     level = level - cost
     taken = 1
   else
-    retry = retry_after(cost)
+    retry = retry_after(cost + pfloor)
   end
   -- A denied take that closed nothing changes nothing: the next call's
   -- refill from the stored state gives the same level, so nothing is
@@ -661,6 +665,9 @@ if want > 0 then
   end
   local avail = 0
   if level > 0 then avail = math.floor(level + eps) end
+  -- The floor of the owner's class stays in the bucket.
+  avail = avail - pfloor
+  if avail < 0 then avail = 0 end
   if avail < g then
     g = avail
     if g < need then g = 0 end -- half a batch at least, or nothing until the bucket holds it
@@ -690,8 +697,8 @@ if want > 0 then
     end
     granted = g
   else
-    retry = retry_after(need)
-    if share_wait > 0 then
+    retry = retry_after(need + pfloor)
+    if share_wait > 0 and retry >= 0 then
       local ms = math.floor((share_wait + 999) / 1000)
       if ms > retry then retry = ms end
     end

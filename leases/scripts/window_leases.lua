@@ -40,6 +40,7 @@ end
 local limit = tonumber(ARGV[3])
 local W = tonumber(ARGV[4]) -- the window, µs
 local ttl = tonumber(ARGV[6])
+local pfloor = tonumber(ARGV[17]) or 0 -- the priority floor (LeaseOp.Floor)
 local eps = 1e-9
 local RETRY_WALK = 64
 local CHUNK = 1000
@@ -285,11 +286,11 @@ local function run(A)
   if mode == 'take' then
     local cost = tonumber(ARGV[9])
     local taken, retry = 0, 0
-    if cost == 0 or cost <= A.free() then
+    if cost == 0 or cost + pfloor <= A.free() then
       A.spend(cost)
       taken = 1
     else
-      retry = A.retry(cost)
+      retry = A.retry(cost + pfloor)
     end
     -- A denied take that changed nothing writes nothing: the next call
     -- recomputes the same state from what is stored.
@@ -353,7 +354,8 @@ local function run(A)
     local fair = math.floor(limit / h)
     if fair < 1 then fair = 1 end
     if fair < g then g = fair end
-    local f = A.free()
+    local f = A.free() - pfloor
+    if f < 0 then f = 0 end
     if f < g then g = f end
     if g > 0 then
       local dl, win = A.grant(g)
@@ -361,7 +363,7 @@ local function run(A)
       granted = g
       lttl = dl - now
     else
-      retry = A.retry(1)
+      retry = A.retry(1 + pfloor)
     end
   end
   A.finish()

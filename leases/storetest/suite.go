@@ -122,6 +122,10 @@ func Run(t *testing.T, newStore Factory, opts Options) {
 	t.Run("ManyHolders", func(t *testing.T) { testManyHolders(t, newFixture(t, newStore)) })
 	t.Run("LeaseCaps", func(t *testing.T) { testLeaseCaps(t, newFixture(t, newStore)) })
 	t.Run("FairShareBetweenClients", func(t *testing.T) { testFairClients(t, newFixture(t, newStore)) })
+	t.Run("PriorityFloor", func(t *testing.T) { testPriorityFloor(t, newStore) })
+	t.Run("PrioritySaturation", func(t *testing.T) {
+		testPrioritySaturation(t, newFixture(t, newStore), min(opts.ConcurrentTicks, 3000))
+	})
 }
 
 func testGrantSettleReturn(t *testing.T, f *fixture) {
