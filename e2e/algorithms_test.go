@@ -15,6 +15,7 @@ const algorithmRules = `
   - {name: sliding-log,    match: "swl:*", algorithm: sliding_window_log,     limit: 200, period: 1s, lease_ttl: 1s}
   - {name: sliding-count,  match: "swc:*", algorithm: sliding_window_counter, limit: 200, period: 1s, lease_ttl: 1s}
   - {name: leaky,          match: "lb:*",  algorithm: leaky_bucket,           limit: 100, period: 1s, burst: 40, lease_ttl: 1s}
+  - {name: priorities,     match: "prio:*", limit: 200, period: 1s, burst: 40, lease_ttl: 1s, reserve: {critical: 20%}}
   - name: two-limits
     match: "two:*"
     lease_ttl: 1s
@@ -208,4 +209,30 @@ func TestLeakyBucket(t *testing.T) {
 	for _, l := range loads {
 		assert.GreaterOrEqual(t, float64(l.res.Admitted), 0.5*float64(cnt.n)/float64(len(loads)), "%s: a fair slice", l.name)
 	}
+}
+
+// TestPriorityReserve: a rule of 200/s (burst 40) that keeps 20% for
+// critical callers, over the 3 servers and one Redis. Two low-priority
+// processes ask for far more than the rate; a critical caller asks at
+// 30/s, under its reserved share (40/s). The critical caller is admitted
+// at least 95% of its demand, the low ones get the rest, and the rule's
+// bound holds for all of them together.
+func TestPriorityReserve(t *testing.T) {
+	c := startCluster(t)
+	d := scaled(5 * time.Second)
+	var loads []*load
+	for i := range 2 {
+		loads = append(loads, &load{name: fmt.Sprint("low", i), args: []string{"-servers", c.servers(i), "-key", "prio:hot", "-rate", "400", "-duration", d.String(), "-fallback", "closed", "-priority", "low"}})
+	}
+	loads = append(loads, &load{name: "critical", args: []string{"-servers", c.servers(2), "-key", "prio:hot", "-rate", "30", "-duration", d.String(), "-fallback", "closed", "-priority", "critical"}})
+	startLoads(t, loads)
+	waitLoads(t, loads, d+30*time.Second)
+	crit := loads[2].res
+	t.Logf("critical: %d of %d admitted; low: %d and %d", crit.Admitted, crit.Requested, loads[0].res.Admitted, loads[1].res.Admitted)
+	assert.GreaterOrEqual(t, float64(crit.Admitted), 0.95*float64(crit.Requested), "the critical class keeps its share")
+	var all []span
+	for _, l := range loads {
+		all = append(all, merge([]*load{l}, "prio:hot", allSlots)...)
+	}
+	checkBound(t, "prio:hot", all, 200, 40)
 }

@@ -103,6 +103,7 @@ type options struct {
 	schedSeed   uint64
 	procs       int
 	proc        int
+	priority    string
 }
 
 // phase is a stretch of the demand schedule: rate requests per second for
@@ -181,6 +182,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.Uint64Var(&o.schedSeed, "schedule-seed", 0, "issue a share of the global arrival schedule of this seed (0: no schedule); -rate is the schedule's total rate")
 	fs.IntVar(&o.procs, "procs", 1, "with -schedule-seed: the processes sharing the schedule round-robin")
 	fs.IntVar(&o.proc, "proc", 0, "with -schedule-seed: this process's number, 0 to -procs-1")
+	fs.StringVar(&o.priority, "priority", "", "the client's priority class (critical, high, normal, low; default normal)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -288,6 +290,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		ClientID:     o.clientID,
 		Token:        o.token,
 		Fallback:     o.fallback,
+		Priority:     o.priority,
 		MaxKeys:      o.maxKeys,
 		InitialBatch: o.initial,
 	})
