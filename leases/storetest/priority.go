@@ -152,8 +152,12 @@ func testPrioritySaturation(t *testing.T, f *fixture, ticks int) {
 		}()
 	}
 	var critAsked, critAdmitted int
+	// The workers do at most 3 operations per tick: the count to wait for
+	// is taken before the clock moves, or workers that did all theirs at
+	// the new tick before it is read would never reach it.
+	base := ops.Load()
 	for i := 1; i <= ticks && failed.Load() == nil; i++ {
-		target := ops.Load() + 2*workers
+		target := base + 2*workers
 		for ops.Load() < target && failed.Load() == nil {
 			time.Sleep(20 * time.Microsecond)
 		}
@@ -170,6 +174,7 @@ func testPrioritySaturation(t *testing.T, f *fixture, ticks int) {
 				}
 			})
 		}
+		base = ops.Load()
 		f.clock.Advance(time.Millisecond)
 	}
 	done.Store(true)
