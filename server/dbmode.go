@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"strconv"
 	"sync"
 	"time"
@@ -357,6 +358,33 @@ func (c *overrideCache) flush() {
 }
 
 // stats returns the keys looked up and those that missed the cache.
+// collectors returns the cache's metrics, read at each scrape: keys looked
+// up, lookups that missed the cache (one HMGET per call's misses), and the
+// entries held.
+func (c *overrideCache) collectors() []prometheus.Collector {
+	count := func(misses bool) func() float64 {
+		return func() float64 {
+			l, m := c.stats()
+			if misses {
+				return float64(m)
+			}
+			return float64(l)
+		}
+	}
+	return []prometheus.Collector{
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: "override_lookups_total",
+			Help: "Keys looked up for a per-key override (database mode)."}, count(false)),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: "override_cache_misses_total",
+			Help: "Override lookups the cache could not answer, read from Redis (database mode)."}, count(true)),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "override_cache_entries",
+			Help: "Keys the override cache holds, with or without an override (database mode)."}, func() float64 {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return float64(len(c.m))
+		}),
+	}
+}
+
 func (c *overrideCache) stats() (lookups, misses uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

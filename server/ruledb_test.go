@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -196,8 +197,12 @@ func TestRuleDBOverride(t *testing.T) {
 	stats, err := rdb.Info(ctx, "commandstats").Result()
 	require.NoError(t, err)
 	assert.NotContains(t, stats, "cmdstat_hmget", "no override lookup reached Redis")
-	_, missesAfter := b.srv.db.cache.stats()
+	lookups, missesAfter := b.srv.db.cache.stats()
 	assert.Equal(t, missesBefore, missesAfter)
+	// The same figures on /metrics.
+	assert.Equal(t, strconv.FormatUint(lookups, 10), b.metric("ratelease_override_lookups_total"))
+	assert.Equal(t, strconv.FormatUint(missesAfter, 10), b.metric("ratelease_override_cache_misses_total"))
+	assert.Equal(t, "2", b.metric("ratelease_override_cache_entries"), "user:241531 and user:1")
 
 	r = b.admin(http.MethodDelete, protocol.PathAdminOverrides+"/user:241531", "", nil)
 	require.Equal(t, http.StatusNoContent, r.status, "body: %s", r.body)

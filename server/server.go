@@ -110,6 +110,13 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	if db != nil {
+		for _, c := range db.cache.collectors() {
+			if err := opts.Registry.Register(c); err != nil {
+				return nil, fmt.Errorf("server: register metrics (give every Server its own Registry): %w", err)
+			}
+		}
+	}
 	ops, err := newOperator(opts.Registry, opts.Peers, opts.Now())
 	if err != nil {
 		return nil, err
