@@ -216,14 +216,16 @@
 // caps fill) until the key is left alone long enough for its hash to
 // expire. Run Redis with noeviction.
 //
-// A Take followed by a Refund (the engine's all-or-nothing across keys)
-// gives back only what takes counted: fixed_window and the counter return
-// at most the tokens taken directly in the current window, the log at most
-// the tokens of the bucket of now. A refund whose take fell in the window
-// (or log bucket) before, a few microseconds earlier, finds another take's
-// tokens there, or none: it can then free up to its cost early. The engine
-// refunds within one call, so this needs a window edge between the two
-// commands.
+// A Take followed by a Refund (the engine's all-or-nothing across keys and
+// limits) gives back only where the take counted: the take's outcome
+// carries its stamp (TakeOutcome.At, the store's time), and the refund names
+// it (TakeOp.At). fixed_window and the counter give back only a take of the
+// current window, the log only from the bucket the take's time fell in.
+// A refund whose take's window (or log bucket) has passed gives nothing
+// back: that costs utilization, never the bound. Without the stamp, a take
+// made just before a window's edge and refunded just after gave back
+// tokens that the new window's admissions counted (TakeAndRefund in
+// storetest.RunWindows covers that edge).
 //
 // # fixed_window
 //
