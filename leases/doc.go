@@ -372,6 +372,20 @@
 // lease is deleted at once. Should the hash be evicted alone, TAT restarts
 // at the latest expiry in the index, after every slice handed out.
 //
+// # Soft, shadow and elastic throttling
+//
+// Soft (Rule.Soft, 0.05 for 5%) runs each limit with its Limit and Burst
+// raised by the share: its bound is the algorithm's own with the raised
+// parameters; responses report the base limit, what remains of it and the
+// overage in use. Shadow (Rule.Shadow) runs the limits as usual but admits
+// every request: a lease is granted what was asked, and its ID remembers
+// what the store granted ("<id>~<granted>"), so that its settle charges the
+// store no more than that; Report.ShadowDenials counts what would have been
+// denied. Elastic (Rule.Elastic, a pool key governed by a rule of one
+// limit) lets a request its own limits deny borrow from the pool: each key
+// admits at most its own bound plus what it borrowed, and all keys together
+// borrow at most the pool's bound (elastic.go has the details of leases).
+//
 // # Priorities with reserves
 //
 // A request carries a priority class: critical, high, normal (the
@@ -420,12 +434,4 @@
 // not use it (a low-only workload gets at most capacity − floor at once,
 // though the full refill over time). Remaining and Reset report the limit
 // as a whole, not the part a class may use.
-//
-// # Other algorithms
-//
-// Rule.Algorithm names the algorithm, and the Store dispatches on it. The
-// token bucket and the leaky bucket are implemented; fixed window and the
-// sliding windows (counter and log) are reserved names that fail
-// validation with ErrAlgorithmNotImplemented. Each keeps the lease contract
-// (a grant, a deadline, a settle), so adding one changes no wire type.
 package leases
