@@ -189,7 +189,7 @@ func (s *fwState) idle(now int64) bool {
 func (s *fwState) snapshot(b *Bucket, now int64) BucketState {
 	open, out := len(s.leases), s.out
 	for _, l := range s.byDL.firstK(len(s.byDL)) {
-		if l.deadline > now {
+		if l.expiry > now {
 			break
 		}
 		open--

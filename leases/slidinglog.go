@@ -71,7 +71,7 @@ func (s *swlState) add(end, n int64) {
 func (s *swlState) advance(b *Bucket, now int64) int {
 	q, w := logQuantum(b), b.Period.Microseconds()
 	n := s.expire(now, func(l *winLease) {
-		if e := ceilTo(l.deadline, q); e > now-w {
+		if e := ceilTo(l.expiry, q); e > now-w {
 			s.add(e, l.granted)
 		} else {
 			s.sum -= l.granted
@@ -123,7 +123,7 @@ func (s *swlState) settled(b *Bucket, l *winLease, used int64, now int64) {
 }
 
 func (s *swlState) replaced(b *Bucket, l *winLease, now int64) {
-	s.add(ceilTo(l.deadline, logQuantum(b)), l.granted)
+	s.add(ceilTo(l.expiry, logQuantum(b)), l.granted)
 }
 
 // retryAfter walks the entries in end order (the buckets, then the open
@@ -145,11 +145,11 @@ func (s *swlState) retryAfter(b *Bucket, need int64, now int64) time.Duration {
 	for k := 0; k < retryWalk; k++ {
 		var end, n int64
 		switch {
-		case bi < len(s.buckets) && (li >= len(ls) || s.buckets[bi].end <= ceilTo(ls[li].deadline, q)):
+		case bi < len(s.buckets) && (li >= len(ls) || s.buckets[bi].end <= ceilTo(ls[li].expiry, q)):
 			end, n = s.buckets[bi].end, s.buckets[bi].n
 			bi++
 		case li < len(ls):
-			end, n = ceilTo(ls[li].deadline, q), ls[li].granted
+			end, n = ceilTo(ls[li].expiry, q), ls[li].granted
 			li++
 		default:
 			k = retryWalk
@@ -211,12 +211,12 @@ func (s *swlState) snapshot(b *Bucket, now int64) BucketState {
 	q, w := logQuantum(b), b.Period.Microseconds()
 	sum, open, out := s.sum, len(s.leases), s.out
 	for _, l := range s.byDL.firstK(len(s.byDL)) {
-		if l.deadline > now {
+		if l.expiry > now {
 			break
 		}
 		open--
 		out -= l.granted
-		if ceilTo(l.deadline, q) <= now-w {
+		if ceilTo(l.expiry, q) <= now-w {
 			sum -= l.granted
 		}
 	}

@@ -69,6 +69,10 @@ type openLease struct {
 	granted int64
 	expiry  int64 // µs
 	index   int   // position in the expiry heap
+	// window is, for fixed_window and sliding_window_counter, the start of
+	// the window the lease was granted in, so that a settle credits only
+	// that window; 0 otherwise.
+	window int64
 }
 
 // before orders leases by expiry, then by member bytes, as a Redis sorted

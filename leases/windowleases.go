@@ -21,85 +21,11 @@ import (
 // owner and its client counted as holding). Both counts are kept as leases
 // open and close, so h costs nothing to read.
 
-// winLease is one open lease of a window algorithm. Its Redis record is
-// "<id> <granted> <deadline µs> <window µs>" under member.
-type winLease struct {
-	ref      leaseRef
-	member   string // "<slot>|<client>/<process>"; the deadline order's tie-break
-	id       string
-	granted  int64
-	deadline int64 // µs
-	// window is the start of the window the lease was granted in
-	// (fixed_window, sliding_window_counter), so that a settle credits
-	// only that window; 0 for sliding_window_log.
-	window int64
-	index  int // position in the deadline heap
-}
-
-func (l *winLease) before(m *winLease) bool {
-	if l.deadline != m.deadline {
-		return l.deadline < m.deadline
-	}
-	return l.member < m.member
-}
-
-// winHeap is a min-heap of open leases by (deadline, member), the order of
-// the Redis index.
-type winHeap []*winLease
-
-func (h winHeap) Len() int           { return len(h) }
-func (h winHeap) Less(i, j int) bool { return h[i].before(h[j]) }
-func (h winHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].index, h[j].index = i, j
-}
-func (h *winHeap) Push(x any) {
-	l := x.(*winLease)
-	l.index = len(*h)
-	*h = append(*h, l)
-}
-func (h *winHeap) Pop() any {
-	old := *h
-	l := old[len(old)-1]
-	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
-	return l
-}
-
-// firstK returns up to k open leases in deadline order in O(k log k)
-// without changing the heap.
-func (h winHeap) firstK(k int) []*winLease {
-	if len(h) == 0 || k <= 0 {
-		return nil
-	}
-	out := make([]*winLease, 0, min(k, len(h)))
-	cand := winCand{h: h, idx: make([]int, 1, 2*min(k, len(h))+1)}
-	for len(out) < k && len(cand.idx) > 0 {
-		i := heap.Pop(&cand).(int)
-		out = append(out, h[i])
-		for _, c := range [2]int{2*i + 1, 2*i + 2} {
-			if c < len(h) {
-				heap.Push(&cand, c)
-			}
-		}
-	}
-	return out
-}
-
-type winCand struct {
-	h   winHeap
-	idx []int
-}
-
-func (c winCand) Len() int           { return len(c.idx) }
-func (c winCand) Less(i, j int) bool { return c.h[c.idx[i]].before(c.h[c.idx[j]]) }
-func (c winCand) Swap(i, j int)      { c.idx[i], c.idx[j] = c.idx[j], c.idx[i] }
-func (c *winCand) Push(x any)        { c.idx = append(c.idx, x.(int)) }
-func (c *winCand) Pop() any {
-	v := c.idx[len(c.idx)-1]
-	c.idx = c.idx[:len(c.idx)-1]
-	return v
-}
+// winLease is an open lease of a window algorithm: the token bucket's
+// record (its expiry is the lease's deadline), with the window it was
+// granted in. One type, one heap: the stores order every algorithm's leases
+// alike, by (expiry, member), as the Redis indexes do.
+type winLease = openLease
 
 // windowLeases are the open leases of one key under a window algorithm,
 // indexed by owner and slot (to settle), by deadline (to close the expired
@@ -107,7 +33,7 @@ func (c *winCand) Pop() any {
 // scans them.
 type windowLeases struct {
 	leases map[leaseRef]*winLease
-	byDL   winHeap
+	byDL   expiryHeap
 	// procs counts, per client, its processes holding an open lease.
 	procs map[string]int
 	out   int64 // Σ granted over the open leases
@@ -149,7 +75,7 @@ func (w *windowLeases) close(l *winLease) {
 // returns how many it closed.
 func (w *windowLeases) expire(now int64, fn func(l *winLease)) int {
 	n := 0
-	for len(w.byDL) > 0 && w.byDL[0].deadline <= now {
+	for len(w.byDL) > 0 && w.byDL[0].expiry <= now {
 		l := w.byDL[0]
 		w.close(l)
 		if fn != nil {
@@ -233,7 +159,7 @@ func windowLease(a windowAlgo, b *Bucket, owner Owner, op *LeaseOp, now int64) L
 		g := min(op.Want, max(1, b.Limit/int64(o.Holders)), max(0, a.free(b, now)-op.Floor))
 		if g > 0 {
 			dl, win := a.grant(b, g, now)
-			w.open(&winLease{ref: ref, member: member(owner, op.Slot), id: op.NewLeaseID, granted: g, deadline: dl, window: win})
+			w.open(&winLease{ref: ref, member: member(owner, op.Slot), id: op.NewLeaseID, granted: g, expiry: dl, window: win})
 			o.Granted, o.LeaseID, o.TTL = g, op.NewLeaseID, time.Duration(dl-now)*time.Microsecond
 		} else {
 			o.RetryAfter = a.retryAfter(b, 1+op.Floor, now)
