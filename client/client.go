@@ -447,8 +447,10 @@ type spent struct {
 func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDelay time.Duration) Decision {
 	var buf [4]spent
 	done := buf[:0]
-	var dbuf [4]*keyState
-	direct := dbuf[:0]
+	// direct collects the keys a server must decide. It escapes to the
+	// direct call, so it is allocated only when a key needs one: a decision
+	// served by leases allocates nothing.
+	var direct []*keyState
 	d := Decision{Allowed: true, Source: SourceLease, Remaining: -1}
 	prio, foreign := c.callPriority(ctx)
 	var now int64
