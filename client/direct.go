@@ -276,8 +276,9 @@ func keysOf(states []*keyState) []string {
 
 // admitted adds n tokens admitted directly to the key's demand estimate and
 // reports whether the key should now be leased: whether this process was
-// admitted at least Config.LeaseMinTokens over one lease TTL, on a bucket
-// of at least four times that.
+// admitted at least Config.LeaseMinTokens over one lease TTL, or half of
+// them since its first admission at a pace of twice that, on a bucket of at
+// least four times that.
 //
 // The estimate is an event-driven average of the admitted rate with a time
 // constant of one lease TTL: each admission decays it by e^(−Δt/TTL) and
@@ -305,7 +306,16 @@ func (c *Client) admitted(ks *keyState, n int64, now int64) bool {
 		ks.mu.since = now
 	}
 	ks.mu.admitted += n
-	return ks.mu.rate*tau >= float64(c.cfg.LeaseMinTokens)
+	if ks.mu.rate*tau >= float64(c.cfg.LeaseMinTokens) {
+		return true
+	}
+	// A key that just became hot: half the tokens, admitted at a pace
+	// that would bring twice the threshold over a TTL, are proof enough.
+	// The average over a TTL alone would decide thousands of a hot key's
+	// decisions directly before it moved.
+	half := (c.cfg.LeaseMinTokens + 1) / 2
+	span := max(now-ks.mu.since, int64(10*time.Millisecond))
+	return ks.mu.admitted >= half && float64(ks.mu.admitted)*tau/float64(span) >= 2*float64(c.cfg.LeaseMinTokens)
 }
 
 // directRate returns the key's admitted rate, tokens per second, at now: the

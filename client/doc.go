@@ -33,7 +33,8 @@
 // need, and renewing it would cost more calls than the decisions it saves.
 //
 // Leased: once this process is admitted at least Config.LeaseMinTokens
-// (default 8) of a key over one lease TTL — admitted, not asked: a process
+// (default 8) of a key over one lease TTL, or half as many at twice that
+// pace — admitted, not asked: a process
 // whose share of a saturated key is small gains nothing from a lease — the
 // settle loop takes the key over and leases it batches sized to its demand
 // (below). A lease not spent from by its renewal point is returned, not
@@ -107,7 +108,13 @@
 // while the current one keeps serving; when the new lease arrives it
 // becomes active, the old one is frozen (its remaining count swapped for a
 // large negative number, which makes the used count exact without a lock)
-// and settled in the next call. So requests never wait for a renewal, and
+// and settled: in the next call when the bucket is tight (the grant was
+// less than asked, or left less than twice itself in the bucket) or the key
+// is denied, since its remainder is then what other holders wait for;
+// otherwise with the key's next renewal, which goes into the frozen lease's
+// slot and settles it in the same entry, so that a hot key costs one call
+// per batch rather than two (a frozen lease near its deadline is settled on
+// its own). So requests never wait for a renewal, and
 // no token is ever spent after the server closed its lease: the accuracy
 // bound of the design, burst + rate·W over any window W, holds for the
 // spending of all clients together, not just for the server's accounting.

@@ -194,6 +194,12 @@ type keyState struct {
 		lastActive int64     // client clock when demand was last seen
 		demote     bool      // return every lease and go back to direct decisions
 		forget     bool      // return everything and drop the key
+		// roomy is set when the latest grant was all that was asked and
+		// left the bucket at least twice that: a frozen lease's remainder
+		// is then not what the other holders are waiting for, and its
+		// return rides with the key's next renewal instead of a call of
+		// its own (see plan).
+		roomy bool
 	}
 }
 

@@ -349,15 +349,31 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 		}
 		return []pending{entry(slot, c.want(ks))}, true
 	}
-	// Return frozen leases that no renewal carried.
+	// Return frozen leases that no renewal carried. On a roomy key (see
+	// keyState.run.roomy) a frozen lease waits for the key's next renewal,
+	// which goes into its slot and returns it in the same entry: a hot key
+	// then costs one call per batch, not two. It is returned on its own
+	// once the key is no longer roomy, is denied, or the lease comes
+	// within frozenMargin of its deadline; if even that call is late the
+	// lease expires at the server, its remainder counted as spent, which
+	// errs toward the limit.
 	var out []pending
 	for s, l := range ks.run.slots {
-		if l != nil && l != active {
-			out = append(out, entry(s, 0))
+		if l == nil || l == active {
+			continue
 		}
+		if ks.run.roomy && active != nil && !denied && l.deadline-now > c.frozenMargin() {
+			continue
+		}
+		out = append(out, entry(s, 0))
 	}
 	return out, len(out) > 0
 }
+
+// frozenMargin is how long before its deadline a frozen lease waiting for
+// its key's next renewal is returned by a call of its own: four ticks of
+// the settle loop.
+func (c *Client) frozenMargin() int64 { return 4 * int64(c.cfg.SettleInterval) }
 
 // returnAll stops the key's active lease and returns the entries that
 // return every lease it holds (none when it holds none).
@@ -580,6 +596,7 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		return
 	}
 	if res.Granted == 0 {
+		ks.run.roomy = false
 		wait := time.Duration(res.RetryAfterMillis) * time.Millisecond
 		if wait <= 0 {
 			wait = c.cfg.SettleInterval
@@ -588,6 +605,7 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		ks.need.Store(false)
 		return
 	}
+	ks.run.roomy = res.Granted >= p.want && res.Remaining >= 2*res.Granted && !shaped(res.Algorithm)
 	ttl := res.TTLMillis * int64(time.Millisecond)
 	l := &lease{id: res.LeaseID, slot: p.slot, granted: res.Granted, halfway: sent + ttl/2, deadline: sent + ttl}
 	l.remaining.Store(res.Granted)

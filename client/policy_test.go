@@ -58,25 +58,42 @@ func TestWantSizing(t *testing.T) {
 }
 
 // TestPromotion: a key moves to leases once this process was admitted
-// LeaseMinTokens over one lease TTL (an average decaying with the TTL),
-// not before, and not from admissions spread thinner than that.
+// LeaseMinTokens over one lease TTL (an average decaying with the TTL), or
+// half of them at twice that pace since its first admission, not before,
+// and not from admissions spread thinner than that.
 func TestPromotion(t *testing.T) {
 	c := policyClient(t, Config{LeaseMinTokens: 8})
 	sec := int64(time.Second)
+	ms := int64(time.Millisecond)
 
-	ks := newKeyState("dense")
-	ks.leaseTTL.Store(2 * sec)
-	ks.ruleBurst.Store(100)
-	promoted := -1
-	for i := range 20 {
-		// 20 admissions 10 ms apart: 8 within far less than a TTL.
-		if c.admitted(ks, 1, int64(i)*10*int64(time.Millisecond)) && promoted < 0 {
-			promoted = i
-		}
+	for _, tc := range []struct {
+		name     string
+		every    int64 // ns between admissions
+		promoted int   // index of the admission that promotes
+	}{
+		// 100 a second, 200 per TTL: the fourth admission (half of 8)
+		// shows twice the threshold's pace.
+		{"dense: half the tokens at twice the pace", 10 * ms, 3},
+		// 4 admissions over 450 ms: 17.8 per TTL, just over 16.
+		{"150 ms apart: half at twice the pace", 150 * ms, 3},
+		// 5 a second, 10 per TTL: never twice the threshold's pace; the
+		// average over a TTL, Σ e^(−0.1·j) for j < n, crosses 8 at the
+		// 15th admission.
+		{"200 ms apart: the average over a TTL", 200 * ms, 14},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ks := newKeyState("k")
+			ks.leaseTTL.Store(2 * sec)
+			ks.ruleBurst.Store(100)
+			promoted := -1
+			for i := range 40 {
+				if c.admitted(ks, 1, int64(i)*tc.every) && promoted < 0 {
+					promoted = i
+				}
+			}
+			assert.Equal(t, tc.promoted, promoted)
+		})
 	}
-	// Eight admissions in 70 ms have decayed a little below 8 tokens per
-	// TTL; the ninth crosses.
-	assert.Equal(t, 8, promoted)
 
 	sparse := newKeyState("sparse")
 	sparse.leaseTTL.Store(2 * sec)
