@@ -310,10 +310,14 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 		left := active.left()
 		if left == 0 {
 			// Spent out: nothing is lost by closing it now, so settle it
-			// and take the next lease in one step, in its own slot; while
-			// the key is denied, settle it alone. (Kept open, its spent
-			// tokens would count as outstanding and cap the bucket's
-			// refill for everyone until it expired.)
+			// and take the next lease in one step, in its own slot. While
+			// the key is denied (a share-bound key waiting for its share),
+			// it is settled alone, unless holding it is cheap (see
+			// cheapToHold) and the denial ends before it does: then it
+			// goes with the next lease request.
+			if denied && ks.denyUntil.Load() < active.deadline-c.frozenMargin() && c.cheapToHold(ks, active) {
+				return nil, false
+			}
 			if c.clearActive(ks, active) {
 				used := ks.closeLease(active)
 				ks.run.returnUsed[active.slot] = used
@@ -329,6 +333,13 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 		// ticks of demand, or at half the TTL.
 		low := max(active.granted/4, int64(math.Ceil(ks.run.ewma*2*c.cfg.SettleInterval.Seconds())))
 		renew := left <= low || now >= active.halfway
+		if ks.run.shareBound {
+			// The server grants this key no faster than its share: an
+			// early renewal would only be refused (a call for nothing).
+			// It asks when the lease is spent out (above), or at half
+			// its TTL.
+			renew = now >= active.halfway
+		}
 		if active.shape != nil {
 			// A schedule of slots is renewed when it is about to end, so
 			// that the next slice (which the server starts where this one
@@ -368,6 +379,26 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 		out = append(out, entry(s, 0))
 	}
 	return out, len(out) > 0
+}
+
+// cheapToHold reports whether a spent-out lease l may stay open until the
+// key's next lease request rather than be settled by a call of its own.
+// An open lease's tokens, spent or not, count as outstanding, and the
+// bucket's level is capped at its burst less what is outstanding (the
+// bound needs it: every outstanding token may still be spent). It is
+// cheap when the holders' leases of that size together stay within a
+// quarter of the bucket (the holders are the rule's rate over the last
+// safe rate): at a saturated key with a small bucket, leases held open
+// while their owners wait for their shares would cap its refill, and the
+// tokens refilled above the cap would be lost to everyone.
+func (c *Client) cheapToHold(ks *keyState, l *lease) bool {
+	burst, fill, sr := ks.ruleBurst.Load(), ks.ruleFill.Load(), ks.getSafeRate()
+	if burst <= 0 || fill <= 0 || sr <= 0 {
+		return false
+	}
+	rate := float64(burst) / time.Duration(fill).Seconds() // tokens per second
+	holders := max(1, math.Round(rate/sr))
+	return float64(l.granted)*holders <= float64(burst)/4
 }
 
 // frozenMargin is how long before its deadline a frozen lease waiting for
@@ -597,6 +628,9 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 	}
 	if res.Granted == 0 {
 		ks.run.roomy = false
+		if res.RetryAfterMillis > 0 {
+			ks.run.shareBound = true
+		}
 		wait := time.Duration(res.RetryAfterMillis) * time.Millisecond
 		if wait <= 0 {
 			wait = c.cfg.SettleInterval
@@ -606,6 +640,12 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		return
 	}
 	ks.run.roomy = res.Granted >= p.want && res.Remaining >= 2*res.Granted && !shaped(res.Algorithm)
+	if res.Remaining >= res.Burst/4+res.Granted {
+		// The bucket holds more than a quarter of itself beyond this
+		// grant: the others leave tokens unused, and asking early would
+		// be granted them.
+		ks.run.shareBound = false
+	}
 	ttl := res.TTLMillis * int64(time.Millisecond)
 	l := &lease{id: res.LeaseID, slot: p.slot, granted: res.Granted, halfway: sent + ttl/2, deadline: sent + ttl}
 	l.remaining.Store(res.Granted)

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 
@@ -152,6 +153,35 @@ func TestDemotion(t *testing.T) {
 			ks.leaseTTL.Store(2000 * ms)
 			ks.run.ewma = tc.ewma
 			assert.Equal(t, tc.demote, c.shouldDemote(ks, tc.l, tc.now))
+		})
+	}
+}
+
+// TestCheapToHold: a spent-out lease waits open for its key's next request
+// only while the holders' leases of its size fit in a quarter of the
+// bucket, so that outstanding tokens never cap a busy bucket's refill.
+func TestCheapToHold(t *testing.T) {
+	c := policyClient(t, Config{})
+	for _, tc := range []struct {
+		name     string
+		burst    int64
+		rate     float64 // tokens per second
+		safeRate float64 // the rule's rate over the holders
+		granted  int64
+		cheap    bool
+	}{
+		{"a hot key's large bucket", 1_000_000, 100_000, 50_000, 2_000, true},
+		{"saturated, small bucket, six holders", 100, 1000, 1000.0 / 6, 13, false},
+		{"two holders, a quarter between them", 100, 1000, 500, 12, true},
+		{"two holders, just over", 100, 1000, 500, 13, false},
+		{"no safe rate known", 100, 1000, 0, 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ks := newKeyState("k")
+			ks.ruleBurst.Store(tc.burst)
+			ks.ruleFill.Store(int64(float64(tc.burst) / tc.rate * float64(time.Second)))
+			ks.safeRate.Store(math.Float64bits(tc.safeRate))
+			assert.Equal(t, tc.cheap, c.cheapToHold(ks, &lease{granted: tc.granted}))
 		})
 	}
 }
