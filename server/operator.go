@@ -45,6 +45,8 @@ type operator struct {
 	busiest   *topK    // decisions per key
 	denied    *topK    // denials per key
 	peers     Peers    // nil: the server is alone as far as it knows
+	open      *openLeases
+	now       func() time.Time // Options.Now
 	started   time.Time
 
 	mu      sync.Mutex
@@ -63,7 +65,8 @@ type ruleSample struct {
 	counts map[string][3]int64 // granted, denied, shadow_denied
 }
 
-func newOperator(reg prometheus.Registerer, peers Peers, now time.Time) (*operator, error) {
+func newOperator(reg prometheus.Registerer, peers Peers, clock func() time.Time) (*operator, error) {
+	now := clock()
 	o := &operator{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "rule_decisions_total",
@@ -72,11 +75,19 @@ func newOperator(reg prometheus.Registerer, peers Peers, now time.Time) (*operat
 		busiest: newTopK(topKeys),
 		denied:  newTopK(topKeys),
 		peers:   peers,
+		open:    newOpenLeases(),
+		now:     clock,
 		started: now,
 		samples: []ruleSample{{at: now}},
 	}
-	if err := reg.Register(o.decisions); err != nil {
-		return nil, fmt.Errorf("server: register metrics (give every Server its own Registry): %w", err)
+	openGauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "open_leases",
+		Help: "Leases granted through this server, not settled through it, whose deadline (grant time plus TTL) has not passed. A lease settled through another server, or closed by the store without a settle, counts until its deadline (see openleases.go).",
+	}, func() float64 { return float64(o.openLeases()) })
+	for _, c := range []prometheus.Collector{o.decisions, openGauge} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("server: register metrics (give every Server its own Registry): %w", err)
+		}
 	}
 	return o, nil
 }
@@ -117,10 +128,15 @@ func (o *operator) decide(key string, rule *leases.Rule, granted, shadowDenied b
 	}
 }
 
+// openLeases returns the value of ratelease_open_leases now.
+func (o *operator) openLeases() int { return o.open.count(o.now().UnixNano()) }
+
 // leases counts the decisions of a lease call: asks[i] was decided as
-// results[i]. Entries that ask for nothing and failed entries are not
-// decisions.
-func (o *operator) leases(asks []leases.LeaseAsk, results []leases.LeaseResult) {
+// results[i] at now. Entries that ask for nothing and failed entries are
+// not decisions; the leases the call granted and settled are counted in
+// ratelease_open_leases.
+func (o *operator) leases(asks []leases.LeaseAsk, results []leases.LeaseResult, now time.Time) {
+	o.open.record(asks, results, now.UnixNano())
 	for i := range results {
 		r := &results[i]
 		if r.Err != nil || asks[i].Want <= 0 {
