@@ -27,7 +27,7 @@ const (
 	topKeysShown = 10
 	// rateSamples counters are kept, one per PeerInterval, so that rates
 	// are over the last minute.
-	rateSamples = 13
+	rateSamples = 31
 )
 
 // Results of ratelease_rule_decisions_total.
@@ -191,8 +191,22 @@ func (o *operator) sample(now time.Time) {
 // ruleRates are one rule's counts since the server started and its rates
 // per second over the window of the samples.
 type ruleRates struct {
-	Granted, Denied, ShadowDenied             int64
-	GrantedRate, DeniedRate, ShadowDeniedRate float64
+	Granted          int64   `json:"granted"`
+	Denied           int64   `json:"denied"`
+	ShadowDenied     int64   `json:"shadow_denied"`
+	GrantedRate      float64 `json:"granted_rate"`
+	DeniedRate       float64 `json:"denied_rate"`
+	ShadowDeniedRate float64 `json:"shadow_denied_rate"`
+}
+
+// add adds o's counts and rates to r.
+func (r *ruleRates) add(o ruleRates) {
+	r.Granted += o.Granted
+	r.Denied += o.Denied
+	r.ShadowDenied += o.ShadowDenied
+	r.GrantedRate += o.GrantedRate
+	r.DeniedRate += o.DeniedRate
+	r.ShadowDeniedRate += o.ShadowDeniedRate
 }
 
 // rates returns the counts and rates of every rule counted, and the window
@@ -239,53 +253,52 @@ func selfName(addr string) string {
 	return fmt.Sprintf("%s %s pid %d", host, addr, os.Getpid())
 }
 
-// operatorLoop samples the rule counters and records the server in
-// Options.Peers every PeerInterval until Close, then leaves the peers.
+// operatorLoop samples the rule counters, records the server in
+// Options.Peers and publishes its status snapshot there every PeerInterval
+// until Close, then leaves the peers. A failure to reach the peers is
+// logged once at WARN until it changes, and its end at INFO.
 func (s *Server) operatorLoop() {
 	defer close(s.opsDone)
 	t := time.NewTicker(PeerInterval)
 	defer t.Stop()
+	lastErr := ""
 	beat := func() string {
-		name := selfName(*s.listenAddr.Load())
+		name, err := s.heartbeat()
+		switch {
+		case err != nil && err.Error() != lastErr:
+			lastErr = err.Error()
+			s.log.Warn("status page: could not record this server among the peers; retrying every "+PeerInterval.String(), "err", err)
+		case err == nil && lastErr != "":
+			lastErr = ""
+			s.log.Info("status page: this server is recorded among the peers again")
+		}
+		return name
+	}
+	leave := func(name string) {
 		if s.ops.peers == nil {
-			return name
+			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), s.opts.StoreTimeout)
 		defer cancel()
-		if err := s.ops.peers.Beat(ctx, name, s.opts.Now()); err != nil {
-			s.log.Warn("status page: could not record this server among the peers", "err", err)
+		if err := s.ops.peers.Leave(ctx, name); err != nil {
+			s.log.Debug("status page: could not remove this server from the peers", "err", err)
 		}
-		return name
 	}
 	name := beat()
 	for {
 		select {
 		case <-s.stop:
-			if s.ops.peers != nil {
-				ctx, cancel := context.WithTimeout(context.Background(), s.opts.StoreTimeout)
-				if err := s.ops.peers.Leave(ctx, name); err != nil {
-					s.log.Debug("status page: could not remove this server from the peers", "err", err)
-				}
-				cancel()
-			}
+			leave(name)
 			return
 		case <-s.beatNow:
-			prev := name
-			if name = beat(); name != prev && s.ops.peers != nil {
-				ctx, cancel := context.WithTimeout(context.Background(), s.opts.StoreTimeout)
-				_ = s.ops.peers.Leave(ctx, prev)
-				cancel()
-			}
 		case <-t.C:
 			s.ops.sample(s.opts.Now())
-			prev := name
-			if name = beat(); name != prev && s.ops.peers != nil {
-				// Run bound the listener after the first beat: the
-				// name with the old address goes.
-				ctx, cancel := context.WithTimeout(context.Background(), s.opts.StoreTimeout)
-				_ = s.ops.peers.Leave(ctx, prev)
-				cancel()
-			}
+		}
+		// Run binds the listener after the first beat: the name with the
+		// old address goes.
+		prev := name
+		if name = beat(); name != prev {
+			leave(prev)
 		}
 	}
 }
