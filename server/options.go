@@ -161,9 +161,10 @@ type Options struct {
 	MetricsTokenSHA256 string
 
 	// Peers, when set, is where the servers sharing the store record
-	// themselves every PeerInterval, so that the status page (/status)
-	// lists those seen in the last PeerWindow: NewRedisPeers over the
-	// Redis client of the store. Nil lists this server alone.
+	// themselves and publish their status snapshots every PeerInterval, so
+	// that the status page (/status) lists those seen in the last
+	// PeerWindow and shows the figures of them all: NewRedisPeers over the
+	// Redis client of the store. Nil shows this server alone.
 	Peers Peers
 	// RuleDB is the rule database (rules, clients and per-key overrides in
 	// Redis; see RuleDB). With RuleDB set and RulesPath empty, the server
