@@ -14,7 +14,9 @@ import (
 // ratelease_open_leases, as JSON (statusSnapshot), which lives for
 // SnapshotTTL. In Redis (NewRedisPeers) a snapshot is one string key,
 // RedisSnapshotPrefix + the server's name, so all of them share one hash tag
-// and one MGET reads them, on Redis Cluster too.
+// and one MGET reads them, on Redis Cluster too. A snapshot is a few
+// hundred bytes plus its keys: at most about 60 KB, with both summaries
+// full of 256-byte keys.
 //
 // The page of any server lists the servers seen in the last PeerWindow,
 // reads their snapshots, and merges them with its own figures, taken live:

@@ -16,8 +16,10 @@ import (
 // handlers count each decision of a rule (granted, denied, shadow_denied)
 // from the engine's results, in ratelease_rule_decisions_total and in
 // counters of their own from which the page computes rates; two top-K
-// summaries find the busiest and the most denied keys; a loop samples the
-// counters and records the server in Options.Peers.
+// summaries find the busiest and the most denied keys; openLeases counts
+// the leases open through this server; a loop samples the counters, records
+// the server in Options.Peers and publishes its status snapshot there for
+// the other servers' pages (see fleet.go).
 
 // Sizes of the operator's view.
 const (
