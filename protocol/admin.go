@@ -102,8 +102,14 @@ type AdminClient struct {
 	Name string `json:"name"`
 	// TokenSHA256 is the hex SHA-256 of the client's bearer token.
 	TokenSHA256 string `json:"token_sha256"`
-	// Keys are the glob patterns of the keys the client may use.
+	// Keys are the glob patterns of the keys the client may use. An admin
+	// client may have none: it then uses the admin API only.
 	Keys []string `json:"keys"`
+	// Admin gives the client the admin scope: its token is accepted by the
+	// admin API (/v1/admin/...), and the change log names the client as
+	// who made each of its changes. Without it, the client's token gets
+	// 403 admin_forbidden there.
+	Admin bool `json:"admin,omitempty"`
 	// Version is the database version of the client's last change; set in
 	// responses, ignored in a PUT.
 	Version int64 `json:"version,omitempty"`
@@ -147,7 +153,9 @@ type AdminChange struct {
 	Version int64 `json:"version"`
 	// At is when the change was made, in Unix milliseconds.
 	At int64 `json:"at_ms"`
-	// Who made it: the admin principal's name.
+	// Who made it: the admin principal's name, that of the admin client
+	// whose token was sent or the bootstrap admin's (rateleased
+	// -admin-name, "admin" by default).
 	Who string `json:"who"`
 	// Op is "put" or "delete".
 	Op string `json:"op"`

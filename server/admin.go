@@ -4,9 +4,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,14 +16,17 @@ import (
 )
 
 // AdminPrincipal is the name the admin API logs, and writes in the change
-// log, for the bootstrap admin (Options.AdminTokenSHA256).
+// log, for the bootstrap admin (Options.AdminTokenSHA256) when
+// Options.AdminName is empty. Admin clients are named by their client
+// names (see admins.go).
 const AdminPrincipal = "admin"
 
 // adminRoutes registers the admin API (/v1/admin/...) on mux. Every route
-// needs the admin token (Options.AdminTokenSHA256): a request without a
-// token, or with an unknown one, gets 401; a client's token gets 403
-// admin_forbidden. A server without a RuleDB or an admin token answers 404
-// no_rule_db.
+// needs an admin's token: the bootstrap admin's (Options.AdminTokenSHA256)
+// or that of a client with the admin scope (see admins.go). A request
+// without a token, or with an unknown one, gets 401; the token of a client
+// without the admin scope gets 403 admin_forbidden. A server without a
+// RuleDB answers 404 no_rule_db.
 //
 //	GET    /v1/admin/rules             every rule (protocol.AdminRules)
 //	GET    /v1/admin/rules/{name}      one rule, with ETag
@@ -78,35 +78,13 @@ func (s *Server) adminRoutes(mux *http.ServeMux) {
 // adminHandler serves an admin request of principal who.
 type adminHandler func(w http.ResponseWriter, r *http.Request, db *RuleDB, who string)
 
-// adminAuthed authenticates the admin (see adminRoutes).
+// adminAuthed authenticates the admin (see adminRoutes and authAdmin).
 func (s *Server) adminAuthed(h adminHandler) http.HandlerFunc {
-	var want [sha256.Size]byte
-	enabled := s.opts.RuleDB != nil && s.opts.AdminTokenSHA256 != ""
-	if enabled {
-		_, _ = hex.Decode(want[:], []byte(s.opts.AdminTokenSHA256)) // validated by withDefaults
-	}
+	boot := s.bootstrapAdmin()
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !enabled {
-			writeProblem(w, protocol.NewProblem(protocol.CodeNoRuleDB,
-				"the admin API is off: it needs a rule database (rateleased -redis) and an admin token (-admin-token-sha256)"))
-			return
+		if who, ok := s.authAdmin(w, r, boot); ok {
+			h(w, r, s.opts.RuleDB, who)
 		}
-		token, ok := bearerToken(r.Header.Get("Authorization"))
-		if !ok {
-			unauthorized(w, "send the header \"Authorization: Bearer <admin token>\": the admin API needs the admin token")
-			return
-		}
-		sum := sha256.Sum256([]byte(token))
-		if subtle.ConstantTimeCompare(sum[:], want[:]) == 1 {
-			h(w, r, s.opts.RuleDB, AdminPrincipal)
-			return
-		}
-		if st := s.state.Load(); st.rules.authRequired() && st.rules.authenticate(token) != nil {
-			writeProblem(w, protocol.NewProblem(protocol.CodeAdminForbidden,
-				"this is a client's token: the admin API needs the admin token (rateleased -admin-token-sha256)"))
-			return
-		}
-		unauthorized(w, "the bearer token is not the admin token")
 	}
 }
 
@@ -184,9 +162,13 @@ func nameMatches(w http.ResponseWriter, field, body, path string) bool {
 	return true
 }
 
-// setCheck is the extra check of a rule set change: in database mode, the
-// new set must not leave a non-loopback listener without clients.
+// setCheck is the extra check of a rule set change: it must keep an admin
+// (checkAdmins), and in database mode the new set must not leave a
+// non-loopback listener without clients.
 func (s *Server) setCheck(r *Rules) error {
+	if err := s.checkAdmins(r); err != nil {
+		return err
+	}
 	if s.db == nil {
 		return nil
 	}
@@ -204,6 +186,7 @@ func (s *Server) changed(ctx context.Context, who, op, kind, name string, versio
 		if err := s.SyncRuleDB(ctx); err != nil {
 			s.log.WarnContext(ctx, "rule database: sync after a change failed; the periodic check will retry", "err", err)
 		}
+		s.noteSelfDemotion(ctx, who, kind, name)
 	}
 }
 

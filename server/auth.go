@@ -19,6 +19,7 @@ type principal struct {
 	name  string
 	hash  [sha256.Size]byte
 	keys  []string // glob patterns of the keys it may use; nil: every key
+	admin bool     // it may use the admin API (ClientConfig.Admin)
 }
 
 // apiHandler serves an authenticated /v1 request with one version of the
@@ -103,7 +104,11 @@ func (r *Rules) authRequired() bool { return len(r.clients) > 0 }
 // without stopping at a match, so the time taken does not reveal which
 // client (if any) matched.
 func (r *Rules) authenticate(token string) *principal {
-	sum := sha256.Sum256([]byte(token))
+	return r.authenticateSum(sha256.Sum256([]byte(token)))
+}
+
+// authenticateSum is authenticate for the SHA-256 of the token.
+func (r *Rules) authenticateSum(sum [sha256.Size]byte) *principal {
 	found := -1
 	for i := range r.clients {
 		eq := subtle.ConstantTimeCompare(sum[:], r.clients[i].hash[:])

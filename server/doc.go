@@ -91,11 +91,23 @@
 // /readyz says why, as a failed file reload does.
 //
 // The admin API (/v1/admin/rules, /v1/admin/clients, /v1/admin/overrides,
-// /v1/admin/changes; see adminRoutes in admin.go) needs the token named by
-// Options.AdminTokenSHA256. Writes are validated against the whole set
-// (422 invalid_rule, nothing stored), conditional on If-Match (412
-// precondition_failed), atomic (one Lua script), versioned, written to the
-// change log and logged at INFO with who and what.
+// /v1/admin/changes; see adminRoutes in admin.go) needs an admin's token:
+// the bootstrap admin's (Options.AdminTokenSHA256, named
+// Options.AdminName, "admin" by default) or that of a client of the rules
+// in force with admin: true, named by its client name, so that several
+// operators each have a token of their own. Another client's token gets
+// 403 admin_forbidden. Admin tokens are checked against the rules in force
+// at each request: a demoted or deleted admin client is refused from the
+// next request on the server that made the change, and on the others once
+// they sync (at once through pub/sub, within Options.DBCheckInterval at the
+// latest). An admin may demote or delete its own client (logged at WARN);
+// on a server in database mode without a bootstrap admin, a change that
+// would leave no admin client is refused (422, ErrAdminLockout), so the
+// admin API cannot be locked silently (see admins.go). Writes are
+// validated against the whole set (422 invalid_rule, nothing stored),
+// conditional on If-Match (412 precondition_failed), atomic (one Lua
+// script), versioned, written to the change log with the admin's name and
+// logged at INFO with who and what.
 //
 // # Store and failures
 //
@@ -132,7 +144,8 @@
 //
 // Metrics go to Options.Registry (a fresh registry when nil, never the
 // global one) under the "ratelease" namespace: grants_total, denials_total,
-// settles_total, expiries_total, request_duration_seconds{route,code} (each
+// settles_total, expiries_total, open_leases (see below),
+// request_duration_seconds{route,code} (each
 // request counted once: its _count is the request count),
 // store_latency_seconds{op}, store_errors_total{op}, rules_loaded,
 // rules_reloads_total{result}, rules_last_reload_success (0 while the file
@@ -140,6 +153,17 @@
 // build_info{version,revision,goversion} (see ReadBuild). The route label
 // is the ServeMux pattern ("POST /v1/leases"; "/" for unknown routes),
 // never the raw path, so its cardinality is fixed.
+//
+// ratelease_open_leases counts the leases granted through this server
+// that are not yet settled through it and whose deadline (grant time on
+// Options.Now plus the TTL) has not passed. Redis cannot count a fleet's
+// open leases without scanning every bucket, so each server counts its own
+// grants: a lease settled through another server, or closed by the store
+// without a settle (replaced, or expired), counts until its deadline; an
+// open lease this server granted is never missed. Summed over the servers
+// (as the status page does) it bounds the open leases from above. A grant
+// costs a map insert and a heap push under one mutex per call, a settle a
+// map delete, with no allocation once grown (see openleases.go).
 //
 // GET /metrics is open unless Options.MetricsTokenSHA256 names the SHA-256
 // of a bearer token it then requires (the daemon's -metrics-token-sha256);
@@ -153,19 +177,27 @@
 // (protocol.KeyStateResponse). It is authenticated like the lease routes: a
 // client sees only the keys its patterns allow. It changes nothing.
 //
-// GET /status is a read-only HTML page (no JavaScript): the rules in force
-// and their version, each rule's decisions (ratelease_rule_decisions_total
-// {rule,result}, result granted, denied or shadow_denied, counted by the
-// handlers from the engine's results) with rates over the last minute, the
-// busiest and the most denied keys, and the servers sharing the store. The
-// keys are found by a space-saving top-K summary of 100 counters per list
-// (see topK): each count is at most total/100 over the key's true count,
-// and every key above that is listed; counts are this server's since it
-// started. Servers sharing a Redis store record themselves in the sorted
-// set rl:servers every PeerInterval (Options.Peers, NewRedisPeers; the
-// daemon sets it with -redis), and the page lists those seen in the last
-// PeerWindow; with the memory store a server lists itself. /status is
-// guarded like /metrics: Options.MetricsTokenSHA256, when set, applies.
+// GET /status is a read-only HTML page (no JavaScript) of the fleet: the
+// rules in force and their version, each rule's decisions
+// (ratelease_rule_decisions_total {rule,result}, result granted, denied or
+// shadow_denied, counted by the handlers from the engine's results) with
+// rates over the last minute, the busiest and the most denied keys, the open
+// leases, and the servers sharing the store. The keys are found by a
+// space-saving top-K summary of 100 counters per list and server (see
+// topK): each count is at most total/100 over the key's true count, and
+// every key above that is listed. Servers sharing a Redis store record
+// themselves in the sorted set rl:servers every PeerInterval (2s;
+// Options.Peers, NewRedisPeers; the daemon sets it with -redis) and publish
+// a status snapshot at the same time, a JSON string key
+// {rl:status}:<server name> that lives SnapshotTTL (6s): one hash tag, so
+// one MGET reads them all on Redis Cluster too. A page lists the servers
+// seen in the last PeerWindow and sums their snapshots with its own live
+// figures: counts and rates add up, top-K summaries merge with their error
+// bounds added (mergeKeys), open leases add up. The servers table says
+// which were counted and how old each snapshot is. Without peers (the
+// memory store) or when the store fails, the page shows this server's
+// figures alone and says so. /status is guarded like /metrics:
+// Options.MetricsTokenSHA256, when set, applies.
 //
 // # TLS
 //

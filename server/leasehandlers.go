@@ -97,13 +97,14 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 				out[j] = leaseResultWire(&decided[j])
 			}
 		}
-		hk.finish(held, out, s.opts.Now().UnixNano())
+		now := s.opts.Now()
+		hk.finish(held, out, now.UnixNano())
 		if err != nil {
 			s.storeFailed(w, r, err)
 			return
 		}
 		s.metrics.record(rep)
-		s.ops.leases(asks, decided)
+		s.ops.leases(asks, decided, now)
 		if idx == nil {
 			results = out
 		} else {

@@ -17,6 +17,8 @@ const namespace = "ratelease"
 //	ratelease_denials_total                     entries that wanted tokens and got none (and denied checks)
 //	ratelease_settles_total                     leases settled
 //	ratelease_expiries_total                    leases closed unsettled (expired or replaced)
+//	ratelease_open_leases                       leases granted through this server, not settled through it,
+//	                                                before their deadline (see openleases.go)
 //	ratelease_shadow_denials_total              entries and checks of shadow rules admitted though their limits denied
 //	ratelease_elastic_borrows_total             entries and checks of elastic rules their pool served
 //	ratelease_rule_decisions_total{rule,result} decisions per rule (result: granted, denied, shadow_denied;

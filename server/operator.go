@@ -16,8 +16,10 @@ import (
 // handlers count each decision of a rule (granted, denied, shadow_denied)
 // from the engine's results, in ratelease_rule_decisions_total and in
 // counters of their own from which the page computes rates; two top-K
-// summaries find the busiest and the most denied keys; a loop samples the
-// counters and records the server in Options.Peers.
+// summaries find the busiest and the most denied keys; openLeases counts
+// the leases open through this server; a loop samples the counters, records
+// the server in Options.Peers and publishes its status snapshot there for
+// the other servers' pages (see fleet.go).
 
 // Sizes of the operator's view.
 const (
@@ -27,7 +29,7 @@ const (
 	topKeysShown = 10
 	// rateSamples counters are kept, one per PeerInterval, so that rates
 	// are over the last minute.
-	rateSamples = 13
+	rateSamples = 31
 )
 
 // Results of ratelease_rule_decisions_total.
@@ -45,6 +47,8 @@ type operator struct {
 	busiest   *topK    // decisions per key
 	denied    *topK    // denials per key
 	peers     Peers    // nil: the server is alone as far as it knows
+	open      *openLeases
+	now       func() time.Time // Options.Now
 	started   time.Time
 
 	mu      sync.Mutex
@@ -63,7 +67,8 @@ type ruleSample struct {
 	counts map[string][3]int64 // granted, denied, shadow_denied
 }
 
-func newOperator(reg prometheus.Registerer, peers Peers, now time.Time) (*operator, error) {
+func newOperator(reg prometheus.Registerer, peers Peers, clock func() time.Time) (*operator, error) {
+	now := clock()
 	o := &operator{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "rule_decisions_total",
@@ -72,11 +77,19 @@ func newOperator(reg prometheus.Registerer, peers Peers, now time.Time) (*operat
 		busiest: newTopK(topKeys),
 		denied:  newTopK(topKeys),
 		peers:   peers,
+		open:    newOpenLeases(),
+		now:     clock,
 		started: now,
 		samples: []ruleSample{{at: now}},
 	}
-	if err := reg.Register(o.decisions); err != nil {
-		return nil, fmt.Errorf("server: register metrics (give every Server its own Registry): %w", err)
+	openGauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "open_leases",
+		Help: "Leases granted through this server, not settled through it, whose deadline (grant time plus TTL) has not passed. A lease settled through another server, or closed by the store without a settle, counts until its deadline (see openleases.go).",
+	}, func() float64 { return float64(o.openLeases()) })
+	for _, c := range []prometheus.Collector{o.decisions, openGauge} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("server: register metrics (give every Server its own Registry): %w", err)
+		}
 	}
 	return o, nil
 }
@@ -117,10 +130,15 @@ func (o *operator) decide(key string, rule *leases.Rule, granted, shadowDenied b
 	}
 }
 
+// openLeases returns the value of ratelease_open_leases now.
+func (o *operator) openLeases() int { return o.open.count(o.now().UnixNano()) }
+
 // leases counts the decisions of a lease call: asks[i] was decided as
-// results[i]. Entries that ask for nothing and failed entries are not
-// decisions.
-func (o *operator) leases(asks []leases.LeaseAsk, results []leases.LeaseResult) {
+// results[i] at now. Entries that ask for nothing and failed entries are
+// not decisions; the leases the call granted and settled are counted in
+// ratelease_open_leases.
+func (o *operator) leases(asks []leases.LeaseAsk, results []leases.LeaseResult, now time.Time) {
+	o.open.record(asks, results, now.UnixNano())
 	for i := range results {
 		r := &results[i]
 		if r.Err != nil || asks[i].Want <= 0 {
@@ -175,8 +193,22 @@ func (o *operator) sample(now time.Time) {
 // ruleRates are one rule's counts since the server started and its rates
 // per second over the window of the samples.
 type ruleRates struct {
-	Granted, Denied, ShadowDenied             int64
-	GrantedRate, DeniedRate, ShadowDeniedRate float64
+	Granted          int64   `json:"granted"`
+	Denied           int64   `json:"denied"`
+	ShadowDenied     int64   `json:"shadow_denied"`
+	GrantedRate      float64 `json:"granted_rate"`
+	DeniedRate       float64 `json:"denied_rate"`
+	ShadowDeniedRate float64 `json:"shadow_denied_rate"`
+}
+
+// add adds o's counts and rates to r.
+func (r *ruleRates) add(o ruleRates) {
+	r.Granted += o.Granted
+	r.Denied += o.Denied
+	r.ShadowDenied += o.ShadowDenied
+	r.GrantedRate += o.GrantedRate
+	r.DeniedRate += o.DeniedRate
+	r.ShadowDeniedRate += o.ShadowDeniedRate
 }
 
 // rates returns the counts and rates of every rule counted, and the window
@@ -223,53 +255,52 @@ func selfName(addr string) string {
 	return fmt.Sprintf("%s %s pid %d", host, addr, os.Getpid())
 }
 
-// operatorLoop samples the rule counters and records the server in
-// Options.Peers every PeerInterval until Close, then leaves the peers.
+// operatorLoop samples the rule counters, records the server in
+// Options.Peers and publishes its status snapshot there every PeerInterval
+// until Close, then leaves the peers. A failure to reach the peers is
+// logged once at WARN until it changes, and its end at INFO.
 func (s *Server) operatorLoop() {
 	defer close(s.opsDone)
 	t := time.NewTicker(PeerInterval)
 	defer t.Stop()
+	lastErr := ""
 	beat := func() string {
-		name := selfName(*s.listenAddr.Load())
+		name, err := s.heartbeat()
+		switch {
+		case err != nil && err.Error() != lastErr:
+			lastErr = err.Error()
+			s.log.Warn("status page: could not record this server among the peers; retrying every "+PeerInterval.String(), "err", err)
+		case err == nil && lastErr != "":
+			lastErr = ""
+			s.log.Info("status page: this server is recorded among the peers again")
+		}
+		return name
+	}
+	leave := func(name string) {
 		if s.ops.peers == nil {
-			return name
+			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), s.opts.StoreTimeout)
 		defer cancel()
-		if err := s.ops.peers.Beat(ctx, name, s.opts.Now()); err != nil {
-			s.log.Warn("status page: could not record this server among the peers", "err", err)
+		if err := s.ops.peers.Leave(ctx, name); err != nil {
+			s.log.Debug("status page: could not remove this server from the peers", "err", err)
 		}
-		return name
 	}
 	name := beat()
 	for {
 		select {
 		case <-s.stop:
-			if s.ops.peers != nil {
-				ctx, cancel := context.WithTimeout(context.Background(), s.opts.StoreTimeout)
-				if err := s.ops.peers.Leave(ctx, name); err != nil {
-					s.log.Debug("status page: could not remove this server from the peers", "err", err)
-				}
-				cancel()
-			}
+			leave(name)
 			return
 		case <-s.beatNow:
-			prev := name
-			if name = beat(); name != prev && s.ops.peers != nil {
-				ctx, cancel := context.WithTimeout(context.Background(), s.opts.StoreTimeout)
-				_ = s.ops.peers.Leave(ctx, prev)
-				cancel()
-			}
 		case <-t.C:
 			s.ops.sample(s.opts.Now())
-			prev := name
-			if name = beat(); name != prev && s.ops.peers != nil {
-				// Run bound the listener after the first beat: the
-				// name with the old address goes.
-				ctx, cancel := context.WithTimeout(context.Background(), s.opts.StoreTimeout)
-				_ = s.ops.peers.Leave(ctx, prev)
-				cancel()
-			}
+		}
+		// Run binds the listener after the first beat: the name with the
+		// old address goes.
+		prev := name
+		if name = beat(); name != prev {
+			leave(prev)
 		}
 	}
 }

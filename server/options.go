@@ -161,9 +161,10 @@ type Options struct {
 	MetricsTokenSHA256 string
 
 	// Peers, when set, is where the servers sharing the store record
-	// themselves every PeerInterval, so that the status page (/status)
-	// lists those seen in the last PeerWindow: NewRedisPeers over the
-	// Redis client of the store. Nil lists this server alone.
+	// themselves and publish their status snapshots every PeerInterval, so
+	// that the status page (/status) lists those seen in the last
+	// PeerWindow and shows the figures of them all: NewRedisPeers over the
+	// Redis client of the store. Nil shows this server alone.
 	Peers Peers
 	// RuleDB is the rule database (rules, clients and per-key overrides in
 	// Redis; see RuleDB). With RuleDB set and RulesPath empty, the server
@@ -174,14 +175,25 @@ type Options struct {
 	// OverrideCacheTTL). With RulesPath set too, the rules file is in
 	// force (file mode) and the database is only what the admin API
 	// edits, for instance to seed it before servers move to database mode.
-	// The admin API needs RuleDB and AdminTokenSHA256.
+	// The admin API needs RuleDB, and AdminTokenSHA256 or an admin client
+	// in the rules in force.
 	RuleDB *RuleDB
 
 	// AdminTokenSHA256 is the hex SHA-256 of the bearer token of the
-	// bootstrap admin, the one principal the admin API (/v1/admin/...)
-	// accepts; a client's token gets 403. Empty turns the admin API off.
-	// rateleased takes it from -admin-token-sha256.
+	// bootstrap admin, which the admin API (/v1/admin/...) accepts besides
+	// the tokens of the admin clients of the rules in force (clients with
+	// admin: true). Empty means no bootstrap admin: only admin clients may
+	// use the admin API, and a change of the rule database that would leave
+	// none is refused (see Server.adminRoutes). rateleased takes it from
+	// -admin-token-sha256.
 	AdminTokenSHA256 string
+
+	// AdminName is the name of the bootstrap admin in the change log and
+	// the logs. Empty means AdminPrincipal ("admin"). It follows the rules
+	// of client names, and no admin client may take it while a bootstrap
+	// admin is configured, so that the change log tells them apart.
+	// rateleased takes it from -admin-name.
+	AdminName string
 
 	// DBCheckInterval is how often a server in database mode checks the
 	// database's version, in case it missed a change notice. Zero means
@@ -244,6 +256,12 @@ func (o Options) withDefaults() (Options, error) {
 		if b, err := hex.DecodeString(o.AdminTokenSHA256); err != nil || len(b) != sha256.Size {
 			return o, fmt.Errorf("server: Options.AdminTokenSHA256 is not 64 hex digits: give the SHA-256 of the token, printf %%s \"$TOKEN\" | sha256sum")
 		}
+	}
+	if o.AdminName == "" {
+		o.AdminName = AdminPrincipal
+	}
+	if !validClientName(o.AdminName) {
+		return o, fmt.Errorf("server: Options.AdminName %q: must be 1 to %d bytes of ASCII letters, digits, '.', '_' and '-'", o.AdminName, maxClientNameBytes)
 	}
 	if o.TLSConfig != nil && len(o.TLSConfig.Certificates) == 0 && o.TLSConfig.GetCertificate == nil && o.TLSConfig.GetConfigForClient == nil {
 		return o, errors.New("server: Options.TLSConfig holds no certificate: set Certificates (tls.LoadX509KeyPair) or GetCertificate")

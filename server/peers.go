@@ -11,8 +11,13 @@ import (
 
 // Peer timings of the status page.
 const (
-	// PeerInterval is how often a server records itself in Options.Peers.
-	PeerInterval = 5 * time.Second
+	// PeerInterval is how often a server records itself in Options.Peers
+	// and publishes its status snapshot there (see fleet.go).
+	PeerInterval = 2 * time.Second
+	// SnapshotTTL is how long a published status snapshot lives: a server
+	// that stops publishing drops out of the fleet's figures after at
+	// most this long.
+	SnapshotTTL = 3 * PeerInterval
 	// PeerWindow is how recently a server must have recorded itself to be
 	// listed as sharing the store.
 	PeerWindow = 30 * time.Second
@@ -30,8 +35,9 @@ type Peer struct {
 	Seen time.Time
 }
 
-// Peers records the lease servers that share a store, so that the status
-// page can list them. Each server calls Beat every PeerInterval while it
+// Peers records the lease servers that share a store and their status
+// snapshots, so that the status page can list them and show the fleet's
+// figures. Each server calls Beat and Publish every PeerInterval while it
 // runs, and Leave when it stops. Implementations must be safe for
 // concurrent use.
 type Peers interface {
@@ -40,8 +46,15 @@ type Peers interface {
 	// List returns the servers that recorded themselves at since or later,
 	// the most recently seen first.
 	List(ctx context.Context, since time.Time) ([]Peer, error)
-	// Leave forgets the server name.
+	// Leave forgets the server name, and its snapshot.
 	Leave(ctx context.Context, name string) error
+	// Publish stores the status snapshot of server name, an opaque
+	// document, to be forgotten after ttl unless published again.
+	Publish(ctx context.Context, name string, snapshot []byte, ttl time.Duration) error
+	// Snapshots returns the snapshots of the servers names, in the order
+	// of names: nil for a server that has none (it never published, or
+	// its snapshot's ttl passed).
+	Snapshots(ctx context.Context, names []string) ([][]byte, error)
 }
 
 // RedisPeersKey is the Redis key of NewRedisPeers' record: a sorted set of
@@ -49,15 +62,23 @@ type Peers interface {
 // last seen.
 const RedisPeersKey = "rl:servers"
 
+// RedisSnapshotPrefix is the prefix of the Redis keys of NewRedisPeers'
+// status snapshots: one string key per server, RedisSnapshotPrefix + its
+// name, with a time to live. Its braces are a Redis Cluster hash tag, so
+// that every snapshot lives in one slot and one MGET reads them all.
+const RedisSnapshotPrefix = "{rl:status}:"
+
 // RedisPeers is Peers in Redis: the sorted set RedisPeersKey, with a
-// time to live refreshed by every heartbeat. Create it with NewRedisPeers.
+// time to live refreshed by every heartbeat, and a key per server's
+// snapshot (RedisSnapshotPrefix). Create it with NewRedisPeers.
 type RedisPeers struct {
 	rdb redis.UniversalClient
 	key string
 }
 
-// NewRedisPeers returns Peers kept in rdb under RedisPeersKey. It works with
-// Redis Cluster too: the record is one key.
+// NewRedisPeers returns Peers kept in rdb under RedisPeersKey and
+// RedisSnapshotPrefix. It works with Redis Cluster too: the record is one
+// key, and the snapshots share one hash tag.
 func NewRedisPeers(rdb redis.UniversalClient) *RedisPeers {
 	return &RedisPeers{rdb: rdb, key: RedisPeersKey}
 }
@@ -99,5 +120,38 @@ func (p *RedisPeers) Leave(ctx context.Context, name string) error {
 	if err := p.rdb.ZRem(ctx, p.key, name).Err(); err != nil {
 		return fmt.Errorf("server: remove this server from redis key %s: %w", p.key, err)
 	}
+	if err := p.rdb.Del(ctx, RedisSnapshotPrefix+name).Err(); err != nil {
+		return fmt.Errorf("server: delete this server's status snapshot: %w", err)
+	}
 	return nil
+}
+
+// Publish implements Peers with one SET with a time to live.
+func (p *RedisPeers) Publish(ctx context.Context, name string, snapshot []byte, ttl time.Duration) error {
+	if err := p.rdb.Set(ctx, RedisSnapshotPrefix+name, snapshot, ttl).Err(); err != nil {
+		return fmt.Errorf("server: publish this server's status snapshot: %w", err)
+	}
+	return nil
+}
+
+// Snapshots implements Peers with one MGET.
+func (p *RedisPeers) Snapshots(ctx context.Context, names []string) ([][]byte, error) {
+	if len(names) == 0 {
+		return nil, nil
+	}
+	keys := make([]string, len(names))
+	for i, n := range names {
+		keys[i] = RedisSnapshotPrefix + n
+	}
+	vals, err := p.rdb.MGet(ctx, keys...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("server: read the servers' status snapshots: %w", err)
+	}
+	out := make([][]byte, len(vals))
+	for i, v := range vals {
+		if s, ok := v.(string); ok {
+			out[i] = []byte(s)
+		}
+	}
+	return out, nil
 }

@@ -232,7 +232,7 @@ func (s *ruleSetSnapshot) compile() (*Rules, error) {
 		f.Rules = append(f.Rules, rc)
 	}
 	for _, c := range s.clients {
-		f.Clients = append(f.Clients, ClientConfig{Name: c.Name, TokenSHA256: c.TokenSHA256, Keys: c.Keys})
+		f.Clients = append(f.Clients, ClientConfig{Name: c.Name, TokenSHA256: c.TokenSHA256, Keys: c.Keys, Admin: c.Admin})
 	}
 	p, err := leases.NewPolicy(f.RuleSet())
 	if err != nil {

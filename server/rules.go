@@ -268,8 +268,12 @@ type ClientConfig struct {
 	TokenSHA256 string `yaml:"token_sha256"`
 	// Keys are the glob patterns of the keys the client may lease and
 	// check, with the syntax of rule patterns (see leases.ValidateGlob); at
-	// least one. ["*"] allows every key.
+	// least one, unless the client is an admin. ["*"] allows every key.
 	Keys []string `yaml:"keys"`
+	// Admin gives the client the admin scope: the admin API
+	// (/v1/admin/...) accepts its token, and the change log names it. An
+	// admin client with no Keys uses the admin API only.
+	Admin bool `yaml:"admin"`
 }
 
 // Rules is a validated, compiled rules file: the policy the engine runs and
@@ -356,7 +360,7 @@ func compileClients(cfgs []ClientConfig) ([]principal, error) {
 			return nil, fail("token_sha256", "is also the hash of client %q: give every client its own token", other)
 		}
 		hashes[cl.hash] = c.Name
-		if len(c.Keys) == 0 {
+		if len(c.Keys) == 0 && !c.Admin {
 			return nil, fail("keys", "is empty: list the key patterns the client may use, or [\"*\"] for all")
 		}
 		for j, k := range c.Keys {
@@ -366,7 +370,10 @@ func compileClients(cfgs []ClientConfig) ([]principal, error) {
 		}
 		cl.index = len(out)
 		cl.name = c.Name
-		cl.keys = append([]string(nil), c.Keys...)
+		cl.admin = c.Admin
+		// Never nil: a principal without key patterns may use every key,
+		// and an admin client without any may use none.
+		cl.keys = append(make([]string, 0, len(c.Keys)), c.Keys...)
 		out = append(out, cl)
 	}
 	return out, nil

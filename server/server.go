@@ -117,7 +117,7 @@ func New(opts Options) (*Server, error) {
 			}
 		}
 	}
-	ops, err := newOperator(opts.Registry, opts.Peers, opts.Now())
+	ops, err := newOperator(opts.Registry, opts.Peers, opts.Now)
 	if err != nil {
 		return nil, err
 	}

@@ -2,7 +2,6 @@ package server
 
 import (
 	"bytes"
-	"context"
 	_ "embed"
 	"html/template"
 	"net/http"
@@ -13,11 +12,13 @@ import (
 
 // The status page (GET /status): a read-only, server-rendered HTML page for
 // people, without JavaScript. It shows the rules in force and their
-// version, each rule's decisions (totals since the server started, and
-// rates over about the last minute), the busiest and the most denied keys
-// seen by this server, and the servers sharing the store (Options.Peers).
-// It is guarded like /metrics: when Options.MetricsTokenSHA256 is set, the
-// page needs that bearer token.
+// version, each rule's decisions (totals since each server started, and
+// rates over about the last minute), the busiest and the most denied keys,
+// the open leases, and the servers sharing the store (Options.Peers). The
+// figures are the fleet's: those of every server sharing the store, summed
+// and merged (see fleet.go), or this server's alone, said so, when the
+// others cannot be read. It is guarded like /metrics: when
+// Options.MetricsTokenSHA256 is set, the page needs that bearer token.
 
 //go:embed status.html
 var statusHTML string
@@ -39,10 +40,9 @@ type statusPage struct {
 	Window    time.Duration
 	Reload    string // the last reload's error, while it stands
 	Rules     []statusRule
-	Busiest   statusKeys
-	Denied    statusKeys
-	Peers     []statusPeer
-	PeersNote string
+	// PeerWindow and PeerInterval, for the servers table's note.
+	PeerWindow, PeerInterval time.Duration
+	fleetView
 }
 
 // statusRule is one row of the rules table.
@@ -58,29 +58,40 @@ type statusKeys struct {
 	ID      string // the table's HTML id
 	Entries []topKEntry
 	Total   int64
-	MaxErr  int64 // total / k: the most any count can be off
+	MaxErr  int64 // the sum of each summary's total/k: the most any count can be over
 }
 
 // statusPeer is one row of the servers table.
 type statusPeer struct {
 	Name string
-	Ago  time.Duration
+	Ago  time.Duration // since it last recorded itself
 	Self bool
+	// Counted: its figures are in the page's; Published is then the age
+	// of its snapshot (zero for this server, counted live) and OpenLeases
+	// its ratelease_open_leases. Missing says why it is not counted.
+	Counted    bool
+	Published  time.Duration
+	OpenLeases int
+	Missing    string
 }
 
 // handleStatus serves GET /status.
 func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 	st := s.state.Load()
 	now := s.opts.Now()
-	rates, window := s.ops.rates(now)
+	self := selfName(*s.listenAddr.Load())
+	_, window := s.ops.rates(now)
 	page := statusPage{
-		Self:      selfName(*s.listenAddr.Load()),
-		Version:   st.rules.Version(),
-		Build:     ReadBuild(),
-		Default:   string(st.rules.policy.Default()),
-		Generated: now,
-		Uptime:    now.Sub(s.ops.started),
-		Window:    window,
+		Self:         self,
+		Version:      st.rules.Version(),
+		Build:        ReadBuild(),
+		Default:      string(st.rules.policy.Default()),
+		Generated:    now,
+		Uptime:       now.Sub(s.ops.started),
+		Window:       window,
+		PeerWindow:   PeerWindow,
+		PeerInterval: PeerInterval,
+		fleetView:    s.fleet(r.Context(), self, now),
 	}
 	if err := s.ReloadError(); err != nil {
 		page.Reload = err.Error()
@@ -93,12 +104,9 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 		page.Rules = append(page.Rules, statusRule{
 			Name: rl.Name, Match: rl.Match, Limits: strings.Join(limits, "; "),
 			LeaseTTL: formatDuration(rl.LeaseTTL), Shadow: rl.Shadow, Soft: rl.Soft,
-			ruleRates: rates[rl.Name],
+			ruleRates: page.Rates[rl.Name],
 		})
 	}
-	page.Busiest = topKeysOf("busiest-keys", s.ops.busiest)
-	page.Denied = topKeysOf("denied-keys", s.ops.denied)
-	page.Peers, page.PeersNote = s.statusPeers(r.Context(), page.Self, now)
 
 	var buf bytes.Buffer
 	if err := statusTemplate.Execute(&buf, page); err != nil {
@@ -112,38 +120,6 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
 	_, _ = w.Write(buf.Bytes())
-}
-
-// statusPeers lists the servers sharing the store, this one included, and a
-// note on how they are known.
-func (s *Server) statusPeers(ctx context.Context, self string, now time.Time) ([]statusPeer, string) {
-	alone := []statusPeer{{Name: self, Self: true}}
-	if s.ops.peers == nil {
-		return alone, "This server does not record its peers (no shared store, or Options.Peers unset): it lists itself alone."
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.opts.StoreTimeout)
-	defer cancel()
-	peers, err := s.ops.peers.List(ctx, now.Add(-PeerWindow))
-	if err != nil {
-		s.log.WarnContext(ctx, "status page: could not list the peers", "err", err)
-		return alone, "The store did not answer: the peers are unknown. " + err.Error()
-	}
-	out := make([]statusPeer, 0, len(peers)+1)
-	found := false
-	for _, p := range peers {
-		out = append(out, statusPeer{Name: p.Name, Ago: max(0, now.Sub(p.Seen)), Self: p.Name == self})
-		found = found || p.Name == self
-	}
-	if !found {
-		out = append(out, alone[0])
-	}
-	return out, "Servers that recorded themselves in the store in the last " + PeerWindow.String() + " (every " + PeerInterval.String() + ")."
-}
-
-// topKeysOf returns the table of t's heaviest keys, with the HTML id id.
-func topKeysOf(id string, t *topK) statusKeys {
-	entries, total := t.top(topKeysShown)
-	return statusKeys{ID: id, Entries: entries, Total: total, MaxErr: total / int64(t.k)}
 }
 
 // formatRate formats a rate per second with at most two decimals.

@@ -32,10 +32,10 @@ type topK struct {
 
 // topKEntry is one counted key.
 type topKEntry struct {
-	Key   string
-	Count int64 // an upper bound of the key's weight
-	Err   int64 // Count minus Err is a lower bound
-	i     int   // position in the heap
+	Key   string `json:"key"`
+	Count int64  `json:"count"` // an upper bound of the key's weight
+	Err   int64  `json:"err"`   // Count minus Err is a lower bound
+	i     int    // position in the heap
 }
 
 func newTopK(k int) *topK {
@@ -77,16 +77,35 @@ func (t *topK) top(n int) ([]topKEntry, int64) {
 	}
 	total := t.total
 	t.mu.Unlock()
-	slices.SortFunc(out, func(a, b topKEntry) int {
+	sortEntries(out)
+	if len(out) > n {
+		out = out[:n]
+	}
+	return out, total
+}
+
+// sortEntries sorts entries heaviest first, ties by key.
+func sortEntries(entries []topKEntry) {
+	slices.SortFunc(entries, func(a, b topKEntry) int {
 		if c := cmp.Compare(b.Count, a.Count); c != 0 {
 			return c
 		}
 		return strings.Compare(a.Key, b.Key)
 	})
-	if len(out) > n {
-		out = out[:n]
+}
+
+// summary returns every counter, heaviest first, as a keySummary for the
+// fleet's status page (see fleet.go).
+func (t *topK) summary() keySummary {
+	entries, total := t.top(t.k)
+	ks := keySummary{K: t.k, Total: total, Entries: entries}
+	if len(entries) == t.k {
+		// Full: a key not counted may have had up to the smallest count
+		// before its counter was taken over. Not full: every key seen
+		// is counted.
+		ks.Floor = entries[len(entries)-1].Count
 	}
-	return out, total
+	return ks
 }
 
 // topKHeap is a min-heap of entries by count.

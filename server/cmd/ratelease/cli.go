@@ -343,7 +343,7 @@ func plan(rf *server.RulesFile, rules []protocol.AdminRule, clients []protocol.A
 		curC[c.Name] = c
 	}
 	for _, cc := range rf.Clients {
-		c := protocol.AdminClient{Name: cc.Name, TokenSHA256: cc.TokenSHA256, Keys: cc.Keys}
+		c := protocol.AdminClient{Name: cc.Name, TokenSHA256: cc.TokenSHA256, Keys: cc.Keys, Admin: cc.Admin}
 		wantC[c.Name] = true
 		path := protocol.PathAdminClients + "/" + url.PathEscape(c.Name)
 		old, ok := curC[c.Name]

@@ -23,14 +23,17 @@
 //	-tls-cert             RATELEASED_TLS_CERT             certificate file (PEM): serve HTTPS; needs -tls-key
 //	-tls-key              RATELEASED_TLS_KEY              private key file (PEM) of -tls-cert
 //	-metrics-token-sha256 RATELEASED_METRICS_TOKEN_SHA256 hex SHA-256 of the bearer token GET /metrics requires; empty: open
-//	-admin-token-sha256   RATELEASED_ADMIN_TOKEN_SHA256   hex SHA-256 of the admin token the admin API requires; needs -redis
+//	-admin-token-sha256   RATELEASED_ADMIN_TOKEN_SHA256   hex SHA-256 of the bootstrap admin's token; needs -redis
+//	-admin-name           RATELEASED_ADMIN_NAME           the bootstrap admin's name in the change log (default admin)
 //
 // Where the rules come from: with -rules, the file (file mode), reloaded
 // when it changes; with -redis and no -rules, the rule database in that
 // Redis (database mode; see server.RuleDB), followed within a second of
 // every change; with neither, no rules. The admin API (/v1/admin/...)
-// edits the database whenever -redis and -admin-token-sha256 are given;
-// in file mode its changes are stored but not in force (use it, or
+// edits the database whenever -redis is given; it accepts the bootstrap
+// admin's token (-admin-token-sha256, named -admin-name in the change log)
+// and the tokens of the clients with admin: true, each named by its client
+// name. In file mode its changes are stored but not in force (use it, or
 // `ratelease rules apply`, to seed the database).
 //
 // Two flags do something else and exit:

@@ -123,6 +123,7 @@ type config struct {
 	tlsKey          string
 	metricsToken    string // hex SHA-256
 	adminToken      string // hex SHA-256
+	adminName       string // the bootstrap admin's name in the change log
 	check           bool   // validate the rules file and exit
 	version         bool   // print the build and exit
 }
@@ -211,6 +212,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	srv, err := server.New(server.Options{
 		RuleDB:             ruleDB,
 		AdminTokenSHA256:   cfg.adminToken,
+		AdminName:          cfg.adminName,
 		Registry:           reg,
 		Store:              store,
 		RulesPath:          cfg.rules,
@@ -247,7 +249,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	if cfg.insecure {
 		attrs = append(attrs, "insecure", true)
 	}
-	attrs = append(attrs, "tls", tlsConfig != nil, "metrics_token", cfg.metricsToken != "", "admin_api", ruleDB != nil && cfg.adminToken != "", "version", server.ReadBuild().Version)
+	attrs = append(attrs, "tls", tlsConfig != nil, "metrics_token", cfg.metricsToken != "", "admin_api", ruleDB != nil, "bootstrap_admin", cfg.adminToken != "", "version", server.ReadBuild().Version)
 	log.Info("rateleased listening", attrs...)
 	return srv.Run(ctx, ln)
 }
@@ -392,7 +394,9 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 	fs.StringVar(&cfg.metricsToken, "metrics-token-sha256", str("RATELEASED_METRICS_TOKEN_SHA256", ""),
 		"hex SHA-256 of a bearer `token` that GET /metrics then requires (printf %s \"$TOKEN\" | sha256sum); empty: /metrics is open (env RATELEASED_METRICS_TOKEN_SHA256)")
 	fs.StringVar(&cfg.adminToken, "admin-token-sha256", str("RATELEASED_ADMIN_TOKEN_SHA256", ""),
-		"hex SHA-256 of the bootstrap admin's bearer `token`, which the admin API (/v1/admin/...) requires; needs -redis (the rule database); empty: admin API off (env RATELEASED_ADMIN_TOKEN_SHA256)")
+		"hex SHA-256 of the bootstrap admin's bearer `token`, which the admin API (/v1/admin/...) accepts besides the tokens of admin clients (admin: true); needs -redis (the rule database); empty: admin clients only (env RATELEASED_ADMIN_TOKEN_SHA256)")
+	fs.StringVar(&cfg.adminName, "admin-name", str("RATELEASED_ADMIN_NAME", server.AdminPrincipal),
+		"`name` of the bootstrap admin in the change log and the logs; no admin client may take it (env RATELEASED_ADMIN_NAME)")
 	fs.BoolVar(&cfg.check, "check", false,
 		"validate the -rules file and exit: 0 with a summary, 1 with the rule and field at fault; starts no server and needs no Redis")
 	fs.BoolVar(&cfg.version, "version", false,

@@ -1,0 +1,165 @@
+package server
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"regexp"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ratelease/ratelease/e2e/redistest"
+	"github.com/ratelease/ratelease/leases"
+	"github.com/ratelease/ratelease/protocol"
+)
+
+// statusPage fetches f's status page.
+func (f *fixture) statusPage() string {
+	f.t.Helper()
+	r := f.do(http.MethodGet, protocol.PathStatus, "", "", nil)
+	require.Equal(f.t, http.StatusOK, r.status, "body: %s", r.body)
+	return string(r.body)
+}
+
+// find returns the first group of pattern in page, or fails.
+func find(t *testing.T, page, pattern string) string {
+	t.Helper()
+	m := regexp.MustCompile(`(?s)` + pattern).FindStringSubmatch(page)
+	require.NotNil(t, m, "no %s in the page:\n%s", pattern, page)
+	return m[1]
+}
+
+// ruleCell returns the count in column class (granted, denied) of rule's row.
+func ruleCell(t *testing.T, page, rule, class string) string {
+	t.Helper()
+	return find(t, page, `<tr data-rule="`+regexp.QuoteMeta(rule)+`">.*?class="n `+class+`">(\d+)<`)
+}
+
+// keyCount returns key's count in the top-K table id.
+func keyCount(t *testing.T, page, id, key string) string {
+	t.Helper()
+	table := find(t, page, `id="`+id+`">(.*?)</table>`)
+	return find(t, table, `data-key="`+regexp.QuoteMeta(key)+`"><td><code>[^<]*</code></td><td class="n">(\d+)<`)
+}
+
+// heartbeat records f's server among its peers and publishes its
+// snapshot now, as its operator's loop does every PeerInterval.
+func (f *fixture) heartbeat() {
+	f.t.Helper()
+	_, err := f.srv.heartbeat()
+	require.NoError(f.t, err)
+}
+
+// TestStatusPageFleet: two servers share a real Redis; traffic through
+// each shows, summed, on both pages once each has published its snapshot;
+// a stopped server drops out; when Redis fails, the page shows the server's
+// own figures and says so.
+func TestStatusPageFleet(t *testing.T) {
+	rs := redistest.Start(t)
+	rdb := rs.Client(t)
+	store := leases.NewRedisStore(rdb, leases.RedisOptions{})
+	a := newFixture(t, rulesYAML, store, Options{Peers: NewRedisPeers(rdb)})
+	b := newFixture(t, rulesYAML, store, Options{Peers: NewRedisPeers(rdb)})
+
+	// Through a: tiny:7 granted once, then denied twice; a lease on
+	// user:9 left open. Through b: tiny:7 denied (the bucket is shared)
+	// and tiny:8 granted.
+	for range 3 {
+		a.check("", "tiny:7")
+	}
+	a.lease("", "p", protocol.LeaseEntry{Key: "user:9", Want: 5})
+	b.check("", "tiny:7")
+	b.check("", "tiny:8")
+	a.heartbeat()
+	b.heartbeat()
+
+	for _, f := range []*fixture{a, b} {
+		page := f.statusPage()
+		assert.Equal(t, "2", find(t, page, `id="fleet" data-fleet="true" data-counted="(\d+)"`))
+		assert.Equal(t, "2", ruleCell(t, page, "tiny", "granted"))
+		assert.Equal(t, "3", ruleCell(t, page, "tiny", "denied"))
+		assert.Equal(t, "1", ruleCell(t, page, "per-user", "granted"))
+		assert.Equal(t, "3", keyCount(t, page, "denied-keys", "tiny:7"))
+		assert.Equal(t, "4", keyCount(t, page, "busiest-keys", "tiny:7"))
+		assert.Equal(t, "1", keyCount(t, page, "busiest-keys", "tiny:8"))
+		assert.Equal(t, "1", find(t, page, `id="open-leases">(\d+)<`))
+		servers := find(t, page, `id="servers">(.*?)</table>`)
+		assert.Len(t, regexp.MustCompile(`data-counted="true"`).FindAllString(servers, -1), 2, servers)
+		assert.Contains(t, servers, "(this server)")
+	}
+
+	// A server that stops leaves, snapshot and all.
+	require.NoError(t, a.stop())
+	page := b.statusPage()
+	assert.Equal(t, "1", find(t, page, `id="fleet" data-fleet="true" data-counted="(\d+)"`))
+	assert.Equal(t, "1", ruleCell(t, page, "tiny", "granted"))
+	assert.NotContains(t, find(t, page, `id="servers">(.*?)</table>`), a.url[len("http://"):])
+
+	// Redis stops: this server's figures, said to be alone.
+	rs.Stop(t)
+	page = b.statusPage()
+	assert.Contains(t, find(t, page, `id="fleet" data-fleet="false" data-counted="1">(.*?)</p>`), "the store did not answer")
+	assert.Equal(t, "1", ruleCell(t, page, "tiny", "denied"))
+	assert.Equal(t, "1", keyCount(t, page, "denied-keys", "tiny:7"))
+}
+
+// TestStatusPageAlone: a server without peers (the memory store) shows its
+// own figures and says why.
+func TestStatusPageAlone(t *testing.T) {
+	f := newFixture(t, rulesYAML, nil, Options{})
+	f.check("", "tiny:1")
+	f.lease("", "p", protocol.LeaseEntry{Key: "user:1", Want: 1})
+	page := f.statusPage()
+	assert.Contains(t, find(t, page, `id="fleet" data-fleet="false" data-counted="1">(.*?)</p>`), "shares no store")
+	assert.Equal(t, "1", ruleCell(t, page, "tiny", "granted"))
+	assert.Equal(t, "1", find(t, page, `id="open-leases">(\d+)<`))
+}
+
+// TestMergeKeys: merged summaries of a worked example, and, over random
+// streams, every merged count bounds its key's true weight from above
+// within its error, every error is at most MaxErr, and every key heavier
+// than the floors together is listed.
+func TestMergeKeys(t *testing.T) {
+	got := mergeKeys("k", []keySummary{
+		{K: 2, Total: 10, Floor: 3, Entries: []topKEntry{{Key: "x", Count: 5}, {Key: "y", Count: 3, Err: 2}}},
+		{K: 2, Total: 8, Floor: 2, Entries: []topKEntry{{Key: "z", Count: 4, Err: 1}, {Key: "x", Count: 2}}},
+	}, 10)
+	assert.Equal(t, statusKeys{ID: "k", Total: 18, MaxErr: 9, Entries: []topKEntry{
+		{Key: "x", Count: 7, Err: 0},
+		{Key: "z", Count: 7, Err: 4},
+		{Key: "y", Count: 5, Err: 4},
+	}}, got)
+
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := range 50 {
+		truth := map[string]int64{}
+		var sums []keySummary
+		var floors int64
+		for range 1 + rng.IntN(4) {
+			tk := newTopK(1 + rng.IntN(8))
+			for range rng.IntN(300) {
+				k := fmt.Sprint("k", int(rng.ExpFloat64()*5))
+				tk.add(k, 1)
+				truth[k]++
+			}
+			s := tk.summary()
+			floors += s.Floor
+			sums = append(sums, s)
+		}
+		m := mergeKeys("k", sums, 1000)
+		listed := map[string]bool{}
+		for _, e := range m.Entries {
+			listed[e.Key] = true
+			require.GreaterOrEqual(t, e.Count, truth[e.Key], "round %d key %s", round, e.Key)
+			require.LessOrEqual(t, e.Count-e.Err, truth[e.Key], "round %d key %s", round, e.Key)
+			require.LessOrEqual(t, e.Err, m.MaxErr, "round %d key %s", round, e.Key)
+		}
+		for k, w := range truth {
+			if w > floors {
+				require.True(t, listed[k], "round %d: key %s weighs %d > %d and is not listed", round, k, w, floors)
+			}
+		}
+	}
+}
