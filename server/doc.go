@@ -148,10 +148,14 @@
 // # The operator's view
 //
 // GET /v1/keys/{key} returns a key's rule and, per limit, the bucket's level,
-// free tokens, tokens outstanding in open leases, open leases, and for a
-// token bucket the time to the next token and to a full bucket
-// (protocol.KeyStateResponse). It is authenticated like the lease routes: a
-// client sees only the keys its patterns allow. It changes nothing.
+// free tokens, tokens outstanding in open leases, open leases, the distinct
+// processes holding them, and, for every algorithm, the time to the next
+// token and to a whole bucket, plus for the fixed and sliding-counter
+// windows the time to the window's end (protocol.KeyStateResponse, which
+// says what each time means per algorithm). It is authenticated like the
+// lease routes: a client sees only the keys its patterns allow. It changes
+// nothing: the store's snapshot (leases.Store.State) reads, and leases past
+// their expiry are left for the next call to close.
 //
 // GET /status is a read-only HTML page (no JavaScript): the rules in force
 // and their version, each rule's decisions (ratelease_rule_decisions_total
