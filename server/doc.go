@@ -95,7 +95,11 @@
 // Options.AdminTokenSHA256. Writes are validated against the whole set
 // (422 invalid_rule, nothing stored), conditional on If-Match (412
 // precondition_failed), atomic (one Lua script), versioned, written to the
-// change log and logged at INFO with who and what.
+// change log and logged at INFO with who and what. Overrides, which may
+// number millions, are listed a page at a time (GET /v1/admin/overrides
+// ?prefix=&cursor=&limit=, RuleDB.ListOverrides): each page is a bounded
+// run of HSCAN with MATCH on the prefix, its glob metacharacters escaped,
+// and ends with a cursor; nothing loads them all.
 //
 // # Store and failures
 //

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -150,6 +151,46 @@ func TestOverrideCommands(t *testing.T) {
 
 	_, _, err = ratelease(t, url, "override", "set", "k", "--limit", "5")
 	require.ErrorIs(t, err, errUsage)
+}
+
+// TestOverrideList: override list pages through every override, or those
+// of a prefix taken literally, one line each, and counts them.
+func TestOverrideList(t *testing.T) {
+	url, _ := startServer(t)
+	keys := []string{"user:1", "user:2", "user:3", "plan*[gold]?:1", "plan*[gold]?:2", "planXgold!:3"}
+	for _, k := range keys {
+		_, stderr, err := ratelease(t, url, "override", "set", k, "-limit", "5", "-period", "1s")
+		require.NoError(t, err, stderr)
+	}
+	tests := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"-limit", "2"}, keys},
+		{[]string{"-prefix", "user:", "-limit", "1"}, keys[:3]},
+		{[]string{"-prefix", "plan*[gold]?"}, keys[3:5]},
+		{[]string{"-prefix", "nobody"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			out, stderr, err := ratelease(t, url, append([]string{"override", "list"}, tt.args...)...)
+			require.NoError(t, err, stderr)
+			var got []string
+			for line := range strings.Lines(out) {
+				key, doc, ok := strings.Cut(strings.TrimSuffix(line, "\n"), "\t")
+				require.True(t, ok, line)
+				assert.Contains(t, doc, `"limit":5`)
+				got = append(got, key)
+			}
+			assert.ElementsMatch(t, tt.want, got)
+			assert.Equal(t, fmt.Sprintf("%d overrides\n", len(tt.want)), stderr)
+		})
+	}
+	_, _, err := ratelease(t, url, "override", "list", "user:1")
+	require.ErrorIs(t, err, errUsage, "a KEY is no prefix")
+	_, stderr, err := ratelease(t, url, "override", "list", "-limit", "0")
+	require.ErrorIs(t, err, errCall)
+	assert.Contains(t, stderr, "400 invalid_query")
 }
 
 // TestKeyShow: key show prints a key's state as GET /v1/keys/{key} gives
