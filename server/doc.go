@@ -86,9 +86,12 @@
 // through an LRU cache with a TTL (leases.Overrides, consulted by the
 // engine before the Policy). A change publishes on a channel, which wakes
 // every server at once; a version check every Options.DBCheckInterval
-// (1s) is the safety net. A rule set in the database that does not
-// validate (written behind the API's back) keeps the rules in force, and
-// /readyz says why, as a failed file reload does.
+// (1s) is the safety net. On Redis Cluster nothing changes: the database's
+// keys share one hash tag (one slot), and Redis Cluster delivers a PUBLISH
+// to subscribers on every node (TestRuleDBCluster checks both paths). A
+// rule set in the database that does not validate (written behind the
+// API's back) keeps the rules in force, and /readyz says why, as a failed
+// file reload does.
 //
 // The admin API (/v1/admin/rules, /v1/admin/clients, /v1/admin/overrides,
 // /v1/admin/changes; see adminRoutes in admin.go) needs the token named by

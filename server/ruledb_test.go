@@ -377,13 +377,8 @@ func TestRuleDBAdminOff(t *testing.T) {
 func TestRuleDBSafetyNet(t *testing.T) {
 	rs := redistest.Start(t)
 	f := newDBFixture(t, rs, Options{DBCheckInterval: 100 * time.Millisecond})
-	// The write script, run with a channel nobody listens on.
-	silent := NewRuleDB(rs.Client(t), RuleDBOptions{})
-	_, err := writeScript.Run(context.Background(), silent.rdb,
-		[]string{silent.key("version"), silent.hashOf(KindRule), silent.key("log"), silent.key("setversion")},
-		"quiet", "put", `{"match":"q:*","limit":7,"period":"1s"}`, "", "0", silent.logCap, "nobody-listens", time.Now().UnixMilli(), "test", KindRule,
-	).Result()
-	require.NoError(t, err)
+	rdb := rs.Client(t)
+	silentWrite(t, rdb, NewRuleDB(rdb, RuleDBOptions{}), "quiet", `{"match":"q:*","limit":7,"period":"1s"}`)
 	within(t, time.Second, "silent change", func() bool { return f.ruleLimit("", "quiet") == 7 })
 }
 
