@@ -19,19 +19,13 @@ import (
 func TestRedisStoreConformance(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
-	storetest.Run(t, func(t *testing.T, now func() time.Time) leases.Store {
-		require.NoError(t, rdb.FlushDB(context.Background()).Err())
-		return leases.NewRedisStore(rdb, leases.RedisOptions{Now: now})
-	}, redisSuiteOptions(rdb, 500))
+	storetest.Run(t, freshRedisStore(rdb), redisSuiteOptions(rdb, 500))
 }
 
 func TestRedisStoreWindows(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
-	storetest.RunWindows(t, func(t *testing.T, now func() time.Time) leases.Store {
-		require.NoError(t, rdb.FlushDB(context.Background()).Err())
-		return leases.NewRedisStore(rdb, leases.RedisOptions{Now: now})
-	}, storetest.WindowOptions{ConcurrentTicks: 600, Retention: windowRetention(rdb)})
+	storetest.RunWindows(t, freshRedisStore(rdb), storetest.WindowOptions{ConcurrentTicks: 600, Retention: windowRetention(rdb)})
 }
 
 // TestRedisStoreSnapshot runs the snapshot suite (every algorithm)
@@ -39,10 +33,7 @@ func TestRedisStoreWindows(t *testing.T) {
 func TestRedisStoreSnapshot(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
-	storetest.RunSnapshot(t, func(t *testing.T, now func() time.Time) leases.Store {
-		require.NoError(t, rdb.FlushDB(context.Background()).Err())
-		return leases.NewRedisStore(rdb, leases.RedisOptions{Now: now})
-	})
+	storetest.RunSnapshot(t, freshRedisStore(rdb))
 }
 
 // TestRedisClusterWindows runs the window suite, and the snapshot suite of
@@ -53,14 +44,25 @@ func TestRedisClusterWindows(t *testing.T) {
 	}
 	cl := redistest.StartCluster(t, 3)
 	rdb := cl.Client(t)
-	factory := func(t *testing.T, now func() time.Time) leases.Store {
-		require.NoError(t, rdb.ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
-			return c.FlushDB(ctx).Err()
-		}))
-		return leases.NewRedisStore(rdb, leases.RedisOptions{Now: now})
-	}
+	factory := freshRedisStore(rdb)
 	storetest.RunWindows(t, factory, storetest.WindowOptions{ConcurrentTicks: 400, Retention: windowRetention(rdb)})
 	t.Run("Snapshot", func(t *testing.T) { storetest.RunSnapshot(t, factory) })
+}
+
+// freshRedisStore returns a storetest.Factory of Redis stores over rdb,
+// each on an emptied Redis (every master, on a cluster).
+func freshRedisStore(rdb redis.UniversalClient) storetest.Factory {
+	return func(t *testing.T, now func() time.Time) leases.Store {
+		ctx := context.Background()
+		if c, ok := rdb.(*redis.ClusterClient); ok {
+			require.NoError(t, c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+				return n.FlushDB(ctx).Err()
+			}))
+		} else {
+			require.NoError(t, rdb.FlushDB(ctx).Err())
+		}
+		return leases.NewRedisStore(rdb, leases.RedisOptions{Now: now})
+	}
 }
 
 // windowRetention returns the least TTL of the Redis keys of key under a
@@ -490,10 +492,7 @@ func TestStoresAgreeLeaky(t *testing.T) {
 func TestRedisStoreLeaky(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
-	storetest.RunLeaky(t, func(t *testing.T, now func() time.Time) leases.Store {
-		require.NoError(t, rdb.FlushDB(context.Background()).Err())
-		return leases.NewRedisStore(rdb, leases.RedisOptions{Now: now})
-	}, leakyRedisOptions(rdb, 500))
+	storetest.RunLeaky(t, freshRedisStore(rdb), leakyRedisOptions(rdb, 500))
 }
 
 // TestRedisClusterLeaky runs the leaky bucket's suite on a real three-node
@@ -504,12 +503,7 @@ func TestRedisClusterLeaky(t *testing.T) {
 	}
 	cl := redistest.StartCluster(t, 3)
 	rdb := cl.Client(t)
-	storetest.RunLeaky(t, func(t *testing.T, now func() time.Time) leases.Store {
-		require.NoError(t, rdb.ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
-			return c.FlushDB(ctx).Err()
-		}))
-		return leases.NewRedisStore(rdb, leases.RedisOptions{Now: now})
-	}, leakyRedisOptions(rdb, 300))
+	storetest.RunLeaky(t, freshRedisStore(rdb), leakyRedisOptions(rdb, 300))
 }
 
 // leakyRedisOptions: the retention of a leaky bucket is the least TTL of

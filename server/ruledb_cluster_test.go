@@ -18,25 +18,15 @@ import (
 	"github.com/ratelease/ratelease/protocol"
 )
 
-// newClusterDBFixture starts a server in database mode whose store and
-// rule database are on the Redis Cluster cl, through a cluster client of
-// its own, as a lease server process has.
-func newClusterDBFixture(t *testing.T, cl *redistest.Cluster, opts Options) *fixture {
-	t.Helper()
-	rdb := cl.Client(t)
-	opts.RuleDB = NewRuleDB(rdb, RuleDBOptions{})
-	opts.AdminTokenSHA256 = sha(adminToken)
-	return newFixture(t, "", leases.NewRedisStore(rdb, leases.RedisOptions{}), opts)
-}
-
 // TestRuleDBCluster: the rule database works on a real three-node Redis
-// Cluster through cluster clients. Its keys share the hash tag {rl:db}, so
-// they live in one slot (one node) and its scripts and MULTI blocks run
-// there. A rule and an override put through one server apply on another
-// server on the same cluster, whose version check is an hour away: the
-// change reaches it by pub/sub, which Redis Cluster broadcasts to every
-// node. Reads, the listing, the change log and deletes work there too; a
-// change that publishes nothing reaches a server by the version check.
+// Cluster through cluster clients (one per server, as each lease server
+// process has its own). Its keys share the hash tag {rl:db}, so they live
+// in one slot (one node) and its scripts and MULTI blocks run there. A
+// rule and an override put through one server apply on another server on
+// the same cluster whose version check is an hour away: the change
+// reaches it by pub/sub, which Redis Cluster broadcasts to every node.
+// Reads, the listing, the change log and deletes work there too; a change
+// that publishes nothing reaches a server by the version check.
 func TestRuleDBCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a three-node Redis Cluster")
@@ -59,8 +49,8 @@ func TestRuleDBCluster(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEqual(t, slots[0], bucketSlot)
 
-	a := newClusterDBFixture(t, cl, Options{})
-	b := newClusterDBFixture(t, cl, Options{DBCheckInterval: time.Hour})
+	a := newDBFixtureOn(t, cl.Client(t), Options{})
+	b := newDBFixtureOn(t, cl.Client(t), Options{DBCheckInterval: time.Hour})
 
 	r := a.admin(http.MethodPut, protocol.PathAdminRules+"/per-user", "", protocol.AdminRule{Match: "user:*", Limit: 100, Period: "1m"})
 	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
@@ -119,7 +109,7 @@ func TestRuleDBCluster(t *testing.T) {
 
 	// The safety net: a change written by a script that publishes on a
 	// channel nobody listens to reaches a server by its version check.
-	c := newClusterDBFixture(t, cl, Options{DBCheckInterval: 100 * time.Millisecond})
+	c := newDBFixtureOn(t, cl.Client(t), Options{DBCheckInterval: 100 * time.Millisecond})
 	silentWrite(t, rdb, db, "quiet", `{"match":"q:*","limit":7,"period":"1s"}`)
 	within(t, time.Second, "silent change on c", func() bool { return c.ruleLimit("", "quiet") == 7 })
 	assert.Zero(t, b.ruleLimit("", "quiet"), "b, which checks hourly, heard nothing")

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -26,7 +27,13 @@ const adminToken = "admin-token"
 // rule database share that Redis.
 func newDBFixture(t *testing.T, rs *redistest.Server, opts Options) *fixture {
 	t.Helper()
-	rdb := rs.Client(t)
+	return newDBFixtureOn(t, rs.Client(t), opts)
+}
+
+// newDBFixtureOn starts a server in database mode whose store and rule
+// database are in rdb (a cluster client, say).
+func newDBFixtureOn(t *testing.T, rdb redis.UniversalClient, opts Options) *fixture {
+	t.Helper()
 	opts.RuleDB = NewRuleDB(rdb, RuleDBOptions{})
 	opts.AdminTokenSHA256 = sha(adminToken)
 	return newFixture(t, "", leases.NewRedisStore(rdb, leases.RedisOptions{}), opts)
