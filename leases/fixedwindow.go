@@ -187,15 +187,23 @@ func (s *fwState) idle(now int64) bool {
 }
 
 func (s *fwState) snapshot(b *Bucket, now int64) BucketState {
-	open, out := len(s.leases), s.out
-	for _, l := range s.byDL.firstK(len(s.byDL)) {
-		if l.expiry > now {
-			break
-		}
-		open--
+	expired := s.byDL.expiredBy(now)
+	out := s.out
+	for _, l := range expired {
 		out -= l.granted
 	}
 	cp := fwState{counter: s.counter, start: s.start, cur: s.cur, prev: s.prev}
 	cp.roll(b, now)
-	return BucketState{Level: max(float64(b.Limit)-cp.estimate(b, now), 0), Outstanding: out, Leases: open}
+	st := BucketState{
+		Level:       max(float64(b.Limit)-cp.estimate(b, now), 0),
+		Free:        cp.free(b, now),
+		Outstanding: out,
+		Leases:      len(s.leases) - len(expired),
+		Holders:     holdersAt(s.procs, expired, slotLookup(s.leases), now),
+		WindowEnd:   waitOf(cp.start + b.Period.Microseconds() - now),
+	}
+	if st.Free < b.Limit {
+		st.Next, st.Full = cp.retryAfter(b, st.Free+1, now), cp.reset(b, now)
+	}
+	return st
 }

@@ -263,19 +263,35 @@ func (s *lbState) idle(now int64) bool {
 }
 
 // snapshot returns the queue at now: Level is its length in slots (0 when
-// empty), Outstanding the slots held by open leases.
+// empty), Outstanding the slots held by open leases, Next the time until
+// one more slot is free and Full until the queue is empty.
 func (s *lbState) snapshot(b *Bucket, now int64) BucketState {
+	t := b.interval()
 	level := 0.0
 	if s.tat > float64(now) {
-		level = float64((s.tat - float64(now)) / b.interval())
+		level = float64((s.tat - float64(now)) / t)
 	}
-	out, n := s.out, len(s.leases)
-	for _, l := range s.byExp.firstK(len(s.byExp)) {
-		if l.expiry > now {
-			break
-		}
+	expired := s.byExp.expiredBy(now)
+	out := s.out
+	for _, l := range expired {
 		out -= l.granted
-		n--
 	}
-	return BucketState{Level: level, Outstanding: out, Leases: n}
+	st := BucketState{Level: level, Outstanding: out, Leases: len(s.leases) - len(expired)}
+	st.Holders = holdersAt(s.procs, expired, func(ref leaseRef) (int64, bool) {
+		l := s.leases[ref]
+		if l == nil {
+			return 0, false
+		}
+		return l.expiry, true
+	}, now)
+	var full time.Duration
+	st.Free, full = s.status(b, now, t)
+	if st.Free < b.Burst {
+		// One more slot is free once the queue ahead is Burst − Free − 1
+		// long.
+		start := max(s.tat, float64(now))
+		st.Next = usToMillisUp(start - float64(now) - float64(float64(b.Burst-(st.Free+1))*t))
+		st.Full = full
+	}
+	return st
 }

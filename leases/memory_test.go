@@ -26,3 +26,9 @@ func TestMemoryStoreLeaky(t *testing.T) {
 		return leases.NewMemoryStore(leases.MemoryOptions{Now: now, SweepInterval: -1})
 	}, storetest.Options{})
 }
+
+func TestMemoryStoreSnapshot(t *testing.T) {
+	storetest.RunSnapshot(t, func(t *testing.T, now func() time.Time) leases.Store {
+		return leases.NewMemoryStore(leases.MemoryOptions{Now: now, SweepInterval: -1})
+	})
+}

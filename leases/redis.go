@@ -339,21 +339,29 @@ func (s *RedisStore) Refund(ctx context.Context, ops []TakeOp) error {
 	return nil
 }
 
-// State implements Store.
+// State implements Store. The script answers {level, outstanding, open
+// leases, now µs, holders, free, next ms, full ms, window end ms} without
+// writing anything.
 func (s *RedisStore) State(ctx context.Context, key string, b Bucket) (BucketState, error) {
 	cmds, err := s.run(ctx, []Algorithm{b.Algorithm}, [][]string{redisKeyList(key, b.Algorithm)}, [][]any{append(append(bucketArgs("state", s.nowArg(), &b), noOwner...), s.noEviction)})
 	if err != nil {
 		return BucketState{}, err
 	}
 	vals, err := cmds[0].Slice()
-	if err != nil || len(vals) != 4 {
+	if err != nil || len(vals) != 9 {
 		return BucketState{}, fmt.Errorf("redis: %w: bad state reply %v: %v", ErrStoreUnavailable, vals, err)
 	}
 	lvl, _ := strconv.ParseFloat(fmt.Sprint(vals[0]), 64)
-	out, _ := vals[1].(int64)
-	n, _ := vals[2].(int64)
 	nowUs, _ := strconv.ParseInt(fmt.Sprint(vals[3]), 10, 64)
-	return BucketState{Level: lvl, Outstanding: out, Leases: int(n), Now: time.UnixMicro(nowUs)}, nil
+	n := make([]int64, 9)
+	for _, i := range []int{1, 2, 4, 5, 6, 7, 8} {
+		n[i], _ = vals[i].(int64)
+	}
+	ms := func(i int) time.Duration { return time.Duration(n[i]) * time.Millisecond }
+	return BucketState{
+		Level: lvl, Outstanding: n[1], Leases: int(n[2]), Holders: int(n[4]), Free: n[5],
+		Next: ms(6), Full: ms(7), WindowEnd: ms(8), Now: time.UnixMicro(nowUs),
+	}, nil
 }
 
 // Ping implements Store.

@@ -19,35 +19,50 @@ import (
 func TestRedisStoreConformance(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
-	storetest.Run(t, func(t *testing.T, now func() time.Time) leases.Store {
-		require.NoError(t, rdb.FlushDB(context.Background()).Err())
-		return leases.NewRedisStore(rdb, leases.RedisOptions{Now: now})
-	}, redisSuiteOptions(rdb, 500))
+	storetest.Run(t, freshRedisStore(rdb), redisSuiteOptions(rdb, 500))
 }
 
 func TestRedisStoreWindows(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
-	storetest.RunWindows(t, func(t *testing.T, now func() time.Time) leases.Store {
-		require.NoError(t, rdb.FlushDB(context.Background()).Err())
-		return leases.NewRedisStore(rdb, leases.RedisOptions{Now: now})
-	}, storetest.WindowOptions{ConcurrentTicks: 600, Retention: windowRetention(rdb)})
+	storetest.RunWindows(t, freshRedisStore(rdb), storetest.WindowOptions{ConcurrentTicks: 600, Retention: windowRetention(rdb)})
 }
 
-// TestRedisClusterWindows runs the window suite on a real three-node Redis
-// Cluster.
+// TestRedisStoreSnapshot runs the snapshot suite (every algorithm)
+// against Redis.
+func TestRedisStoreSnapshot(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	storetest.RunSnapshot(t, freshRedisStore(rdb))
+}
+
+// TestRedisClusterWindows runs the window suite, and the snapshot suite of
+// every algorithm, on a real three-node Redis Cluster.
 func TestRedisClusterWindows(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a three-node Redis Cluster")
 	}
 	cl := redistest.StartCluster(t, 3)
 	rdb := cl.Client(t)
-	storetest.RunWindows(t, func(t *testing.T, now func() time.Time) leases.Store {
-		require.NoError(t, rdb.ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
-			return c.FlushDB(ctx).Err()
-		}))
+	factory := freshRedisStore(rdb)
+	storetest.RunWindows(t, factory, storetest.WindowOptions{ConcurrentTicks: 400, Retention: windowRetention(rdb)})
+	t.Run("Snapshot", func(t *testing.T) { storetest.RunSnapshot(t, factory) })
+}
+
+// freshRedisStore returns a storetest.Factory of Redis stores over rdb,
+// each on an emptied Redis (every master, on a cluster).
+func freshRedisStore(rdb redis.UniversalClient) storetest.Factory {
+	return func(t *testing.T, now func() time.Time) leases.Store {
+		ctx := context.Background()
+		if c, ok := rdb.(*redis.ClusterClient); ok {
+			require.NoError(t, c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+				return n.FlushDB(ctx).Err()
+			}))
+		} else {
+			require.NoError(t, rdb.FlushDB(ctx).Err())
+		}
 		return leases.NewRedisStore(rdb, leases.RedisOptions{Now: now})
-	}, storetest.WindowOptions{ConcurrentTicks: 400, Retention: windowRetention(rdb)})
+	}
 }
 
 // windowRetention returns the least TTL of the Redis keys of key under a
@@ -96,6 +111,15 @@ func (c *agreeCase) randomFloor(rng *rand.Rand, b leases.Bucket) int64 {
 		return 0
 	}
 	return 1 + rng.Int64N(b.Burst)
+}
+
+// requireSameState requires the two stores' snapshots of one key to be
+// equal in every field: the clock as an instant, the rest exactly.
+func requireSameState(t *testing.T, ms, rs leases.BucketState, step int) {
+	t.Helper()
+	require.True(t, ms.Now.Equal(rs.Now), "step %d: now %v and %v", step, ms.Now, rs.Now)
+	ms.Now, rs.Now = time.Time{}, time.Time{}
+	require.Equal(t, ms, rs, "step %d state", step)
 }
 
 // TestStoresAgree runs random sequences of operations against both stores
@@ -219,9 +243,7 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 		require.NoError(t, err)
 		rs, err := red.State(ctx, key, b)
 		require.NoError(t, err)
-		require.Equal(t, ms.Level, rs.Level, "step %d level", step)
-		require.Equal(t, ms.Outstanding, rs.Outstanding, "step %d outstanding", step)
-		require.Equal(t, ms.Leases, rs.Leases, "step %d leases", step)
+		requireSameState(t, ms, rs, step)
 		if b.Algorithm == leases.LeakyBucket {
 			require.LessOrEqual(t, ms.Level, float64(b.Burst)+1e-9, "step %d: the queue holds at most burst", step)
 		} else {
@@ -470,10 +492,7 @@ func TestStoresAgreeLeaky(t *testing.T) {
 func TestRedisStoreLeaky(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
-	storetest.RunLeaky(t, func(t *testing.T, now func() time.Time) leases.Store {
-		require.NoError(t, rdb.FlushDB(context.Background()).Err())
-		return leases.NewRedisStore(rdb, leases.RedisOptions{Now: now})
-	}, leakyRedisOptions(rdb, 500))
+	storetest.RunLeaky(t, freshRedisStore(rdb), leakyRedisOptions(rdb, 500))
 }
 
 // TestRedisClusterLeaky runs the leaky bucket's suite on a real three-node
@@ -484,12 +503,7 @@ func TestRedisClusterLeaky(t *testing.T) {
 	}
 	cl := redistest.StartCluster(t, 3)
 	rdb := cl.Client(t)
-	storetest.RunLeaky(t, func(t *testing.T, now func() time.Time) leases.Store {
-		require.NoError(t, rdb.ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
-			return c.FlushDB(ctx).Err()
-		}))
-		return leases.NewRedisStore(rdb, leases.RedisOptions{Now: now})
-	}, leakyRedisOptions(rdb, 300))
+	storetest.RunLeaky(t, freshRedisStore(rdb), leakyRedisOptions(rdb, 300))
 }
 
 // leakyRedisOptions: the retention of a leaky bucket is the least TTL of

@@ -209,22 +209,39 @@ func (s *swlState) idle(now int64) bool {
 
 func (s *swlState) snapshot(b *Bucket, now int64) BucketState {
 	q, w := logQuantum(b), b.Period.Microseconds()
-	sum, open, out := s.sum, len(s.leases), s.out
-	for _, l := range s.byDL.firstK(len(s.byDL)) {
-		if l.expiry > now {
-			break
-		}
-		open--
+	sum, out := s.sum, s.out
+	expired := s.byDL.expiredBy(now)
+	for _, l := range expired {
 		out -= l.granted
 		if ceilTo(l.expiry, q) <= now-w {
 			sum -= l.granted
 		}
 	}
-	for _, bk := range s.buckets {
-		if bk.end > now-w {
-			break
-		}
-		sum -= bk.n
+	i := 0 // the first bucket still in the window
+	for i < len(s.buckets) && s.buckets[i].end <= now-w {
+		sum -= s.buckets[i].n
+		i++
 	}
-	return BucketState{Level: float64(max(b.Limit-sum, 0)), Outstanding: out, Leases: open}
+	free := max(b.Limit-sum, 0)
+	st := BucketState{Level: float64(free), Free: free, Outstanding: out, Leases: len(s.leases) - len(expired), Holders: holdersAt(s.procs, expired, slotLookup(s.leases), now)}
+	if free < b.Limit {
+		// The oldest entry counted: the first bucket in the window, or the
+		// first lease (open, or expired and still counted) whose end,
+		// rounded up to q, is in it.
+		oldest := s.maxEnd
+		if i < len(s.buckets) {
+			oldest = s.buckets[i].end
+		}
+		cut := floorTo(now-w, q) // ceilTo(e, q) > now − w ⟺ e > cut
+		s.byDL.walk(func(l *openLease) bool {
+			if l.expiry <= cut {
+				return true
+			}
+			oldest = min(oldest, ceilTo(l.expiry, q))
+			return false
+		})
+		st.Next = waitOf(max(oldest+w-now, 0))
+		st.Full = waitOf(max(s.maxEnd+w-now, 0))
+	}
+	return st
 }

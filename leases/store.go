@@ -223,13 +223,63 @@ type TakeOutcome struct {
 }
 
 // BucketState is a snapshot of one key's bucket, for tests and operators.
+// Taking it changes nothing. The durations are rounded up to whole
+// milliseconds, as an outcome's RetryAfter and Reset are, and assume that
+// nothing happens meanwhile: no take, no grant, no settle, and every open
+// lease running to its expiry unsettled.
 type BucketState struct {
-	// Level is the number of tokens in the bucket, refilled to Now.
+	// Level is, for a token bucket, the number of tokens in the bucket,
+	// refilled to Now; for a window algorithm, what the window still
+	// admits (the limit less the count or estimate); for a leaky bucket,
+	// the length of its queue in slots (0 when empty).
 	Level float64
+	// Free is the number of whole tokens a take could take now: an
+	// outcome's Remaining.
+	Free int64
 	// Outstanding is the number of tokens granted in open leases.
 	Outstanding int64
-	// Leases is the number of open leases.
+	// Leases is the number of open leases (a token bucket's waiters, which
+	// hold zero tokens, included).
 	Leases int
+	// Holders is the number of distinct owners (client and process) that
+	// hold at least one open lease; an owner with a lease in each slot
+	// counts once. The Redis store reads it from the key's expiry index,
+	// so its cost grows with the open leases of the key (bounded by
+	// LeaseLimits.MaxLeasesPerKey); the memory store from its per-client
+	// counts.
+	Holders int
+	// Next is the time until Free is one more than now; zero when the
+	// bucket is whole (Full is zero). Per algorithm:
+	//   - token_bucket: the refill of the next whole token (the level
+	//     refills up to Burst − Outstanding; the tokens held in leases
+	//     come back by their settles);
+	//   - fixed_window: the end of the current window;
+	//   - sliding_window_counter: the moment the estimate has fallen by
+	//     enough (the previous window's weight decays, then the current
+	//     one's in the next window);
+	//   - sliding_window_log: the moment the oldest entry the log counts
+	//     leaves the window (an open lease is an entry ending at its
+	//     expiry); should the log hold more than the limit after a rule
+	//     lowered it, Free may still be zero then;
+	//   - leaky_bucket: the moment the next slot of the queue is free.
+	Next time.Duration
+	// Full is the time until the bucket is whole again; zero when it is.
+	// Per algorithm:
+	//   - token_bucket: the refill to Burst − Outstanding, the most it
+	//     holds while those leases are open;
+	//   - fixed_window: the end of the current window;
+	//   - sliding_window_counter: the moment the estimate is zero: the end
+	//     of the next window when the current one counts anything, else
+	//     the end of the current one;
+	//   - sliding_window_log: the moment the newest entry leaves the
+	//     window (an upper bound: the latest end the log recorded);
+	//   - leaky_bucket: the moment the queue is empty.
+	Full time.Duration
+	// WindowEnd is, for fixed_window and sliding_window_counter, the time
+	// until the current window ends (at least 1 ms): the count starts
+	// afresh then (for the counter, it becomes the previous window's).
+	// Zero for the other algorithms, which have no window boundary.
+	WindowEnd time.Duration
 	// Now is the store's clock at the snapshot.
 	Now time.Time
 }

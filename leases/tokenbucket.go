@@ -106,6 +106,27 @@ func (h *expiryHeap) Pop() any {
 	return l
 }
 
+// walk calls fn on the open leases in expiry order until fn returns false
+// or none is left, in O(k log k) for the k leases it visits, without
+// changing the heap.
+func (h expiryHeap) walk(fn func(l *openLease) bool) {
+	if len(h) == 0 {
+		return
+	}
+	cand := candHeap{h: h, idx: []int{0}}
+	for len(cand.idx) > 0 {
+		i := heap.Pop(&cand).(int)
+		if !fn(h[i]) {
+			return
+		}
+		for _, c := range [2]int{2*i + 1, 2*i + 2} {
+			if c < len(h) {
+				heap.Push(&cand, c)
+			}
+		}
+	}
+}
+
 // firstK returns up to k open leases in expiry order, in O(k log k),
 // without changing the heap.
 func (h expiryHeap) firstK(k int) []*openLease {
@@ -113,17 +134,48 @@ func (h expiryHeap) firstK(k int) []*openLease {
 		return nil
 	}
 	out := make([]*openLease, 0, min(k, len(h)))
-	cand := candHeap{h: h, idx: []int{0}}
-	for len(out) < k && len(cand.idx) > 0 {
-		i := heap.Pop(&cand).(int)
-		out = append(out, h[i])
-		for _, c := range [2]int{2*i + 1, 2*i + 2} {
-			if c < len(h) {
-				heap.Push(&cand, c)
-			}
+	h.walk(func(l *openLease) bool {
+		out = append(out, l)
+		return len(out) < k
+	})
+	return out
+}
+
+// expiredBy returns the leases whose expiry is at or before now, which the
+// next call on the key closes, in expiry order, without changing the heap.
+func (h expiryHeap) expiredBy(now int64) []*openLease {
+	var out []*openLease
+	h.walk(func(l *openLease) bool {
+		if l.expiry > now {
+			return false
+		}
+		out = append(out, l)
+		return true
+	})
+	return out
+}
+
+// holdersAt returns the number of distinct owners holding a lease that is
+// still open at now, for a snapshot: the owners procs counts (per client,
+// its processes holding leases), less those whose every lease is in
+// expired (the leases past their expiry, not closed yet). other returns
+// the expiry of the lease an owner holds in the other slot of ref, and
+// whether it holds one. It costs O(clients + expired), not a scan of the
+// leases.
+func holdersAt(procs map[string]int, expired []*openLease, other func(ref leaseRef) (int64, bool), now int64) int {
+	n := 0
+	for _, p := range procs {
+		n += p
+	}
+	for _, l := range expired {
+		// The owner is gone when its other slot holds nothing open; when
+		// both slots expired, the lease of slot 0 counts it.
+		e, ok := other(leaseRef{l.ref.owner, 1 - l.ref.slot})
+		if !ok || (e <= now && l.ref.slot == 0) {
+			n--
 		}
 	}
-	return out
+	return n
 }
 
 // candHeap is a min-heap of positions in an expiryHeap, for firstK.
@@ -527,17 +579,38 @@ func (s *tbState) snapshot(b *Bucket, now int64) BucketState {
 	// Replay the expiries on copies: only level, clock and outstanding
 	// change, and the order is the heap's.
 	level, last, out := s.level, s.last, s.out
-	open := len(s.leases)
-	for _, l := range s.byExp.firstK(len(s.byExp)) {
-		if l.expiry > now {
-			break
-		}
+	expired := s.byExp.expiredBy(now)
+	for _, l := range expired {
 		cp := tbState{level: level, last: last, out: out}
 		cp.refillTo(b, l.expiry)
 		level, last, out = cp.level, cp.last, cp.out-l.granted
-		open--
 	}
 	cp := tbState{level: level, last: last, out: out}
 	cp.refillTo(b, now)
-	return BucketState{Level: cp.level, Outstanding: cp.out, Leases: open}
+	st := BucketState{Level: cp.level, Free: cp.remaining(), Outstanding: cp.out, Leases: len(s.leases) - len(expired)}
+	st.Holders = holdersAt(s.procs, expired, slotLookup(s.leases), now)
+	st.Next, st.Full = tbTimes(b, cp.level, cp.out, st.Free)
+	return st
+}
+
+// slotLookup returns the lookup of holdersAt over the leases m.
+func slotLookup(m map[leaseRef]*openLease) func(leaseRef) (int64, bool) {
+	return func(ref leaseRef) (int64, bool) {
+		if l := m[ref]; l != nil {
+			return l.expiry, true
+		}
+		return 0, false
+	}
+}
+
+// tbTimes returns BucketState.Next and Full for a token bucket at level,
+// with out tokens outstanding and free whole tokens: the refill to the
+// next whole token and to the cap Burst − out.
+func tbTimes(b *Bucket, level float64, out, free int64) (next, full time.Duration) {
+	missing := float64(b.Burst-out) - level
+	if missing <= epsilon {
+		return 0, 0
+	}
+	rate := b.ratePerMicro()
+	return resetAfter(min(float64(free+1)-level, missing), rate), resetAfter(missing, rate)
 }

@@ -146,9 +146,7 @@ func agreeWindows(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 		require.NoError(t, err)
 		rs, err := red.State(ctx, key, b)
 		require.NoError(t, err)
-		require.Equal(t, ms.Level, rs.Level, "step %d level", step)
-		require.Equal(t, ms.Outstanding, rs.Outstanding, "step %d outstanding", step)
-		require.Equal(t, ms.Leases, rs.Leases, "step %d leases", step)
+		requireSameState(t, ms, rs, step)
 		require.LessOrEqual(t, ms.Level, float64(b.Limit), "step %d", step)
 	}
 	t.Logf("%s: %d settles, %d expired or replaced, %d denials, %d refused by a cap, %d takes, %d refunds",

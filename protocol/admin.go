@@ -10,8 +10,9 @@ const (
 	// PathAdminClients lists the clients (GET); PathAdminClients +
 	// "/{name}" gets, puts and deletes one.
 	PathAdminClients = "/v1/admin/clients"
-	// PathAdminOverrides + "/{key}" gets, puts and deletes the override of
-	// one key. Overrides are not listed: there may be millions.
+	// PathAdminOverrides lists the overrides a page at a time (GET, see
+	// AdminOverrides: there may be millions); PathAdminOverrides +
+	// "/{key}" gets, puts and deletes the override of one key.
 	PathAdminOverrides = "/v1/admin/overrides"
 	// PathAdminChanges lists the most recent changes of the rule database
 	// (GET), newest first.
@@ -171,4 +172,44 @@ type AdminChanges struct {
 	Version int64 `json:"version"`
 	// Changes are the most recent changes, newest first.
 	Changes []AdminChange `json:"changes"`
+}
+
+// Query parameters and bounds of GET /v1/admin/overrides, the listing of
+// the overrides.
+const (
+	// QueryPrefix restricts the listing to the keys that start with it,
+	// byte for byte (no pattern: '*', '?' and '[' are themselves); empty
+	// or absent lists every override.
+	QueryPrefix = "prefix"
+	// QueryCursor continues a listing where the previous page ended:
+	// AdminOverrides.Cursor of that page. Absent (or "0") starts one.
+	QueryCursor = "cursor"
+	// QueryLimit is the number of overrides a page aims at, 1 to
+	// MaxOverridesPage; absent means DefaultOverridesPage.
+	QueryLimit = "limit"
+	// DefaultOverridesPage is the limit of a listing that gives none.
+	DefaultOverridesPage = 100
+	// MaxOverridesPage is the largest limit of a listing.
+	MaxOverridesPage = 1000
+)
+
+// AdminOverrides is the body of GET /v1/admin/overrides: one page of the
+// overrides whose key starts with the prefix asked for. The server reads
+// them with Redis HSCAN, a page at a time, and never loads them all, so:
+//
+//   - the overrides come in no particular order;
+//   - a page aims at the limit but may hold fewer, none even, before the
+//     end (the server scans a bounded number of steps per page, and a
+//     prefix may match few of the entries scanned), or more when Redis
+//     returns more in one step (a small hash comes whole): page on until
+//     Cursor is empty;
+//   - an override that exists from the first page to the last is listed;
+//     one put or deleted meanwhile may be listed or not, and one may be
+//     listed twice if the hash is resized meanwhile (HSCAN's guarantees).
+type AdminOverrides struct {
+	// Overrides are the page's overrides, each with its Key and Version.
+	Overrides []AdminOverride `json:"overrides"`
+	// Cursor is the value of QueryCursor for the next page; empty when
+	// the listing is complete. It is opaque: pass it back as it is.
+	Cursor string `json:"cursor,omitempty"`
 }

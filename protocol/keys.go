@@ -34,6 +34,8 @@ type KeyStateResponse struct {
 }
 
 // KeyLimitState is the state of one limit of a key's rule in its bucket.
+// The times (…_ms) assume that nothing happens meanwhile: no take, no
+// grant, no settle, and every open lease running to its expiry unsettled.
 type KeyLimitState struct {
 	// Index is the limit's position in the rule's limits.
 	Index int `json:"index"`
@@ -43,31 +45,55 @@ type KeyLimitState struct {
 	Limit        int64  `json:"limit"`
 	PeriodMillis int64  `json:"period_ms"`
 	Burst        int64  `json:"burst"`
-	// Level is the number of tokens in the bucket now (for the windows,
-	// what the window still admits), fractional for a token bucket.
+	// Level is, for a token bucket, the number of tokens in the bucket
+	// now (fractional); for the windows, what the window still admits;
+	// for a leaky bucket, the length of its queue in slots (fractional,
+	// 0 when empty).
 	Level float64 `json:"level"`
-	// Free is the whole tokens a request could take now: Level rounded
-	// down.
+	// Free is the number of whole tokens (requests) a request could take
+	// now: what a decision's RateLimit remaining would say.
 	Free int64 `json:"free"`
 	// Outstanding is the number of tokens granted in open leases, spent or
 	// not: they are no longer in the bucket and come back (what was not
 	// spent) when their leases are settled.
 	Outstanding int64 `json:"outstanding"`
-	// Leases is the number of open leases on the limit's bucket.
+	// Leases is the number of open leases on the limit's bucket (a token
+	// bucket's waiters, which hold nothing, included).
 	Leases int `json:"leases"`
-	// Holders is the number of distinct owners holding open leases, when
-	// the store reports it; absent when it does not (the stores report
-	// Leases, which counts each owner's slots).
-	Holders *int `json:"holders,omitempty"`
-	// NextTokenMillis is, for a token bucket that is not full, the time
-	// until its level gains the next whole token; FullMillis the time
-	// until it is full again if nothing is taken: holds Burst minus
-	// Outstanding, the most it can while those leases are open (their
-	// settles give back what was not spent). Both are absent for the other algorithms, whose
-	// window boundaries the snapshot does not carry, and zero for a full
-	// bucket.
-	NextTokenMillis *int64 `json:"next_token_ms,omitempty"`
-	FullMillis      *int64 `json:"full_ms,omitempty"`
+	// Holders is the number of distinct owners (a client's process: the
+	// client's name and its client_id) holding at least one open lease on
+	// the bucket; a process with a lease in each slot counts once.
+	Holders int `json:"holders"`
+	// NextTokenMillis is the time until Free is one more than now; zero
+	// when the bucket is whole (FullMillis zero). Per algorithm:
+	//   - token_bucket: until the level gains its next whole token;
+	//   - fixed_window: until the window ends;
+	//   - sliding_window_counter: until the estimate has fallen by
+	//     enough (as the previous window's weight decays);
+	//   - sliding_window_log: until the oldest entry the log counts leaves
+	//     the window (an open lease counts as an entry ending at its
+	//     expiry);
+	//   - leaky_bucket: until the next slot of the queue is free.
+	NextTokenMillis int64 `json:"next_token_ms"`
+	// FullMillis is the time until the bucket is whole again; zero when it
+	// is. Per algorithm:
+	//   - token_bucket: until it holds Burst minus Outstanding, the most
+	//     it can while those leases are open (their settles give back what
+	//     was not spent);
+	//   - fixed_window: until the window ends;
+	//   - sliding_window_counter: until the estimate is zero (the end of
+	//     the next window when the current one counts anything);
+	//   - sliding_window_log: until the newest entry leaves the window (at
+	//     most);
+	//   - leaky_bucket: until the queue is empty.
+	FullMillis int64 `json:"full_ms"`
+	// WindowEndMillis is, for fixed_window and sliding_window_counter, the
+	// time until the current window ends and its count starts afresh (the
+	// counter's becomes the previous window's); absent for the other
+	// algorithms, which have no window boundary. It is not named reset:
+	// a RateLimit reset is the time until the bucket is whole, FullMillis
+	// here.
+	WindowEndMillis *int64 `json:"window_end_ms,omitempty"`
 	// AtUnixMillis is the store's clock at the snapshot, in milliseconds
 	// since the Unix epoch.
 	AtUnixMillis int64 `json:"at_unix_ms"`

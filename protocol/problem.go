@@ -27,6 +27,10 @@ const (
 	// CodeInvalidRequest: the request is well-formed JSON but incomplete,
 	// for example no entries (422).
 	CodeInvalidRequest Code = "invalid_request"
+	// CodeInvalidQuery: a query parameter of the URL is malformed or out
+	// of range, such as the cursor or limit of a listing; the detail
+	// names it (400).
+	CodeInvalidQuery Code = "invalid_query"
 	// CodeInvalidKey: a key breaks the key rules (422).
 	CodeInvalidKey Code = "invalid_key"
 	// CodeDuplicateKey: a key appears twice in one call (422).
@@ -118,6 +122,7 @@ var codes = map[Code]codeInfo{
 	CodeInvalidJSON:          {http.StatusBadRequest, "Malformed JSON body"},
 	CodeInvalidUTF8:          {http.StatusUnprocessableEntity, "Body is not valid UTF-8"},
 	CodeInvalidRequest:       {http.StatusUnprocessableEntity, "Invalid request"},
+	CodeInvalidQuery:         {http.StatusBadRequest, "Invalid query parameter"},
 	CodeInvalidKey:           {http.StatusUnprocessableEntity, "Invalid key"},
 	CodeDuplicateKey:         {http.StatusUnprocessableEntity, "Duplicate key"},
 	CodeInvalidCount:         {http.StatusUnprocessableEntity, "Invalid count"},

@@ -34,10 +34,13 @@ const AdminPrincipal = "admin"
 //	DELETE /v1/admin/rules/{name}
 //	GET    /v1/admin/clients           every client (protocol.AdminClients)
 //	GET|PUT|DELETE /v1/admin/clients/{name}     (protocol.AdminClient)
+//	GET    /v1/admin/overrides         a page of the overrides (protocol.AdminOverrides; ?prefix=&cursor=&limit=)
 //	GET|PUT|DELETE /v1/admin/overrides/{key}    (protocol.AdminOverride)
 //	GET    /v1/admin/changes           the newest changes (protocol.AdminChanges; ?n=, at most 1000)
 //	GET|PUT /v1/admin/settings         the rule set's settings: its default (protocol.AdminSettings)
 //
+// A malformed prefix, cursor or limit of the override listing gets 400
+// invalid_query.
 // PUT and DELETE honour If-Match ("<version>" from an ETag, or *) and PUT
 // If-None-Match: *; a stale one gets 412 precondition_failed and changes
 // nothing. A rule or client change that would leave the rule set invalid
@@ -56,6 +59,7 @@ func (s *Server) adminRoutes(mux *http.ServeMux) {
 		{[]string{http.MethodGet}, protocol.PathAdminClients, map[string]adminHandler{http.MethodGet: s.adminListClients}},
 		{[]string{http.MethodGet, http.MethodPut, http.MethodDelete}, protocol.PathAdminClients + "/{name}", map[string]adminHandler{
 			http.MethodGet: s.adminGetClient, http.MethodPut: s.adminPutClient, http.MethodDelete: s.adminDeleteClient}},
+		{[]string{http.MethodGet}, protocol.PathAdminOverrides, map[string]adminHandler{http.MethodGet: s.adminListOverrides}},
 		{[]string{http.MethodGet, http.MethodPut, http.MethodDelete}, protocol.PathAdminOverrides + "/{key...}", map[string]adminHandler{
 			http.MethodGet: s.adminGetOverride, http.MethodPut: s.adminPutOverride, http.MethodDelete: s.adminDeleteOverride}},
 		{[]string{http.MethodGet}, protocol.PathAdminChanges, map[string]adminHandler{http.MethodGet: s.adminChanges}},

@@ -86,9 +86,12 @@
 // through an LRU cache with a TTL (leases.Overrides, consulted by the
 // engine before the Policy). A change publishes on a channel, which wakes
 // every server at once; a version check every Options.DBCheckInterval
-// (1s) is the safety net. A rule set in the database that does not
-// validate (written behind the API's back) keeps the rules in force, and
-// /readyz says why, as a failed file reload does.
+// (1s) is the safety net. On Redis Cluster nothing changes: the database's
+// keys share one hash tag (one slot), and Redis Cluster delivers a PUBLISH
+// to subscribers on every node (TestRuleDBCluster checks both paths). A
+// rule set in the database that does not validate (written behind the
+// API's back) keeps the rules in force, and /readyz says why, as a failed
+// file reload does.
 //
 // The admin API (/v1/admin/rules, /v1/admin/clients, /v1/admin/overrides,
 // /v1/admin/changes; see adminRoutes in admin.go) needs an admin's token:
@@ -107,7 +110,11 @@
 // validated against the whole set (422 invalid_rule, nothing stored),
 // conditional on If-Match (412 precondition_failed), atomic (one Lua
 // script), versioned, written to the change log with the admin's name and
-// logged at INFO with who and what.
+// logged at INFO with who and what. Overrides, which may number millions,
+// are listed a page at a time (GET /v1/admin/overrides
+// ?prefix=&cursor=&limit=, RuleDB.ListOverrides): each page is a bounded
+// run of HSCAN with MATCH on the prefix, its glob metacharacters escaped,
+// and ends with a cursor; nothing loads them all.
 //
 // # Store and failures
 //
@@ -172,10 +179,14 @@
 // # The operator's view
 //
 // GET /v1/keys/{key} returns a key's rule and, per limit, the bucket's level,
-// free tokens, tokens outstanding in open leases, open leases, and for a
-// token bucket the time to the next token and to a full bucket
-// (protocol.KeyStateResponse). It is authenticated like the lease routes: a
-// client sees only the keys its patterns allow. It changes nothing.
+// free tokens, tokens outstanding in open leases, open leases, the distinct
+// processes holding them, and, for every algorithm, the time to the next
+// token and to a whole bucket, plus for the fixed and sliding-counter
+// windows the time to the window's end (protocol.KeyStateResponse, which
+// says what each time means per algorithm). It is authenticated like the
+// lease routes: a client sees only the keys its patterns allow. It changes
+// nothing: the store's snapshot (leases.Store.State) reads, and leases past
+// their expiry are left for the next call to close.
 //
 // GET /status is a read-only HTML page (no JavaScript) of the fleet: the
 // rules in force and their version, each rule's decisions

@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"fmt"
-	"math"
 	"net/http"
 
 	"github.com/ratelease/ratelease/leases"
@@ -54,33 +53,27 @@ func keyStateWire(ks *leases.KeyState, rules *Rules) protocol.KeyStateResponse {
 	return out
 }
 
-// limitStateWire maps one limit's snapshot to the wire, with the times to
-// the next token and to a full bucket for a token bucket.
+// limitStateWire maps one limit's snapshot to the wire.
 func limitStateWire(i int, ls *leases.LimitState) protocol.KeyLimitState {
-	l, b, bs := ls.Limit, ls.Bucket, ls.State
+	l, bs := ls.Limit, ls.State
 	out := protocol.KeyLimitState{
-		Index:        i,
-		Algorithm:    string(l.Algorithm),
-		Limit:        l.Limit,
-		PeriodMillis: l.Period.Milliseconds(),
-		Burst:        l.Burst,
-		Level:        bs.Level,
-		Free:         int64(math.Floor(bs.Level)),
-		Outstanding:  bs.Outstanding,
-		Leases:       bs.Leases,
-		AtUnixMillis: bs.Now.UnixMilli(),
+		Index:           i,
+		Algorithm:       string(l.Algorithm),
+		Limit:           l.Limit,
+		PeriodMillis:    l.Period.Milliseconds(),
+		Burst:           l.Burst,
+		Level:           bs.Level,
+		Free:            bs.Free,
+		Outstanding:     bs.Outstanding,
+		Leases:          bs.Leases,
+		Holders:         bs.Holders,
+		NextTokenMillis: bs.Next.Milliseconds(),
+		FullMillis:      bs.Full.Milliseconds(),
+		AtUnixMillis:    bs.Now.UnixMilli(),
 	}
-	if b.Algorithm == leases.TokenBucket && b.Limit > 0 && b.Period > 0 {
-		perMilli := float64(b.Limit) / float64(b.Period.Milliseconds())
-		var next, full int64
-		// A token bucket holds at most its burst minus the tokens out in
-		// open leases.
-		if missing := float64(b.Burst-bs.Outstanding) - bs.Level; missing > 0 {
-			full = int64(math.Ceil(missing / perMilli))
-			toNext := math.Floor(bs.Level) + 1 - bs.Level
-			next = int64(math.Ceil(min(toNext, missing) / perMilli))
-		}
-		out.NextTokenMillis, out.FullMillis = &next, &full
+	if a := ls.Bucket.Algorithm; a == leases.FixedWindow || a == leases.SlidingWindowCounter {
+		end := bs.WindowEnd.Milliseconds()
+		out.WindowEndMillis = &end
 	}
 	return out
 }

@@ -7,10 +7,13 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ratelease/ratelease/leases"
+	"github.com/ratelease/ratelease/leases/storetest"
 	"github.com/ratelease/ratelease/protocol"
 )
 
@@ -34,16 +37,18 @@ func TestKeyState(t *testing.T) {
 			assert.Equal(t, 1, l.Leases)
 			assert.InDelta(t, 70, l.Level, 1)
 			assert.EqualValues(t, "token_bucket", l.Algorithm)
-			require.NotNil(t, l.FullMillis)
-			require.NotNil(t, l.NextTokenMillis)
-			assert.LessOrEqual(t, *l.FullMillis, int64(300))
-			assert.LessOrEqual(t, *l.NextTokenMillis, *l.FullMillis)
+			assert.Equal(t, 1, l.Holders)
+			assert.LessOrEqual(t, l.FullMillis, int64(300))
+			assert.LessOrEqual(t, l.NextTokenMillis, l.FullMillis)
+			assert.Nil(t, l.WindowEndMillis, "a token bucket has no window")
 			assert.Equal(t, f.srv.Rules().Version(), ks.Version)
 		}},
 		{"fresh key is full", betaToken, "user:2", http.StatusOK, func(t *testing.T, ks protocol.KeyStateResponse) {
 			require.Len(t, ks.Limits, 1)
 			assert.EqualValues(t, 100, ks.Limits[0].Free)
-			assert.EqualValues(t, 0, *ks.Limits[0].FullMillis)
+			assert.EqualValues(t, 0, ks.Limits[0].FullMillis)
+			assert.EqualValues(t, 0, ks.Limits[0].NextTokenMillis)
+			assert.Zero(t, ks.Limits[0].Holders)
 		}},
 		{"key with a slash", alphaToken, "user:a/b c", http.StatusOK, func(t *testing.T, ks protocol.KeyStateResponse) {
 			assert.Equal(t, "user:a/b c", ks.Key)
@@ -72,6 +77,79 @@ func TestKeyState(t *testing.T) {
 		r := f.do(http.MethodPost, protocol.PathKeysPrefix+"user:1", alphaToken, "", nil)
 		assert.Equal(t, http.StatusMethodNotAllowed, r.status)
 	})
+}
+
+// algorithmsYAML has one rule per algorithm, each 10 per second (a burst
+// or queue of 10) with leases of 200 ms.
+const algorithmsYAML = `
+rules:
+  - {name: tb, match: "tb:*", limit: 10, period: 1s, burst: 10, lease_ttl: 200ms}
+  - {name: fw, match: "fw:*", algorithm: fixed_window, limit: 10, period: 1s, lease_ttl: 200ms}
+  - {name: swc, match: "swc:*", algorithm: sliding_window_counter, limit: 10, period: 1s, lease_ttl: 200ms}
+  - {name: swl, match: "swl:*", algorithm: sliding_window_log, limit: 10, period: 1s, lease_ttl: 200ms}
+  - {name: lb, match: "lb:*", algorithm: leaky_bucket, limit: 10, period: 1s, burst: 10, lease_ttl: 200ms}
+`
+
+// TestKeyStateAlgorithms: GET /v1/keys/{key} shows, for every algorithm,
+// the free tokens, the holders (distinct processes) and the times to the
+// next token, to a whole bucket and to the window's end, on a store whose
+// clock the test drives. At 0, process p1 leases 3 and p2 leases 1, and a
+// check takes 2; the key is shown at 30 ms.
+func TestKeyStateAlgorithms(t *testing.T) {
+	tests := []struct {
+		key              string
+		free, next, full int64
+		windowEnd        *int64
+	}{
+		// Level 10 − 6, refilled by 0.3 by 30 ms under the cap 10 − 4: the
+		// next whole token in 70 ms, the cap in 170 ms.
+		{key: "tb:1", free: 4, next: 70, full: 170},
+		// 6 counted in [0, 1 s).
+		{key: "fw:1", free: 4, next: 970, full: 970, windowEnd: ptr(int64(970))},
+		// 5 free once 6·(1 − e/W) ≤ 5 in the next window: e = ⌈W/6⌉ =
+		// 166.667 ms after its start; zero at the next window's end.
+		{key: "swc:1", free: 4, next: 1137, full: 1970, windowEnd: ptr(int64(970))},
+		// The take is the oldest entry (it leaves at 1 s); the leases, the
+		// newest, end at ⌈200 ms⌉ of 15.625 ms = 203.125 ms.
+		{key: "swl:1", free: 4, next: 970, full: 1174},
+		// One slot per 100 ms: slices [0, 300), [300, 400), the take
+		// [400, 600). At 30 ms the queue is 5.7 long: 4 free, a fifth once
+		// it is 5 long, empty at 600 ms.
+		{key: "lb:1", free: 4, next: 70, full: 570},
+	}
+	for _, tt := range tests {
+		t.Run(tt.key, func(t *testing.T) {
+			clock := storetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+			store := leases.NewMemoryStore(leases.MemoryOptions{Now: clock.Now, SweepInterval: -1})
+			t.Cleanup(func() { _ = store.Close() })
+			f := newFixture(t, algorithmsYAML, store, Options{})
+			require.EqualValues(t, 3, f.lease("", "p1", protocol.LeaseEntry{Key: tt.key, Want: 3})[0].Granted)
+			require.EqualValues(t, 1, f.lease("", "p2", protocol.LeaseEntry{Key: tt.key, Want: 1})[0].Granted)
+			r := f.postJSON(protocol.PathCheck, "", protocol.CheckRequest{Keys: []string{tt.key}, Cost: ptr(int64(2))})
+			require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+			clock.Advance(30 * time.Millisecond)
+
+			r = f.do(http.MethodGet, protocol.PathKeysPrefix+tt.key, "", "", nil)
+			require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+			var ks protocol.KeyStateResponse
+			require.NoError(t, json.Unmarshal(r.body, &ks))
+			require.Len(t, ks.Limits, 1)
+			l := ks.Limits[0]
+			assert.Equal(t, tt.free, l.Free, "free")
+			assert.EqualValues(t, 4, l.Outstanding)
+			assert.Equal(t, 2, l.Leases)
+			assert.Equal(t, 2, l.Holders, "p1 and p2")
+			assert.Equal(t, tt.next, l.NextTokenMillis, "next_token_ms")
+			assert.Equal(t, tt.full, l.FullMillis, "full_ms")
+			assert.Equal(t, tt.windowEnd, l.WindowEndMillis, "window_end_ms")
+			assert.Equal(t, clock.Now().UnixMilli(), l.AtUnixMillis)
+			// The JSON names an operator reads.
+			for _, field := range []string{`"holders":2`, `"next_token_ms":`, `"full_ms":`} {
+				assert.Contains(t, string(r.body), field)
+			}
+			assert.Equal(t, tt.windowEnd != nil, strings.Contains(string(r.body), `"window_end_ms":`))
+		})
+	}
 }
 
 func TestKeyStateNoRule(t *testing.T) {
@@ -161,3 +239,6 @@ func TestTopK(t *testing.T) {
 		assert.LessOrEqual(t, e.Err, total/3, e.Key)
 	}
 }
+
+// ptr returns a pointer to v.
+func ptr[T any](v T) *T { return &v }

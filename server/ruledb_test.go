@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -26,7 +27,13 @@ const adminToken = "admin-token"
 // rule database share that Redis.
 func newDBFixture(t *testing.T, rs *redistest.Server, opts Options) *fixture {
 	t.Helper()
-	rdb := rs.Client(t)
+	return newDBFixtureOn(t, rs.Client(t), opts)
+}
+
+// newDBFixtureOn starts a server in database mode whose store and rule
+// database are in rdb (a cluster client, say).
+func newDBFixtureOn(t *testing.T, rdb redis.UniversalClient, opts Options) *fixture {
+	t.Helper()
 	opts.RuleDB = NewRuleDB(rdb, RuleDBOptions{})
 	opts.AdminTokenSHA256 = sha(adminToken)
 	return newFixture(t, "", leases.NewRedisStore(rdb, leases.RedisOptions{}), opts)
@@ -377,13 +384,8 @@ func TestRuleDBAdminOff(t *testing.T) {
 func TestRuleDBSafetyNet(t *testing.T) {
 	rs := redistest.Start(t)
 	f := newDBFixture(t, rs, Options{DBCheckInterval: 100 * time.Millisecond})
-	// The write script, run with a channel nobody listens on.
-	silent := NewRuleDB(rs.Client(t), RuleDBOptions{})
-	_, err := writeScript.Run(context.Background(), silent.rdb,
-		[]string{silent.key("version"), silent.hashOf(KindRule), silent.key("log"), silent.key("setversion")},
-		"quiet", "put", `{"match":"q:*","limit":7,"period":"1s"}`, "", "0", silent.logCap, "nobody-listens", time.Now().UnixMilli(), "test", KindRule,
-	).Result()
-	require.NoError(t, err)
+	rdb := rs.Client(t)
+	silentWrite(t, rdb, NewRuleDB(rdb, RuleDBOptions{}), "quiet", `{"match":"q:*","limit":7,"period":"1s"}`)
 	within(t, time.Second, "silent change", func() bool { return f.ruleLimit("", "quiet") == 7 })
 }
 

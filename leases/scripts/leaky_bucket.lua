@@ -221,9 +221,34 @@ if n > 0 then
 end
 
 if mode == 'state' then
+  -- {level, outstanding, open leases, now µs, holders, free, next ms,
+  -- full ms, 0}: see lbState.snapshot. Holders are the distinct owners of
+  -- the leases open at now (the range skips the expired ones, which a dry
+  -- run leaves in Z).
   local level = 0
   if tat > now then level = (tat - now) / t end
-  return { fmtf(level), out, n, fmti(now) }
+  local k = 0
+  if n > 0 then
+    local fs = redis.call('ZRANGEBYSCORE', Z, '(' .. fmti(now), '+inf')
+    local seen = {}
+    for i = 1, #fs do
+      local o = string.sub(fs[i], 3)
+      if not seen[o] then
+        seen[o] = true
+        k = k + 1
+      end
+    end
+  end
+  local start = tat
+  if now > start then start = now end
+  local f = free(start)
+  if f < 0 then f = 0 end
+  local nx, full = 0, 0
+  if f < burst then
+    nx = ms_up(start - now - (burst - (f + 1)) * t)
+    full = ms_up(tat - now)
+  end
+  return { fmtf(level), out, n, fmti(now), k, f, nx, full, 0 }
 end
 
 local function save()

@@ -162,6 +162,26 @@ end
 
 function A.finish() tidy() end
 
+-- next is the wait until the oldest entry counted leaves the window: the
+-- first bucket in the window, or the first lease (open, or expired and
+-- still counted: a dry run leaves it in Z) whose end rounded up to q is in
+-- it (ceil_to(e, q) > now − W exactly when e > floor_to(now − W, q)).
+function A.next()
+  local e = maxend
+  local b = redis.call('ZRANGEBYSCORE', X, '(' .. fmtd(now - W), '+inf', 'LIMIT', 0, 1)
+  if #b > 0 then e = tonumber(b[1]) end
+  local l = redis.call('ZRANGEBYSCORE', Z, '(' .. fmtd(floor_to(now - W, q)), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  if #l > 0 then
+    local le = ceil_to(tonumber(l[2]), q)
+    if le < e then e = le end
+  end
+  local w = e + W - now
+  if w < 0 then w = 0 end
+  return ms(w)
+end
+
+function A.window_end() return 0 end
+
 function A.save()
   if sum == 0 and nopen == 0 then
     -- The log counts nothing: the same as no state.

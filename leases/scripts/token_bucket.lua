@@ -28,7 +28,8 @@
 --          settled (0|1), expired, reset ms, delay ms}; take {taken (0|1),
 --          retry ms (−1: never), remaining, expired, reset ms, delay ms,
 --          now µs (the take's time, which a refund names in ARGV[10])};
---          refund {}; state {level, outstanding, open leases, now µs}.
+--          refund {}; state {level, outstanding, open leases, now µs,
+--          holders, free, next ms, full ms, window end ms} (BucketState).
 --          Every algorithm's script takes these keys and arguments and
 --          answers in these shapes (see algorithm.go).
 -- ARGV     1 mode (lease|take|refund|state), 2 now µs ("" = Redis TIME),
@@ -405,16 +406,21 @@ local function microsceil(tokens)
   return math.ceil(tokens / rate - 1e-6)
 end
 
+-- refill_ms is the time, in whole ms rounded up, the refill takes to add
+-- tk tokens (resetAfter).
+local function refill_ms(tk)
+  if tk <= eps then return 0 end
+  local us = microsceil(tk)
+  if us <= 0 then return 0 end
+  return math.floor((us + 999) / 1000)
+end
+
 -- reset_ms is the time, in whole ms rounded up, until the bucket is full
 -- again if nothing else happens: its refill from the level to the burst.
 local function reset_ms()
   local lv = level
   if lv < 0 then lv = 0 end
-  local tk = burst - lv
-  if tk <= eps then return 0 end
-  local us = microsceil(tk)
-  if us <= 0 then return 0 end
-  return math.floor((us + 999) / 1000)
+  return refill_ms(burst - lv)
 end
 
 -- retry_after returns the time (ms) until the bucket holds target tokens if
@@ -524,8 +530,46 @@ local function save()
   if not inl then redis.call('PEXPIRE', Z, px) end
 end
 
+-- holders counts the distinct owners of the leases open at now (a dry run
+-- leaves the expired ones in Z: the range skips them). Should Z be lost
+-- while leases are open, the hash's lease fields stand in for it.
+local function holders()
+  if n <= 0 then return 0 end
+  local fs = inl
+  if not fs then
+    fs = redis.call('ZRANGEBYSCORE', Z, '(' .. string.format('%d', now), '+inf')
+    if #fs == 0 then
+      local all = redis.call('HGETALL', H)
+      for i = 1, #all, 2 do
+        local e = string.match(all[i + 1], ' (%d+)$')
+        if e and tonumber(e) > now then fs[#fs + 1] = all[i] end
+      end
+    end
+  end
+  local seen, k = {}, 0
+  for i = 1, #fs do
+    local f = fs[i]
+    local s = string.sub(f, 1, 2)
+    if (s == '0|' or s == '1|') and not seen[string.sub(f, 3)] then
+      seen[string.sub(f, 3)] = true
+      k = k + 1
+    end
+  end
+  return k
+end
+
 if mode == 'state' then
-  return { fmtf(level), out, n, string.format('%d', now) }
+  -- {level, outstanding, open leases, now µs, holders, free, next ms,
+  -- full ms, window end ms (none: 0)}: see BucketState and tbTimes.
+  local free = remaining()
+  local nx, full = 0, 0
+  local missing = (burst - out) - level
+  if missing > eps then
+    local tk = (free + 1) - level
+    if missing < tk then tk = missing end
+    nx, full = refill_ms(tk), refill_ms(missing)
+  end
+  return { fmtf(level), out, n, string.format('%d', now), holders(), free, nx, full, 0 }
 end
 
 if mode == 'take' then

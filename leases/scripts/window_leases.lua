@@ -268,6 +268,22 @@ local function save_common(args, px)
   if nopen > 0 then redis.call('PEXPIRE', Z, px) end
 end
 
+-- holders counts the distinct owners of the leases open at now (a dry run
+-- leaves the expired ones in Z: the range skips them).
+local function holders()
+  if nopen <= 0 then return 0 end
+  local fs = redis.call('ZRANGEBYSCORE', Z, '(' .. fmtd(now), '+inf')
+  local seen, k = {}, 0
+  for i = 1, #fs do
+    local o = string.sub(fs[i], 3)
+    if not seen[o] then
+      seen[o] = true
+      k = k + 1
+    end
+  end
+  return k
+end
+
 -- run answers the call with the algorithm's callbacks A:
 --   advance()            bring the state to now (closing expired leases)
 --   free()               whole tokens a spend may take now
@@ -278,10 +294,16 @@ end
 --   reset()              ms until the key is whole
 --   refund(cost), finish() (after a lease call), level() (a string)
 --   save()               write the state (or delete it when it is none)
+--   next(free)           (state only) ms until free is one more
+--   window_end()         (state only) ms until the window ends, 0: none
 local function run(A)
   A.advance()
   if mode == 'state' then
-    return { A.level(), out, nopen, fmtd(now) }
+    -- Next and full are zero when the key is whole (see BucketState).
+    local f = A.free()
+    local nx, full = 0, 0
+    if f < limit then nx, full = A.next(f), A.reset() end
+    return { A.level(), out, nopen, fmtd(now), holders(), f, nx, full, A.window_end() }
   end
   if mode == 'take' then
     local cost = tonumber(ARGV[9])

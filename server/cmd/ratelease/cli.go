@@ -49,6 +49,7 @@ commands:
   rules list                      the database's rules
   override set KEY -limit N -period D [-burst B] [-algorithm A] [-lease-ttl D]
   override get KEY
+  override list [-prefix P] [-limit N]   every override (of the keys starting with P), a page at a time
   override delete KEY
   key show KEY                    a key's state
 flags:`)
@@ -75,6 +76,8 @@ flags:`)
 		err = a.rulesList(ctx, stdout)
 	case "override set":
 		err = a.overrideSet(ctx, rest[2:], stdout, stderr)
+	case "override list":
+		err = a.overrideList(ctx, rest[2:], stdout, stderr)
 	case "override get", "override delete", "key show":
 		if len(rest) != 3 {
 			return fmt.Errorf("%w: %s takes one KEY", errUsage, cmd)
@@ -215,6 +218,64 @@ func (a *api) overrideSet(ctx context.Context, args []string, stdout, stderr io.
 	}
 	fmt.Fprintf(stdout, "override of %s: %d per %s (version %d)\n", pos[0], o.Limit, o.Period, got.Version)
 	return nil
+}
+
+// overrideList prints every override, or those whose key starts with
+// -prefix, one a line: the key, a tab, the override as JSON. It pages
+// through GET /v1/admin/overrides until the cursor is empty, and ends with
+// the count on stderr.
+func (a *api) overrideList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("override list", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	prefix := fs.String("prefix", "", "list only the keys that start with this `prefix` (taken literally: * ? [ are no patterns)")
+	limit := fs.Int("limit", protocol.MaxOverridesPage, "overrides per page (1 to 1000)")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if len(pos) != 0 {
+		return fmt.Errorf("%w: override list takes no KEY: use -prefix", errUsage)
+	}
+	n, err := a.listOverrides(ctx, *prefix, *limit, func(o protocol.AdminOverride) error {
+		b, err := json.Marshal(o)
+		if err != nil {
+			return fmt.Errorf("encode override of %q: %w", o.Key, err)
+		}
+		_, err = fmt.Fprintf(stdout, "%s\t%s\n", o.Key, b)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "%d overrides\n", n)
+	return nil
+}
+
+// listOverrides calls fn on every override whose key starts with prefix,
+// limit per page, and returns how many it listed.
+func (a *api) listOverrides(ctx context.Context, prefix string, limit int, fn func(protocol.AdminOverride) error) (int, error) {
+	q := url.Values{}
+	if prefix != "" {
+		q.Set(protocol.QueryPrefix, prefix)
+	}
+	q.Set(protocol.QueryLimit, strconv.Itoa(limit))
+	n := 0
+	for {
+		var page protocol.AdminOverrides
+		if err := a.call(ctx, http.MethodGet, protocol.PathAdminOverrides+"?"+q.Encode(), nil, nil, &page); err != nil {
+			return n, err
+		}
+		for _, o := range page.Overrides {
+			if err := fn(o); err != nil {
+				return n, err
+			}
+			n++
+		}
+		if page.Cursor == "" {
+			return n, nil
+		}
+		q.Set(protocol.QueryCursor, page.Cursor)
+	}
 }
 
 func (a *api) rulesList(ctx context.Context, stdout io.Writer) error {

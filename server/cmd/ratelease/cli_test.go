@@ -5,6 +5,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -16,6 +19,7 @@ import (
 
 	"github.com/ratelease/ratelease/e2e/redistest"
 	"github.com/ratelease/ratelease/leases"
+	"github.com/ratelease/ratelease/protocol"
 	"github.com/ratelease/ratelease/server"
 )
 
@@ -149,15 +153,75 @@ func TestOverrideCommands(t *testing.T) {
 	require.ErrorIs(t, err, errUsage)
 }
 
-// TestKeyShow runs key show against GET /v1/keys/{key}, which another
-// change adds; until it is on this branch, the server answers 404 and the
-// test is skipped.
+// TestOverrideList: override list pages through every override, or those
+// of a prefix taken literally, one line each, and counts them.
+func TestOverrideList(t *testing.T) {
+	url, _ := startServer(t)
+	keys := []string{"user:1", "user:2", "user:3", "plan*[gold]?:1", "plan*[gold]?:2", "planXgold!:3"}
+	for _, k := range keys {
+		_, stderr, err := ratelease(t, url, "override", "set", k, "-limit", "5", "-period", "1s")
+		require.NoError(t, err, stderr)
+	}
+	tests := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"-limit", "2"}, keys},
+		{[]string{"-prefix", "user:", "-limit", "1"}, keys[:3]},
+		{[]string{"-prefix", "plan*[gold]?"}, keys[3:5]},
+		{[]string{"-prefix", "nobody"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			out, stderr, err := ratelease(t, url, append([]string{"override", "list"}, tt.args...)...)
+			require.NoError(t, err, stderr)
+			var got []string
+			for line := range strings.Lines(out) {
+				key, doc, ok := strings.Cut(strings.TrimSuffix(line, "\n"), "\t")
+				require.True(t, ok, line)
+				assert.Contains(t, doc, `"limit":5`)
+				got = append(got, key)
+			}
+			assert.ElementsMatch(t, tt.want, got)
+			assert.Equal(t, fmt.Sprintf("%d overrides\n", len(tt.want)), stderr)
+		})
+	}
+	_, _, err := ratelease(t, url, "override", "list", "user:1")
+	require.ErrorIs(t, err, errUsage, "a KEY is no prefix")
+	_, stderr, err := ratelease(t, url, "override", "list", "-limit", "0")
+	require.ErrorIs(t, err, errCall)
+	assert.Contains(t, stderr, "400 invalid_query")
+}
+
+// TestKeyShow: key show prints a key's state as GET /v1/keys/{key} gives
+// it, holders and the times to the next token and to a whole bucket
+// included.
 func TestKeyShow(t *testing.T) {
 	url, _ := startServer(t)
-	out, stderr, err := ratelease(t, url, "key", "show", "user:1")
-	if err != nil && strings.Contains(stderr, "404 not_found") {
-		t.Skip("GET /v1/keys/{key} is not served by this server yet")
-	}
+	_, stderr, err := ratelease(t, url, "rules", "apply", "-f", writeFile(t, "rules:\n  - {name: per-user, match: \"user:*\", limit: 100, period: 1s}\n"))
 	require.NoError(t, err, stderr)
-	assert.Contains(t, out, "user:1")
+	// Two processes lease from user:1, one of them twice (one lease per
+	// slot): three leases, two holders.
+	for _, l := range []struct {
+		process string
+		slot    int
+	}{{"p1", 0}, {"p1", 1}, {"p2", 0}} {
+		body, err := json.Marshal(protocol.LeaseRequest{ClientID: l.process, Leases: []protocol.LeaseEntry{{Key: "user:1", Want: 10, Slot: l.slot}}})
+		require.NoError(t, err)
+		resp, err := http.Post(url+protocol.PathLeases, "application/json", bytes.NewReader(body))
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		require.NoError(t, resp.Body.Close())
+	}
+	out, stderr, err := ratelease(t, url, "key", "show", "user:1")
+	require.NoError(t, err, stderr)
+	var ks protocol.KeyStateResponse
+	require.NoError(t, json.Unmarshal([]byte(out), &ks), out)
+	assert.Equal(t, "user:1", ks.Key)
+	require.Len(t, ks.Limits, 1)
+	assert.Equal(t, 3, ks.Limits[0].Leases)
+	assert.Equal(t, 2, ks.Limits[0].Holders)
+	for _, field := range []string{`"holders": 2`, `"next_token_ms": `, `"full_ms": `} {
+		assert.Contains(t, out, field)
+	}
 }
