@@ -62,7 +62,10 @@ func TestRunDatabaseModeOnCluster(t *testing.T) {
 	}
 	start := time.Now()
 	for limitOn(d2) != 2 {
-		require.Less(t, time.Since(start), time.Second, "the rule reaches d2 within a second")
+		// Within a second is asserted where the processes run alone
+		// (e2e, server); here the point is that database mode works on a
+		// cluster, and this package's tests share the cores with others.
+		require.Less(t, time.Since(start), 5*time.Second, "the rule reaches d2")
 		time.Sleep(5 * time.Millisecond) // polling an observed state, not synchronising
 	}
 	t.Logf("rule put on d1 applied on d2 after %v", time.Since(start))
