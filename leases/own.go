@@ -1,0 +1,99 @@
+package leases
+
+import (
+	"context"
+	"time"
+)
+
+// Ownership of a bucket by one lease server (the design's "one tier up"):
+// a rateleased that decides many direct takes of one key may own the key's
+// token bucket for a while — the whole bucket, its level and its refill —
+// and decide those takes from memory, exactly as the store would, without
+// a Redis call per decision. The store keeps the bucket's record meanwhile
+// and refuses everyone else:
+//
+//   - Own (acquire): granted only while the bucket has no open lease and no
+//     other live owner. The store records the owner, its deadline (now +
+//     Bucket.LeaseTTL) and the bucket's level L0 at that moment t0, and
+//     answers L0 and t0: the owner runs the bucket from there, refilling at
+//     the rule's rate up to its burst, counting time from when its request
+//     was sent (so its clock lags the store's, never leads it).
+//   - Own again by the same owner before the deadline (renew): the deadline
+//     moves to now + TTL; nothing else changes. The answer says whether a
+//     take or a lease was refused because of the ownership since the last
+//     renewal (Contested): the owner should then release, so that the key
+//     goes back to being decided by the store for everyone.
+//   - Release: the bucket's level becomes the owner's level, at most L0 +
+//     rate·(now − t0) and at most the burst, at the store's now (no refill
+//     is credited for the time the release took to arrive).
+//   - Expiry (no renewal by the deadline, the owner is gone): the bucket is
+//     empty at the deadline and refills from there, as if the owner had
+//     spent everything it could: a dead owner never brings back tokens it
+//     may have admitted.
+//   - While the ownership is live, a take or a lease on the key by anyone
+//     (the store cannot tell the owner's calls from others', and the owner
+//     makes none on keys it owns) is refused, with a RetryAfter of at most
+//     100 ms, and marks the ownership contested.
+//
+// The bound holds across owners and the store: an owner admits no more than
+// the bucket would have over the same time (its level starts at the
+// store's, its clock lags the store's, its refill and cap are the rule's),
+// and whatever it hands back is capped by what it could have left.
+//
+// Only the token bucket can be owned; the other algorithms answer ErrNotOwnable.
+
+// ErrNotOwnable is the error of an OwnOp on a bucket whose algorithm cannot
+// be owned (every one but token_bucket).
+var ErrNotOwnable = errorString("this algorithm's buckets cannot be owned by a server")
+
+type errorString string
+
+func (e errorString) Error() string { return string(e) }
+
+// OwnOp acquires, renews or releases one lease server's ownership of a
+// token bucket.
+type OwnOp struct {
+	Key    string
+	Bucket Bucket
+	// Server names the owner: unique per lease server process.
+	Server string
+	// Release ends the ownership (a release by a server that does not own
+	// the bucket changes nothing); Level is then the owner's level.
+	Release bool
+	Level   float64
+}
+
+// OwnOutcome is the result of one OwnOp.
+type OwnOutcome struct {
+	// Owned is true when Server owns the bucket after the op.
+	Owned bool
+	// Acquired is true when the op began a new ownership (none was live
+	// for Server): Level and At are then the bucket's level and the
+	// store's clock at that moment, from which the owner runs it. A renewal
+	// of a live ownership leaves Acquired false.
+	Acquired bool
+	Level    float64
+	// At is the store's clock at the op, in microseconds since the Unix
+	// epoch.
+	At int64
+	// TTL is how long the ownership lasts from the op (Bucket.LeaseTTL),
+	// unless renewed.
+	TTL time.Duration
+	// Contested is set on a renewal when a take or a lease on the key was
+	// refused because of this ownership since the last acquisition or
+	// renewal.
+	Contested bool
+	// RetryAfter is set when Owned is false after an acquire: the bucket
+	// has open leases or another live owner; do not ask again sooner.
+	RetryAfter time.Duration
+	// Err is ErrNotOwnable, or nil.
+	Err error
+}
+
+// Owning is implemented by the stores whose token buckets a lease server
+// may own (MemoryStore, RedisStore). OwningStore uses it.
+type Owning interface {
+	// Own runs ops, each atomic on its key. Only a store failure fails the
+	// whole call.
+	Own(ctx context.Context, ops []OwnOp) ([]OwnOutcome, error)
+}
