@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/ratelease/ratelease/client"
-	"github.com/ratelease/ratelease/e2e/leasetest"
 	"github.com/ratelease/ratelease/grpclimit"
+	"github.com/ratelease/ratelease/internal/inbound/inboundtest"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -30,42 +30,30 @@ func (discardStream) SetTrailer(metadata.MD) error { return nil }
 //
 //	cd grpclimit && go test -run '^$' -bench UnaryOverhead -benchmem
 func BenchmarkUnaryOverhead(b *testing.B) {
-	srv := leasetest.Start(b, `
-rules:
-  - {name: bench, match: "ip:*", limit: 1000000000, period: 1s}
-`, leasetest.Options{})
-	c, err := client.New(client.Config{Servers: []string{srv.URL()}})
-	require.NoError(b, err)
-	defer c.Close(context.Background())
+	c := inboundtest.LeasedClient(b, "ip:198.51.100.7")
+	b.Run("leased-headers", func(b *testing.B) { benchUnary(b, c, grpclimit.HeadersAll) })
+	b.Run("leased-noheaders", func(b *testing.B) { benchUnary(b, c, grpclimit.HeadersNone) })
+}
 
+// benchUnary measures the unary interceptor of a limiter of c with the
+// header mode h on calls of 198.51.100.7.
+func benchUnary(b *testing.B, c *client.Client, h grpclimit.HeaderMode) {
+	l, err := grpclimit.New(grpclimit.Config{Client: c, Headers: h})
+	require.NoError(b, err)
+	ic := l.UnaryServerInterceptor()
 	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(198, 51, 100, 7), Port: 4711}})
 	ctx = grpc.NewContextWithServerTransportStream(ctx, discardStream{})
-	deadline := time.Now().Add(10 * time.Second)
-	for c.Allow(context.Background(), "ip:198.51.100.7").Source != client.SourceLease {
-		require.True(b, time.Now().Before(deadline), "the key never leased")
-	}
 	info := &grpc.UnaryServerInfo{FullMethod: checkMethod}
 	handler := func(context.Context, any) (any, error) { return nil, nil }
-
-	for _, mode := range []struct {
-		name string
-		h    grpclimit.HeaderMode
-	}{{"leased-headers", grpclimit.HeadersAll}, {"leased-noheaders", grpclimit.HeadersNone}} {
-		l, err := grpclimit.New(grpclimit.Config{Client: c, Headers: mode.h})
-		require.NoError(b, err)
-		ic := l.UnaryServerInterceptor()
-		b.Run(mode.name, func(b *testing.B) {
-			// Warm up: a leased key's batches follow its demand.
-			for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); {
-				for range 1000 {
-					_, _ = ic(ctx, nil, info, handler)
-				}
-			}
-			b.ReportAllocs()
-			b.ResetTimer()
-			for b.Loop() {
-				_, _ = ic(ctx, nil, info, handler)
-			}
-		})
+	// Warm up: a leased key's batches follow its demand.
+	for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); {
+		for range 1000 {
+			_, _ = ic(ctx, nil, info, handler)
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		_, _ = ic(ctx, nil, info, handler)
 	}
 }
