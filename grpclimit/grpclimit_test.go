@@ -2,18 +2,16 @@ package grpclimit_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"net"
 	"net/netip"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/dunglas/httpsfv"
 	"github.com/ratelease/ratelease/client"
 	"github.com/ratelease/ratelease/e2e/leasetest"
 	"github.com/ratelease/ratelease/grpclimit"
+	"github.com/ratelease/ratelease/internal/inbound/inboundtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -51,15 +49,6 @@ rules:
 `
 
 const checkMethod = "/grpc.health.v1.Health/Check"
-
-func newClient(t *testing.T, srv *leasetest.Server) *client.Client {
-	t.Helper()
-	// Direct decisions only, so that every answer is the server's state.
-	c, err := client.New(client.Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1 << 20})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
-	return c
-}
 
 // serve starts a gRPC server with the health service behind l's
 // interceptors on 127.0.0.1, and returns a client connection to it.
@@ -102,35 +91,11 @@ func check(t *testing.T, hc healthpb.HealthClient, apiKey string, kv ...string) 
 	return hdr, err
 }
 
-type field struct {
-	name   string
-	params map[string]int64
-}
+type field = inboundtest.Field
 
-// parseField parses a ratelimit or ratelimit-policy metadata value with a
-// structured-field parser.
+// parseField parses a ratelimit or ratelimit-policy metadata value.
 func parseField(t *testing.T, md metadata.MD, name string) []field {
-	t.Helper()
-	vals := md.Get(name)
-	require.NotEmpty(t, vals, "no %s metadata in %v", name, md)
-	list, err := httpsfv.UnmarshalList(vals)
-	require.NoError(t, err, "%s: %q", name, vals)
-	var out []field
-	for _, m := range list {
-		it, ok := m.(httpsfv.Item)
-		require.True(t, ok, "%s: an inner list", name)
-		s, ok := it.Value.(string)
-		require.True(t, ok, "%s: item %v is not a string", name, it.Value)
-		f := field{name: s, params: map[string]int64{}}
-		for _, k := range it.Params.Names() {
-			v, _ := it.Params.Get(k)
-			n, ok := v.(int64)
-			require.True(t, ok, "%s: %s=%v is not an integer", name, k, v)
-			f.params[k] = n
-		}
-		out = append(out, f)
-	}
-	return out
+	return inboundtest.ParseFields(t, name, md.Get(name))
 }
 
 func retryInfo(t *testing.T, err error) time.Duration {
@@ -151,7 +116,7 @@ func TestAllowedAndDenied(t *testing.T) {
 	var mu sync.Mutex
 	var seen []grpclimit.Result
 	l := newLimiter(t, grpclimit.Config{
-		Client: newClient(t, srv),
+		Client: inboundtest.DirectClient(t, srv),
 		Keys:   []grpclimit.Key{{Template: "rpc:{md:x-api-key}|{method}"}},
 		OnDecision: func(_ context.Context, method string, r grpclimit.Result) {
 			assert.Equal(t, checkMethod, method)
@@ -165,11 +130,11 @@ func TestAllowedAndDenied(t *testing.T) {
 		hdr, err := check(t, hc, "alice")
 		require.NoError(t, err, "call %d", i+1)
 		pol := parseField(t, hdr, grpclimit.MetadataRateLimitPolicy)
-		assert.Equal(t, []field{{"3-per-1h", map[string]int64{"q": 3, "w": 3600}}}, pol)
+		assert.Equal(t, []field{{Name: "3-per-1h", Params: map[string]int64{"q": 3, "w": 3600}}}, pol)
 		st := parseField(t, hdr, grpclimit.MetadataRateLimit)
 		require.Len(t, st, 1)
-		assert.Equal(t, int64(2-i), st[0].params["r"], "call %d: the fleet's remaining", i+1)
-		assert.InDelta(t, (i+1)*1200, st[0].params["t"], 2)
+		assert.Equal(t, int64(2-i), st[0].Params["r"], "call %d: the fleet's remaining", i+1)
+		assert.InDelta(t, (i+1)*1200, st[0].Params["t"], 2)
 		assert.Empty(t, hdr.Get(grpclimit.MetadataRetryAfter))
 	}
 	hdr, err := check(t, hc, "alice")
@@ -179,8 +144,8 @@ func TestAllowedAndDenied(t *testing.T) {
 	assert.InDelta(t, 1200, delay.Seconds(), 2, "RetryInfo: the time to one token")
 	assert.Equal(t, []string{"1200"}, hdr.Get(grpclimit.MetadataRetryAfter))
 	st := parseField(t, hdr, grpclimit.MetadataRateLimit)
-	assert.Equal(t, int64(0), st[0].params["r"])
-	assert.InDelta(t, 3600, st[0].params["t"], 2)
+	assert.Equal(t, int64(0), st[0].Params["r"])
+	assert.InDelta(t, 3600, st[0].Params["t"], 2)
 	// Another caller has a bucket of its own; a missing x-api-key is not a
 	// rate limit.
 	_, err = check(t, hc, "bob")
@@ -201,26 +166,26 @@ func TestAllowedAndDenied(t *testing.T) {
 
 func TestSeveralLimits(t *testing.T) {
 	srv := leasetest.Start(t, testRules, leasetest.Options{})
-	l := newLimiter(t, grpclimit.Config{Client: newClient(t, srv), Keys: []grpclimit.Key{{Template: "two:{service}"}}})
+	l := newLimiter(t, grpclimit.Config{Client: inboundtest.DirectClient(t, srv), Keys: []grpclimit.Key{{Template: "two:{service}"}}})
 	hc := serve(t, l)
 	hdr, err := check(t, hc, "")
 	require.NoError(t, err)
 	pol := parseField(t, hdr, grpclimit.MetadataRateLimitPolicy)
 	assert.Equal(t, []field{
-		{"3-per-1h", map[string]int64{"q": 3, "w": 3600}},
-		{"10-per-24h", map[string]int64{"q": 10, "w": 86400}},
+		{Name: "3-per-1h", Params: map[string]int64{"q": 3, "w": 3600}},
+		{Name: "10-per-24h", Params: map[string]int64{"q": 10, "w": 86400}},
 	}, pol)
 	st := parseField(t, hdr, grpclimit.MetadataRateLimit)
 	require.Len(t, st, 2)
-	assert.Equal(t, int64(2), st[0].params["r"])
-	assert.Equal(t, int64(9), st[1].params["r"])
+	assert.Equal(t, int64(2), st[0].Params["r"])
+	assert.Equal(t, int64(9), st[1].Params["r"])
 }
 
 // TestSpoofedForwardedFor: x-forwarded-for is read only from a trusted
 // proxy; a client that is not one cannot pick its {ip}.
 func TestSpoofedForwardedFor(t *testing.T) {
 	srv := leasetest.Start(t, testRules, leasetest.Options{})
-	c := newClient(t, srv)
+	c := inboundtest.DirectClient(t, srv)
 	var mu sync.Mutex
 	var keys []string
 	hook := func(_ context.Context, _ string, r grpclimit.Result) {
@@ -265,17 +230,7 @@ func TestSpoofedForwardedFor(t *testing.T) {
 // TestRefusedIsUnavailable: a key the lease servers refuse this service is
 // a misconfiguration: Unavailable, never ResourceExhausted.
 func TestRefusedIsUnavailable(t *testing.T) {
-	const token = "s3cret-token"
-	sum := sha256.Sum256([]byte(token))
-	srv := leasetest.Start(t, testRules+`
-clients:
-  - name: api
-    token_sha256: "`+hex.EncodeToString(sum[:])+`"
-    keys: ["rpc:*"]
-`, leasetest.Options{})
-	c, err := client.New(client.Config{Servers: []string{srv.URL()}, Token: token})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	c := inboundtest.RestrictedClient(t, testRules, "rpc:*")
 	var seen grpclimit.Result
 	var mu sync.Mutex
 	l := newLimiter(t, grpclimit.Config{
@@ -303,7 +258,7 @@ clients:
 
 func TestShadow(t *testing.T) {
 	srv := leasetest.Start(t, testRules, leasetest.Options{})
-	l := newLimiter(t, grpclimit.Config{Client: newClient(t, srv), Keys: []grpclimit.Key{{Template: "rpc:{md:x-api-key}"}}, Shadow: true})
+	l := newLimiter(t, grpclimit.Config{Client: inboundtest.DirectClient(t, srv), Keys: []grpclimit.Key{{Template: "rpc:{md:x-api-key}"}}, Shadow: true})
 	hc := serve(t, l)
 	for range 5 {
 		_, err := check(t, hc, "alice")
@@ -317,7 +272,7 @@ func TestShadow(t *testing.T) {
 
 func TestMaxWait(t *testing.T) {
 	srv := leasetest.Start(t, testRules, leasetest.Options{})
-	l := newLimiter(t, grpclimit.Config{Client: newClient(t, srv), Keys: []grpclimit.Key{{Template: "paced:{md:x-api-key}"}}, MaxWait: 2 * time.Second})
+	l := newLimiter(t, grpclimit.Config{Client: inboundtest.DirectClient(t, srv), Keys: []grpclimit.Key{{Template: "paced:{md:x-api-key}"}}, MaxWait: 2 * time.Second})
 	hc := serve(t, l)
 	start := time.Now()
 	for range 3 {
@@ -336,7 +291,7 @@ func TestIdentityAndFallback(t *testing.T) {
 	var mu sync.Mutex
 	var keys []string
 	l := newLimiter(t, grpclimit.Config{
-		Client: newClient(t, srv),
+		Client: inboundtest.DirectClient(t, srv),
 		Keys:   []grpclimit.Key{{Template: "rpc:{user}", Fallback: "ip:{ip}"}},
 		OnDecision: func(_ context.Context, _ string, r grpclimit.Result) {
 			mu.Lock()
@@ -364,7 +319,7 @@ func TestIdentityAndFallback(t *testing.T) {
 // TestStream: one decision per stream open; MessageCost prices messages.
 func TestStream(t *testing.T) {
 	srv := leasetest.Start(t, testRules, leasetest.Options{})
-	c := newClient(t, srv)
+	c := inboundtest.DirectClient(t, srv)
 	watch := func(hc healthpb.HealthClient, apiKey string) (metadata.MD, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -386,7 +341,7 @@ func TestStream(t *testing.T) {
 		hdr, err := watch(hc, "alice")
 		require.NoError(t, err, "stream %d", i+1)
 		st := parseField(t, hdr, grpclimit.MetadataRateLimit)
-		assert.Equal(t, int64(2-i), st[0].params["r"])
+		assert.Equal(t, int64(2-i), st[0].Params["r"])
 	}
 	hdr, err := watch(hc, "alice")
 	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
@@ -413,7 +368,7 @@ func TestStream(t *testing.T) {
 	assert.Positive(t, retryInfo(t, err))
 	tr := ws.Trailer()
 	assert.NotEmpty(t, tr.Get(grpclimit.MetadataRetryAfter), "a message's denial: its fields in the trailer")
-	assert.Equal(t, int64(1), parseField(t, tr, grpclimit.MetadataRateLimit)[0].params["r"])
+	assert.Equal(t, int64(1), parseField(t, tr, grpclimit.MetadataRateLimit)[0].Params["r"])
 	assert.Equal(t, int64(1), ml.Stats().Denied)
 	assert.Equal(t, int64(1), ml.Stats().Allowed)
 }

@@ -8,7 +8,6 @@ import (
 
 	"github.com/ratelease/ratelease/client/httplimit"
 	"github.com/ratelease/ratelease/client/keytemplate"
-	"github.com/ratelease/ratelease/protocol"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 )
@@ -91,27 +90,27 @@ type call struct {
 	mdOK   bool
 }
 
-func (l *Limiter) value(c *call, s keytemplate.Segment) string {
+// value returns the value of the part s of a call; false when the call
+// lacks it.
+func (l *Limiter) value(c *call, s keytemplate.Segment) (string, bool) {
+	var v string
 	switch s.Kind {
 	case partIP:
-		a, ok := l.clientAddr(c)
-		if !ok {
-			return ""
+		if a, ok := l.clientAddr(c); ok {
+			v = l.core.Peers().Part(a)
 		}
-		return keytemplate.IPPart(a, l.v4Bits, l.v6Bits)
 	case partUser:
-		id, _ := httplimit.IdentityFrom(c.ctx)
-		return id
+		v, _ = httplimit.IdentityFrom(c.ctx)
 	case partMethod:
-		return c.method
+		v = c.method
 	case partService:
-		return serviceOf(c.method)
+		v = serviceOf(c.method)
 	case partMD:
 		if vs := c.metadata().Get(s.Text); len(vs) > 0 {
-			return vs[0]
+			v = vs[0]
 		}
 	}
-	return ""
+	return v, v != ""
 }
 
 func (c *call) metadata() metadata.MD {
@@ -151,50 +150,16 @@ func (l *Limiter) clientAddr(c *call) (netip.Addr, bool) {
 			return netip.Addr{}, false
 		}
 	}
-	if len(l.trusted) == 0 || !keytemplate.Trusted(l.trusted, a) {
-		return a, true
-	}
-	xff := c.metadata().Get(MetadataXForwardedFor)
-	if len(xff) == 0 {
-		return a, true
-	}
-	return keytemplate.ClientAddr(a, keytemplate.SplitXForwardedFor(xff), l.trusted), true
+	return l.core.Peers().Client(a, func() []string {
+		return keytemplate.SplitXForwardedFor(c.metadata().Get(MetadataXForwardedFor))
+	}), true
 }
 
 // makeKeys makes the keys of an RPC, or returns a *MissingPartError.
 func (l *Limiter) makeKeys(c *call) ([]string, error) {
-	keys := make([]string, len(l.keys))
-	for i, kt := range l.keys {
-		t := kt.primary
-		k, err := l.expand(t, c)
-		if err != nil && kt.fallback != nil {
-			t = kt.fallback
-			k, err = l.expand(t, c)
-		}
-		if err != nil {
-			return nil, err
-		}
-		if err := protocol.ValidateKey(k); err != nil {
-			// Escaping and hashing make this impossible; refuse rather
-			// than send a key the servers would refuse.
-			return nil, fmt.Errorf("grpclimit: template %q made an invalid key: %w", t, err)
-		}
-		keys[i] = k
+	keys, err := l.core.MakeKeys(func(s keytemplate.Segment) (string, bool) { return l.value(c, s) })
+	if miss, ok := err.(*keytemplate.MissingPartError); ok {
+		return nil, &MissingPartError{Template: miss.Template, Part: miss.Segment.Written, Kind: partNames[miss.Segment.Kind]}
 	}
-	return keys, nil
-}
-
-func (l *Limiter) expand(t *keytemplate.Template, c *call) (string, error) {
-	var miss keytemplate.Segment
-	k, err := t.Expand(func(s keytemplate.Segment) (string, bool) {
-		v := l.value(c, s)
-		if v == "" {
-			miss = s
-		}
-		return v, v != ""
-	})
-	if err != nil {
-		return "", &MissingPartError{Template: t.String(), Part: miss.Written, Kind: partNames[miss.Kind]}
-	}
-	return k, nil
+	return keys, err
 }

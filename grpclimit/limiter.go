@@ -3,17 +3,13 @@ package grpclimit
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/netip"
-	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/ratelease/ratelease/client"
 	"github.com/ratelease/ratelease/client/httplimit"
-	"github.com/ratelease/ratelease/client/keytemplate"
-	"github.com/ratelease/ratelease/protocol"
+	"github.com/ratelease/ratelease/internal/inbound"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -157,124 +153,45 @@ type Result struct {
 	Err error
 }
 
-// Stats counts the limiter's outcomes since New.
-type Stats struct {
-	Allowed      int64
-	Denied       int64
-	Shadow       int64 // admitted by Shadow, would have been denied
-	Waited       int64 // admitted after waiting
-	QueueFull    int64 // denied because the queue was full (also in Denied)
-	Unidentified int64
-	Queued       int64 // waiting now
-}
+// Stats counts the limiter's outcomes since New. Its fields are those of
+// httplimit.Stats, which documents them (a call is a request).
+type Stats httplimit.Stats
 
 // Limiter limits inbound gRPC calls with a ratelease Client. Create it with
 // New; UnaryServerInterceptor and StreamServerInterceptor give the
 // interceptors, which share its queue and counters. It is safe for
 // concurrent use.
 type Limiter struct {
-	c        *client.Client
-	keys     []keyTemplates
-	trusted  []netip.Prefix
-	v4Bits   int
-	v6Bits   int
-	cost     func(context.Context, string) int64
-	msgCost  func(context.Context, string, any) int64
-	missing  func(context.Context, string, error) error
-	hook     func(context.Context, string, Result)
-	headers  HeaderMode
-	shadow   bool
-	maxWait  time.Duration
-	queue    chan struct{}
-	log      *slog.Logger
-	now      func() time.Time
-	allowed  atomic.Int64
-	denied   atomic.Int64
-	shadowed atomic.Int64
-	waited   atomic.Int64
-	full     atomic.Int64
-	unident  atomic.Int64
-}
-
-type keyTemplates struct {
-	primary, fallback *keytemplate.Template
+	core    *inbound.Limiter // the configuration, queue and counters shared with httplimit
+	cost    func(context.Context, string) int64
+	msgCost func(context.Context, string, any) int64
+	missing func(context.Context, string, error) error
+	hook    func(context.Context, string, Result)
 }
 
 // New checks cfg and returns a Limiter: a template that does not parse, an
 // IP prefix out of range, an unknown header mode are errors here, never a
 // limit later.
 func New(cfg Config) (*Limiter, error) {
-	if cfg.Client == nil {
-		return nil, errors.New("grpclimit: Config.Client is required")
+	core, err := inbound.New(inbound.Config{
+		Prefix:         "grpclimit",
+		Client:         cfg.Client,
+		Keys:           inbound.Keys(cfg.Keys),
+		Resolve:        resolvePart,
+		TrustedProxies: cfg.TrustedProxies,
+		IPv6Prefix:     cfg.IPv6Prefix,
+		IPv4Prefix:     cfg.IPv4Prefix,
+		Headers:        inbound.HeaderMode(cfg.Headers),
+		Shadow:         cfg.Shadow,
+		ClosedFails:    true,
+		MaxWait:        cfg.MaxWait,
+		MaxQueue:       cfg.MaxQueue,
+		Logger:         cfg.Logger,
+	})
+	if err != nil {
+		return nil, err
 	}
-	l := &Limiter{
-		c:       cfg.Client,
-		cost:    cfg.Cost,
-		msgCost: cfg.MessageCost,
-		missing: cfg.MissingError,
-		hook:    cfg.OnDecision,
-		headers: cfg.Headers,
-		shadow:  cfg.Shadow,
-		maxWait: cfg.MaxWait,
-		log:     cfg.Logger,
-		now:     time.Now,
-	}
-	keys := cfg.Keys
-	if len(keys) == 0 {
-		keys = []Key{{Template: "ip:{ip}"}}
-	}
-	if len(keys) > protocol.MaxEntries {
-		return nil, fmt.Errorf("grpclimit: %d keys; at most %d", len(keys), protocol.MaxEntries)
-	}
-	for i, k := range keys {
-		p, err := keytemplate.Parse(k.Template, resolvePart)
-		if err != nil {
-			return nil, fmt.Errorf("grpclimit: Keys[%d].Template: %w", i, err)
-		}
-		kt := keyTemplates{primary: p}
-		if k.Fallback != "" {
-			if kt.fallback, err = keytemplate.Parse(k.Fallback, resolvePart); err != nil {
-				return nil, fmt.Errorf("grpclimit: Keys[%d].Fallback: %w", i, err)
-			}
-		}
-		l.keys = append(l.keys, kt)
-	}
-	l.v6Bits, l.v4Bits = cfg.IPv6Prefix, cfg.IPv4Prefix
-	if l.v6Bits == 0 {
-		l.v6Bits = 64
-	}
-	if l.v4Bits == 0 {
-		l.v4Bits = 32
-	}
-	if l.v6Bits < 1 || l.v6Bits > 128 || l.v4Bits < 1 || l.v4Bits > 32 {
-		return nil, fmt.Errorf("grpclimit: IPv6Prefix %d or IPv4Prefix %d out of range (1–128, 1–32)", cfg.IPv6Prefix, cfg.IPv4Prefix)
-	}
-	for _, p := range cfg.TrustedProxies {
-		if !p.IsValid() {
-			return nil, fmt.Errorf("grpclimit: trusted proxy prefix %v is not valid", p)
-		}
-		l.trusted = append(l.trusted, keytemplate.NormalizePrefix(p))
-	}
-	if cfg.Headers > HeadersNone {
-		return nil, fmt.Errorf("grpclimit: unknown HeaderMode %d", cfg.Headers)
-	}
-	if cfg.MaxWait < 0 {
-		return nil, fmt.Errorf("grpclimit: MaxWait %v is negative", cfg.MaxWait)
-	}
-	if cfg.MaxQueue < 0 {
-		return nil, fmt.Errorf("grpclimit: MaxQueue %d is negative", cfg.MaxQueue)
-	}
-	if cfg.MaxWait > 0 {
-		n := cfg.MaxQueue
-		if n == 0 {
-			n = 1024
-		}
-		l.queue = make(chan struct{}, n)
-	}
-	if l.log == nil {
-		l.log = slog.New(slog.DiscardHandler)
-	}
-	return l, nil
+	return &Limiter{core: core, cost: cfg.Cost, msgCost: cfg.MessageCost, missing: cfg.MissingError, hook: cfg.OnDecision}, nil
 }
 
 // WithIdentity returns a copy of ctx carrying the authenticated caller's
@@ -294,15 +211,7 @@ func (l *Limiter) Keys(ctx context.Context, fullMethod string) ([]string, error)
 
 // Stats returns the limiter's counters.
 func (l *Limiter) Stats() Stats {
-	return Stats{
-		Allowed:      l.allowed.Load(),
-		Denied:       l.denied.Load(),
-		Shadow:       l.shadowed.Load(),
-		Waited:       l.waited.Load(),
-		QueueFull:    l.full.Load(),
-		Unidentified: l.unident.Load(),
-		Queued:       int64(len(l.queue)),
-	}
+	return Stats(l.core.Stats())
 }
 
 // UnaryServerInterceptor returns the interceptor of unary calls: one
@@ -393,7 +302,7 @@ func (s *meteredStream) RecvMsg(m any) error {
 }
 
 func (l *Limiter) unidentified(ctx context.Context, method string, cost int64, err error) error {
-	l.unident.Add(1)
+	l.core.Unidentified()
 	if l.hook != nil {
 		l.hook(ctx, method, Result{Outcome: OutcomeUnidentified, Cost: cost, Err: err})
 	}
@@ -413,105 +322,53 @@ func (l *Limiter) unidentified(ctx context.Context, method string, cost int64, e
 	return status.Error(code, msg)
 }
 
+// resultOf is the Result of the shared limiter's decision on keys;
+// message says it was a stream message's.
+func resultOf(keys []string, cost int64, message bool, out *inbound.Decided) Result {
+	return Result{Outcome: Outcome(out.Outcome), Keys: keys, Cost: cost, Message: message, Decision: out.Decision, Waited: out.Waited, QueueFull: out.QueueFull, Err: out.Err}
+}
+
 // decide takes cost tokens of keys: a nil error admits. md is the metadata
 // to send (RateLimit fields as Headers says, retry-after on a denial);
 // nil when there is none.
 func (l *Limiter) decide(ctx context.Context, method string, keys []string, cost int64, message bool) (metadata.MD, error) {
-	d := l.c.AllowN(ctx, cost, keys...)
-	res := Result{Keys: keys, Cost: cost, Message: message, Decision: d}
-	switch {
-	case d.Allowed:
-		l.allowed.Add(1)
-		return l.admit(ctx, method, res, true), nil
-	case d.Err != nil && !l.shadow:
-		// The lease servers refused this service (a wrong token, a key it
-		// may not use): a misconfiguration, not a rate limit, so never
-		// ResourceExhausted, which would send the caller to retry later.
-		l.denied.Add(1)
-		res.Outcome, res.Err = OutcomeDenied, d.Err
-		l.report(ctx, method, res)
-		return nil, status.Error(codes.Unavailable, "the rate limiter refused this service's configuration; its operator must fix it")
-	case d.Source == client.SourceClosed && !l.shadow:
-		l.denied.Add(1)
-		res.Outcome, res.Err = OutcomeDenied, client.ErrClosed
-		l.report(ctx, method, res)
-		return nil, status.Error(codes.Unavailable, "the rate limiter is shutting down")
-	case l.shadow:
-		l.shadowed.Add(1)
-		res.Outcome = OutcomeShadow
-		l.log.Info("grpclimit: shadow: would have denied", "method", method, "keys", keys, "cost", cost, "source", d.Source.String(), "retry_after", d.RetryAfter)
-		return l.admit(ctx, method, res, true), nil
+	out := l.core.Decide(ctx, keys, cost)
+	d := &out.Decision
+	if out.Outcome == inbound.OutcomeShadow {
+		l.core.Logger().Info("grpclimit: shadow: would have denied", "method", method, "keys", keys, "cost", cost, "source", d.Source.String(), "retry_after", d.RetryAfter)
 	}
-	retry := d.RetryAfter
-	if l.queue != nil && d.Source != client.SourceDenied && d.RetryAfter <= l.maxWait {
-		select {
-		case l.queue <- struct{}{}:
-			start := l.now()
-			wctx, cancel := context.WithTimeout(ctx, l.maxWait)
-			err := l.c.WaitN(wctx, cost, keys...)
-			cancel()
-			<-l.queue
-			res.Waited = l.now().Sub(start)
-			if err == nil {
-				l.waited.Add(1)
-				res.Outcome = OutcomeWaited
-				// No decision came with the tokens: the first one's
-				// state would be stale, so RateLimit is left out.
-				return l.admit(ctx, method, res, false), nil
-			}
-			res.Err = err
-			if rl, ok := errors.AsType[*client.RateLimitedError](err); ok && rl.RetryAfter > 0 {
-				retry = rl.RetryAfter
-			}
-			switch {
-			case errors.Is(err, client.ErrClosed):
-				l.denied.Add(1)
-				res.Outcome = OutcomeDenied
-				l.report(ctx, method, res)
-				return nil, status.Error(codes.Unavailable, "the rate limiter is shutting down")
-			case ctx.Err() != nil:
-				// The caller gave up (or its deadline passed) while
-				// waiting: its own status, not a rate limit.
-				l.denied.Add(1)
-				res.Outcome = OutcomeDenied
-				l.report(ctx, method, res)
-				return nil, status.FromContextError(ctx.Err()).Err()
-			}
-		default:
-			res.QueueFull = true
-			l.full.Add(1)
-		}
-	}
-	l.denied.Add(1)
-	res.Outcome = OutcomeDenied
-	l.report(ctx, method, res)
-	md := metadata.MD{}
-	if l.headers != HeadersNone {
-		l.setFields(md, d.Limits, true)
-	}
-	md.Set(MetadataRetryAfter, retryAfterSeconds(retry))
-	return md, deniedStatus(retry, res.QueueFull)
-}
-
-func (l *Limiter) report(ctx context.Context, method string, res Result) {
 	if l.hook != nil {
-		l.hook(ctx, method, res)
+		l.hook(ctx, method, resultOf(keys, cost, message, &out))
 	}
-}
-
-// admit reports an admitted call and returns its metadata.
-func (l *Limiter) admit(ctx context.Context, method string, res Result, withState bool) metadata.MD {
-	l.report(ctx, method, res)
-	if l.headers != HeadersAll || len(res.Decision.Limits) == 0 || res.Message {
-		return nil
+	switch out.Verdict {
+	case inbound.VerdictAdmit:
+		if !out.Fields || message {
+			return nil, nil
+		}
+		md := metadata.MD{}
+		setFields(md, d.Limits, out.State)
+		return md, nil
+	case inbound.VerdictRefused:
+		// A misconfiguration, not a rate limit: never ResourceExhausted,
+		// which would send the caller to retry later.
+		return nil, status.Error(codes.Unavailable, "the rate limiter refused this service's configuration; its operator must fix it")
+	case inbound.VerdictClosing:
+		return nil, status.Error(codes.Unavailable, "the rate limiter is shutting down")
+	case inbound.VerdictEnded:
+		// The caller gave up (or its deadline passed) while waiting: its
+		// own status, not a rate limit.
+		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 	md := metadata.MD{}
-	l.setFields(md, res.Decision.Limits, withState)
-	return md
+	if out.Fields {
+		setFields(md, d.Limits, true)
+	}
+	md.Set(MetadataRetryAfter, inbound.RetryAfterSeconds(out.Retry))
+	return md, deniedStatus(out.Retry, out.QueueFull)
 }
 
-func (l *Limiter) setFields(md metadata.MD, ls []client.LimitState, withState bool) {
-	policy, state := httplimit.RateLimitFields(ls, l.now())
+func setFields(md metadata.MD, ls []client.LimitState, withState bool) {
+	policy, state := httplimit.RateLimitFields(ls, time.Now())
 	if policy != "" {
 		md.Set(MetadataRateLimitPolicy, policy)
 	}
@@ -527,23 +384,13 @@ func deniedStatus(retry time.Duration, queueFull bool) error {
 	if delay <= 0 {
 		delay = time.Second
 	}
-	msg := "rate limit exceeded; retry after " + retryAfterSeconds(retry) + " s"
+	msg := "rate limit exceeded; retry after " + inbound.RetryAfterSeconds(retry) + " s"
 	if queueFull {
-		msg = "too many calls are waiting for this rate limit; retry after " + retryAfterSeconds(retry) + " s"
+		msg = "too many calls are waiting for this rate limit; retry after " + inbound.RetryAfterSeconds(retry) + " s"
 	}
 	st := status.New(codes.ResourceExhausted, msg)
 	if ds, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(delay)}); err == nil {
 		st = ds
 	}
 	return st.Err()
-}
-
-// retryAfterSeconds is retry-after for a wait of d: whole seconds, rounded
-// up, at least 1.
-func retryAfterSeconds(d time.Duration) string {
-	s := int64(1)
-	if d > time.Second {
-		s = int64((d + time.Second - 1) / time.Second)
-	}
-	return strconv.FormatInt(s, 10)
 }

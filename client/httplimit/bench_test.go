@@ -7,9 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelease/ratelease/client"
 	"github.com/ratelease/ratelease/client/httplimit"
-	"github.com/ratelease/ratelease/e2e/leasetest"
+	"github.com/ratelease/ratelease/internal/inbound/inboundtest"
 	sethhttp "github.com/sethvargo/go-limiter/httplimit"
 	"github.com/sethvargo/go-limiter/memorystore"
 	"github.com/stretchr/testify/require"
@@ -48,21 +47,9 @@ func serveLoop(b *testing.B, h http.Handler, r *http.Request) float64 {
 //
 //	go test ./client/httplimit -run '^$' -bench Overhead -benchtime 2s
 func BenchmarkOverhead(b *testing.B) {
-	srv := leasetest.Start(b, `
-rules:
-  - {name: bench, match: "ip:*", limit: 1000000000, period: 1s}
-`, leasetest.Options{})
-	c, err := client.New(client.Config{Servers: []string{srv.URL()}})
-	require.NoError(b, err)
-	defer c.Close(context.Background())
-
+	c := inboundtest.LeasedClient(b, "ip:198.51.100.7")
 	r := httptest.NewRequest(http.MethodGet, "/hello", nil)
 	r.RemoteAddr = "198.51.100.7:4711"
-	// Lease the key first.
-	deadline := time.Now().Add(10 * time.Second)
-	for c.Allow(context.Background(), "ip:198.51.100.7").Source != client.SourceLease {
-		require.True(b, time.Now().Before(deadline), "the key never leased")
-	}
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 	})

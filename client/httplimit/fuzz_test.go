@@ -4,16 +4,17 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ratelease/ratelease/client/keytemplate"
 	"github.com/ratelease/ratelease/protocol"
 )
 
 // fill returns a value per part of t: {ip} a canonical address (the
 // middleware makes it, never the caller), the others v, with i appended to
 // tell parts apart.
-func fill(t *template, v string) []string {
+func fill(t *keytemplate.Template, v string) []string {
 	var vals []string
-	for _, s := range t.segs {
-		switch s.kind {
+	for _, s := range t.Segments() {
+		switch partKind(s.Kind) {
 		case partLiteral:
 		case partIP:
 			vals = append(vals, "2001:db8::/64")
@@ -33,26 +34,26 @@ func FuzzTemplate(f *testing.F) {
 	f.Add("user:{user}", strings.Repeat("a", 300)+"1", strings.Repeat("a", 300)+"2")
 	f.Add("u:{user}|k:{header:K}", "\xff\x00:", "%FF%00%3A")
 	f.Fuzz(func(t *testing.T, src, a, b string) {
-		tm, err := parseTemplate(src)
+		tm, err := keytemplate.Parse(src, resolvePart)
 		if err != nil || a == "" || b == "" {
 			return // an empty value is a missing part: no key is made
 		}
-		ka := tm.build(fill(tm, a))
-		kb := tm.build(fill(tm, b))
+		ka := tm.Build(fill(tm, a))
+		kb := tm.Build(fill(tm, b))
 		for _, k := range []string{ka, kb} {
 			if err := protocol.ValidateKey(k); err != nil {
 				t.Fatalf("template %q: key %q: %v", src, k, err)
 			}
 		}
-		if a != b && tm.parts > 0 && hasFreePart(tm) && ka == kb {
+		if a != b && tm.Parts() > 0 && hasFreePart(tm) && ka == kb {
 			t.Fatalf("template %q: values %q and %q share key %q", src, a, b, ka)
 		}
 	})
 }
 
-func hasFreePart(t *template) bool {
-	for _, s := range t.segs {
-		if s.kind != partLiteral && s.kind != partIP {
+func hasFreePart(t *keytemplate.Template) bool {
+	for _, s := range t.Segments() {
+		if k := partKind(s.Kind); k != partLiteral && k != partIP {
 			return true
 		}
 	}
@@ -65,20 +66,20 @@ func FuzzEscape(f *testing.F) {
 	f.Add("1|api:x", "y", "1", "api:x|y")
 	f.Add("", "", "a", "b")
 	f.Add(strings.Repeat("é", 200), "x", strings.Repeat("é", 199)+"e", "x")
-	tm, err := parseTemplate("user:{user}|api:{header:X}")
+	tm, err := keytemplate.Parse("user:{user}|api:{header:X}", resolvePart)
 	if err != nil {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, a1, b1, a2, b2 string) {
-		k1 := tm.build([]string{a1, b1})
-		k2 := tm.build([]string{a2, b2})
+		k1 := tm.Build([]string{a1, b1})
+		k2 := tm.Build([]string{a2, b2})
 		if err := protocol.ValidateKey(k1); err != nil {
 			t.Fatalf("key %q: %v", k1, err)
 		}
 		if (a1 != a2 || b1 != b2) && k1 == k2 {
 			t.Fatalf("(%q, %q) and (%q, %q) share key %q", a1, b1, a2, b2, k1)
 		}
-		if e := escape(a1); strings.ContainsAny(e, ":|{}") {
+		if e := keytemplate.Escape(a1); strings.ContainsAny(e, ":|{}") {
 			t.Fatalf("escape(%q) = %q holds a separator", a1, e)
 		}
 	})

@@ -10,6 +10,7 @@ import (
 
 	"github.com/dunglas/httpsfv"
 	"github.com/ratelease/ratelease/client"
+	"github.com/ratelease/ratelease/internal/inbound"
 )
 
 // Header names of draft-ietf-httpapi-ratelimit-headers.
@@ -51,14 +52,6 @@ func formatPeriod(d time.Duration) string {
 	return strconv.FormatInt(d.Milliseconds(), 10) + "ms"
 }
 
-// ceilSeconds rounds d up to whole seconds; 0 for d ≤ 0.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
-}
-
 // policyNames returns the names of the limits, made unique.
 func policyNames(ls []client.LimitState) []string {
 	names := make([]string, len(ls))
@@ -97,11 +90,11 @@ func rateLimitFields(ls []client.LimitState, now time.Time, withState bool) (pol
 	for i, l := range ls {
 		p := httpsfv.NewItem(names[i])
 		p.Params.Add("q", max(l.Limit, 0))
-		p.Params.Add("w", max(ceilSeconds(l.Period), 1))
+		p.Params.Add("w", max(inbound.CeilSeconds(l.Period), 1))
 		pl[i] = p
 		s := httpsfv.NewItem(names[i])
 		s.Params.Add("r", max(l.Remaining, 0))
-		s.Params.Add("t", ceilSeconds(l.Reset.Sub(now)))
+		s.Params.Add("t", inbound.CeilSeconds(l.Reset.Sub(now)))
 		sl[i] = s
 	}
 	policy, err := httpsfv.Marshal(pl)
@@ -155,7 +148,7 @@ func (fc *fieldCache) fields(ls []client.LimitState, now time.Time) (policy, sta
 	}
 	var ts [maxCachedLimits]int64
 	for i, l := range ls {
-		ts[i] = ceilSeconds(l.Reset.Sub(now))
+		ts[i] = inbound.CeilSeconds(l.Reset.Sub(now))
 	}
 	first := &ls[0]
 	slot := &fc.slots[maphash.Comparable(fc.seed, first)%uint64(len(fc.slots))]
@@ -182,12 +175,6 @@ func (fc *fieldCache) setRateLimit(h http.Header, ls []client.LimitState, now ti
 	if state != "" {
 		h[canonState] = []string{state}
 	}
-}
-
-// retryAfterSeconds is Retry-After for a wait of d: whole seconds, rounded
-// up, at least 1.
-func retryAfterSeconds(d time.Duration) string {
-	return strconv.FormatInt(max(ceilSeconds(d), 1), 10)
 }
 
 // problem is an RFC 9457 problem body.

@@ -45,7 +45,4 @@ func TestFieldsAndCache(t *testing.T) {
 	assert.Equal(t, s, s2, "same second: the cached value")
 	_, s3 := fc.fields(ls, now.Add(200*time.Millisecond))
 	assert.NotEqual(t, s, s3, "t changed: serialized again")
-	assert.Equal(t, "1", retryAfterSeconds(0))
-	assert.Equal(t, "1", retryAfterSeconds(time.Millisecond))
-	assert.Equal(t, "3", retryAfterSeconds(2001*time.Millisecond))
 }

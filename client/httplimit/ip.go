@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/ratelease/ratelease/client/keytemplate"
+	"github.com/ratelease/ratelease/internal/inbound"
 )
 
 // Proxy headers: the header a trusted proxy writes the client's address in
@@ -22,11 +23,45 @@ const (
 // inputs are what a template reads besides the request itself: how to find
 // the client's address, and the mux that knows the route.
 type inputs struct {
-	trusted     []netip.Prefix
-	proxyHeader string // canonical; "" when no proxy is trusted
-	v4Bits      int
-	v6Bits      int
+	peers       *inbound.Peers // the trusted proxies and the prefix lengths of {ip}
+	proxyHeader string         // canonical; "" when no proxy is trusted
 	mux         *http.ServeMux // the handler wrapped, when it is a mux
+}
+
+// setProxyHeader checks Config.ProxyHeader, h, and sets the header read
+// when the peer is a trusted proxy: none when no proxy is trusted.
+func (in *inputs) setProxyHeader(h string, trusted bool) error {
+	c := http.CanonicalHeaderKey(h)
+	switch c {
+	case "":
+		c = HeaderXForwardedFor
+	case HeaderXForwardedFor, HeaderForwarded:
+	default:
+		return fmt.Errorf("httplimit: ProxyHeader %q: want %q or %q", h, HeaderXForwardedFor, HeaderForwarded)
+	}
+	if trusted {
+		in.proxyHeader = c
+	}
+	return nil
+}
+
+// value returns the value of the part s of a template for r; false when
+// r lacks it.
+func (in *inputs) value(r *http.Request, s keytemplate.Segment) (string, bool) {
+	var v string
+	switch partKind(s.Kind) {
+	case partIP:
+		v = in.ip(r)
+	case partUser:
+		v, _ = IdentityFrom(r.Context())
+	case partMethod:
+		v = r.Method
+	case partRoute:
+		v = in.route(r)
+	case partHeader:
+		v = r.Header.Get(s.Text)
+	}
+	return v, v != ""
 }
 
 // ip returns the {ip} part: the client's address, IPv6 reduced to its
@@ -36,7 +71,7 @@ func (in *inputs) ip(r *http.Request) string {
 	if !ok {
 		return ""
 	}
-	return keytemplate.IPPart(a, in.v4Bits, in.v6Bits)
+	return in.peers.Part(a)
 }
 
 // route returns the {route} part: the pattern of the mux route that serves
@@ -52,32 +87,28 @@ func (in *inputs) route(r *http.Request) string {
 	return ""
 }
 
-// normalize drops an address's zone and turns an IPv4-mapped IPv6 address
-// into IPv4, so that one host has one address.
-func normalize(a netip.Addr) netip.Addr { return keytemplate.NormalizeAddr(a) }
-
 // clientAddr returns the client's address: the direct peer's, unless the
 // peer is a trusted proxy; then the right-most address of the proxy header
-// that is not itself a trusted proxy (keytemplate.ClientAddr).
+// that is not itself a trusted proxy (inbound.Peers.Client).
 func (in *inputs) clientAddr(r *http.Request) (netip.Addr, bool) {
 	peer, ok := keytemplate.ParsePeer(r.RemoteAddr)
 	if !ok {
 		return netip.Addr{}, false
 	}
-	if in.proxyHeader == "" || !keytemplate.Trusted(in.trusted, peer) {
-		return peer, true
-	}
+	return in.peers.Client(peer, func() []string { return in.forwarded(r) }), true
+}
+
+// forwarded returns the addresses the trusted proxies wrote in the proxy
+// header of r, in order.
+func (in *inputs) forwarded(r *http.Request) []string {
 	vals := r.Header.Values(in.proxyHeader)
 	if len(vals) == 0 {
-		return peer, true
+		return nil
 	}
-	var addrs []string
 	if in.proxyHeader == HeaderForwarded {
-		addrs = forwardedFor(vals)
-	} else {
-		addrs = keytemplate.SplitXForwardedFor(vals)
+		return forwardedFor(vals)
 	}
-	return keytemplate.ClientAddr(peer, addrs, in.trusted), true
+	return keytemplate.SplitXForwardedFor(vals)
 }
 
 // forwardedFor returns the for= node of each element of RFC 7239
@@ -188,7 +219,7 @@ func ParsePrefixes(s string) ([]netip.Prefix, error) {
 		if err != nil {
 			return nil, fmt.Errorf("httplimit: trusted proxy %q: %w", f, err)
 		}
-		a = normalize(a)
+		a = keytemplate.NormalizeAddr(a)
 		out = append(out, netip.PrefixFrom(a, a.BitLen()))
 	}
 	return out, nil

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/ratelease/ratelease/client"
+	"github.com/ratelease/ratelease/client/keytemplate"
 	"github.com/ratelease/ratelease/protocol"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -199,7 +200,7 @@ func TestOversizeValues(t *testing.T) {
 	assert.Equal(t, k1, mk(long+"1", "bob"), "deterministic")
 	// Both long: both hashed.
 	k3 := mk(long, strings.Repeat("é", 200))
-	assert.Len(t, k3, len("key:|user:")+2*hashLen)
+	assert.Len(t, k3, len("key:|user:")+2*keytemplate.HashLen)
 	// A value needing escapes that grows past the limit.
 	k4 := mk(strings.Repeat("|", 100), "bob")
 	assert.True(t, strings.HasPrefix(k4, "key:%~"), k4)
@@ -306,6 +307,6 @@ func TestEscape(t *testing.T) {
 		"a\u200bb": "a%E2%80%8Bb",
 		"sp ace":   "sp ace",
 	} {
-		assert.Equal(t, want, escape(in), "%q", in)
+		assert.Equal(t, want, keytemplate.Escape(in), "%q", in)
 	}
 }

@@ -7,12 +7,11 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
-	"sync/atomic"
 	"time"
 
 	"github.com/ratelease/ratelease/client"
 	"github.com/ratelease/ratelease/client/keytemplate"
-	"github.com/ratelease/ratelease/protocol"
+	"github.com/ratelease/ratelease/internal/inbound"
 )
 
 // Key is one key template of Config.Keys, with its fallback.
@@ -37,11 +36,11 @@ type HeaderMode uint8
 const (
 	// HeadersAll writes RateLimit-Policy and RateLimit on every response
 	// the limit decided, allowed or denied. The default.
-	HeadersAll HeaderMode = iota
+	HeadersAll HeaderMode = inbound.HeadersAll
 	// HeadersDenied writes them on 429s only.
-	HeadersDenied
+	HeadersDenied HeaderMode = inbound.HeadersDenied
 	// HeadersNone writes neither (a 429 still has Retry-After).
-	HeadersNone
+	HeadersNone HeaderMode = inbound.HeadersNone
 )
 
 // Config configures a Middleware. Only Client is required; every zero value
@@ -142,17 +141,17 @@ type Outcome uint8
 
 const (
 	// OutcomeAllowed: the limit allowed the request at once.
-	OutcomeAllowed Outcome = iota
+	OutcomeAllowed Outcome = inbound.OutcomeAllowed
 	// OutcomeDenied: the limit denied it; it got a 429 (or DenyHandler's
 	// answer).
-	OutcomeDenied
+	OutcomeDenied Outcome = inbound.OutcomeDenied
 	// OutcomeShadow: the limit denied it, and Shadow admitted it anyway.
-	OutcomeShadow
+	OutcomeShadow Outcome = inbound.OutcomeShadow
 	// OutcomeWaited: denied at first, it waited in the queue (MaxWait) and
 	// was admitted.
-	OutcomeWaited
+	OutcomeWaited Outcome = inbound.OutcomeWaited
 	// OutcomeUnidentified: a key part was missing; MissingHandler answered.
-	OutcomeUnidentified
+	OutcomeUnidentified Outcome = inbound.OutcomeUnidentified
 )
 
 // String returns the outcome's name.
@@ -225,123 +224,52 @@ type Stats struct {
 // Middleware limits inbound HTTP requests with a ratelease Client. Create
 // it with New; Handler wraps a handler. It is safe for concurrent use.
 type Middleware struct {
-	c        *client.Client
-	keys     []keyTemplates
-	in       inputs // the mux is set per Handler
+	core     *inbound.Limiter // the configuration, queue and counters shared with grpclimit
+	in       inputs           // the mux is set per Handler
 	cost     func(*http.Request) int64
 	priority func(*http.Request) string
 	deny     http.Handler
 	missing  func(http.ResponseWriter, *http.Request, error)
 	hook     func(*http.Request, Result)
-	headers  HeaderMode
-	shadow   bool
-	maxWait  time.Duration
-	queue    chan struct{}
-	log      *slog.Logger
-	now      func() time.Time
 	fields   *fieldCache
-	allowed  atomic.Int64
-	denied   atomic.Int64
-	shadowed atomic.Int64
-	waited   atomic.Int64
-	full     atomic.Int64
-	unident  atomic.Int64
-}
-
-type keyTemplates struct {
-	primary, fallback *template
 }
 
 // New checks cfg and returns a Middleware. A template that does not parse,
 // a header mode or proxy header it does not know, an IP prefix out of
 // range: each is an error here, never a rate limit later.
 func New(cfg Config) (*Middleware, error) {
-	if cfg.Client == nil {
-		return nil, errors.New("httplimit: Config.Client is required")
-	}
 	m := &Middleware{
-		c:        cfg.Client,
 		cost:     cfg.Cost,
 		priority: cfg.Priority,
 		deny:     cfg.DenyHandler,
 		missing:  cfg.MissingHandler,
 		hook:     cfg.OnDecision,
-		headers:  cfg.Headers,
-		shadow:   cfg.Shadow,
-		maxWait:  cfg.MaxWait,
-		log:      cfg.Logger,
-		now:      time.Now,
 		fields:   newFieldCache(),
 	}
-	keys := cfg.Keys
-	if len(keys) == 0 {
-		keys = []Key{{Template: "ip:{ip}"}}
+	core, err := inbound.New(inbound.Config{
+		Prefix:         "httplimit",
+		Client:         cfg.Client,
+		Keys:           inbound.Keys(cfg.Keys),
+		Resolve:        resolvePart,
+		TrustedProxies: cfg.TrustedProxies,
+		CheckProxies: func(trusted []netip.Prefix) error {
+			return m.in.setProxyHeader(cfg.ProxyHeader, len(trusted) > 0)
+		},
+		IPv6Prefix: cfg.IPv6Prefix,
+		IPv4Prefix: cfg.IPv4Prefix,
+		Headers:    inbound.HeaderMode(cfg.Headers),
+		Shadow:     cfg.Shadow,
+		MaxWait:    cfg.MaxWait,
+		MaxQueue:   cfg.MaxQueue,
+		Logger:     cfg.Logger,
+	})
+	if err != nil {
+		return nil, err
 	}
-	if len(keys) > protocol.MaxEntries {
-		return nil, fmt.Errorf("httplimit: %d keys; at most %d", len(keys), protocol.MaxEntries)
-	}
-	for i, k := range keys {
-		p, err := parseTemplate(k.Template)
-		if err != nil {
-			return nil, fmt.Errorf("httplimit: Keys[%d].Template: %w", i, err)
-		}
-		kt := keyTemplates{primary: p}
-		if k.Fallback != "" {
-			if kt.fallback, err = parseTemplate(k.Fallback); err != nil {
-				return nil, fmt.Errorf("httplimit: Keys[%d].Fallback: %w", i, err)
-			}
-		}
-		m.keys = append(m.keys, kt)
-	}
-	m.in.v6Bits, m.in.v4Bits = cfg.IPv6Prefix, cfg.IPv4Prefix
-	if m.in.v6Bits == 0 {
-		m.in.v6Bits = 64
-	}
-	if m.in.v4Bits == 0 {
-		m.in.v4Bits = 32
-	}
-	if m.in.v6Bits < 1 || m.in.v6Bits > 128 || m.in.v4Bits < 1 || m.in.v4Bits > 32 {
-		return nil, fmt.Errorf("httplimit: IPv6Prefix %d or IPv4Prefix %d out of range (1–128, 1–32)", cfg.IPv6Prefix, cfg.IPv4Prefix)
-	}
-	for _, p := range cfg.TrustedProxies {
-		if !p.IsValid() {
-			return nil, fmt.Errorf("httplimit: trusted proxy prefix %v is not valid", p)
-		}
-		m.in.trusted = append(m.in.trusted, keytemplate.NormalizePrefix(p))
-	}
-	if len(m.in.trusted) > 0 {
-		switch http.CanonicalHeaderKey(cfg.ProxyHeader) {
-		case "", HeaderXForwardedFor:
-			m.in.proxyHeader = HeaderXForwardedFor
-		case HeaderForwarded:
-			m.in.proxyHeader = HeaderForwarded
-		default:
-			return nil, fmt.Errorf("httplimit: ProxyHeader %q: want %q or %q", cfg.ProxyHeader, HeaderXForwardedFor, HeaderForwarded)
-		}
-	} else if h := http.CanonicalHeaderKey(cfg.ProxyHeader); h != "" && h != HeaderXForwardedFor && h != HeaderForwarded {
-		return nil, fmt.Errorf("httplimit: ProxyHeader %q: want %q or %q", cfg.ProxyHeader, HeaderXForwardedFor, HeaderForwarded)
-	}
-	if cfg.Headers > HeadersNone {
-		return nil, fmt.Errorf("httplimit: unknown HeaderMode %d", cfg.Headers)
-	}
-	if cfg.MaxWait < 0 {
-		return nil, fmt.Errorf("httplimit: MaxWait %v is negative", cfg.MaxWait)
-	}
-	if cfg.MaxQueue < 0 {
-		return nil, fmt.Errorf("httplimit: MaxQueue %d is negative", cfg.MaxQueue)
-	}
-	if cfg.MaxWait > 0 {
-		n := cfg.MaxQueue
-		if n == 0 {
-			n = 1024
-		}
-		m.queue = make(chan struct{}, n)
-	}
+	m.core = core
+	m.in.peers = core.Peers()
 	if m.deny == nil {
 		m.deny = http.HandlerFunc(defaultDeny)
-	}
-	if m.log == nil {
-		m.log = slog.New(slog.DiscardHandler)
 	}
 	return m, nil
 }
@@ -371,39 +299,21 @@ func (m *Middleware) ClientIP(r *http.Request) (netip.Addr, bool) {
 
 // Stats returns the middleware's counters.
 func (m *Middleware) Stats() Stats {
-	return Stats{
-		Allowed:      m.allowed.Load(),
-		Denied:       m.denied.Load(),
-		Shadow:       m.shadowed.Load(),
-		Waited:       m.waited.Load(),
-		QueueFull:    m.full.Load(),
-		Unidentified: m.unident.Load(),
-		Queued:       int64(len(m.queue)),
-	}
+	return Stats(m.core.Stats())
 }
 
+// makeKeys makes the keys of r, or returns a *MissingPartError.
 func (m *Middleware) makeKeys(r *http.Request, in *inputs) ([]string, error) {
-	keys := make([]string, len(m.keys))
-	var buf [4]string
-	for i, kt := range m.keys {
-		vals, miss := kt.primary.values(r, in, buf[:0])
-		t := kt.primary
-		if miss != nil && kt.fallback != nil {
-			t = kt.fallback
-			vals, miss = t.values(r, in, buf[:0])
-		}
-		if miss != nil {
-			return nil, miss
-		}
-		k := t.build(vals)
-		if err := protocol.ValidateKey(k); err != nil {
-			// Escaping and hashing make this impossible; refuse rather
-			// than send a key the servers would refuse.
-			return nil, fmt.Errorf("httplimit: template %q made an invalid key: %w", t.src, err)
-		}
-		keys[i] = k
+	keys, err := m.core.MakeKeys(func(s keytemplate.Segment) (string, bool) { return in.value(r, s) })
+	if miss, ok := err.(*keytemplate.MissingPartError); ok {
+		return nil, &MissingPartError{Template: miss.Template, Part: miss.Segment.Written, Kind: partKind(miss.Segment.Kind).String()}
 	}
-	return keys, nil
+	return keys, err
+}
+
+// resultOf is the Result of the shared limiter's decision on keys.
+func resultOf(keys []string, cost int64, out *inbound.Decided) Result {
+	return Result{Outcome: Outcome(out.Outcome), Keys: keys, Cost: cost, Decision: out.Decision, Waited: out.Waited, QueueFull: out.QueueFull, Err: out.Err}
 }
 
 type handler struct {
@@ -423,7 +333,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	keys, err := m.makeKeys(r, h.in)
 	if err != nil {
-		m.unident.Add(1)
+		m.core.Unidentified()
 		res := Result{Outcome: OutcomeUnidentified, Cost: cost, Err: err}
 		if m.hook != nil {
 			m.hook(r, res)
@@ -441,98 +351,40 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			ctx = client.WithPriority(ctx, p)
 		}
 	}
-	d := m.c.AllowN(ctx, cost, keys...)
-	res := Result{Keys: keys, Cost: cost, Decision: d}
-	switch {
-	case d.Allowed:
-		m.allowed.Add(1)
-		h.admit(w, r, res, true)
-		return
-	case d.Err != nil && !m.shadow:
-		// The lease servers refused this service (a wrong token, a key it
-		// may not use): a misconfiguration, not a rate limit, so no 429
-		// that would send the caller to retry. The SDK logs the cause.
-		m.denied.Add(1)
-		res.Outcome, res.Err = OutcomeDenied, d.Err
-		if m.hook != nil {
-			m.hook(r, res)
+	out := m.core.Decide(ctx, keys, cost)
+	d := &out.Decision
+	if out.Outcome == inbound.OutcomeShadow {
+		m.core.Logger().Info("httplimit: shadow: would have denied", "keys", keys, "cost", cost, "source", d.Source.String(), "retry_after", d.RetryAfter)
+	}
+	if m.hook != nil {
+		m.hook(r, resultOf(keys, cost, &out))
+	}
+	switch out.Verdict {
+	case inbound.VerdictAdmit:
+		if out.Fields {
+			m.fields.setRateLimit(w.Header(), d.Limits, time.Now(), out.State)
 		}
+		h.next.ServeHTTP(w, r)
+		return
+	case inbound.VerdictRefused:
+		// A misconfiguration, not a rate limit: no 429 that would send the
+		// caller to retry. The SDK logs the cause.
 		writeProblem(w, problem{Type: "about:blank", Title: "Service Unavailable", Status: http.StatusServiceUnavailable, Detail: "the rate limiter refused this service's configuration; its operator must fix it"})
 		return
-	case m.shadow:
-		m.shadowed.Add(1)
-		res.Outcome = OutcomeShadow
-		m.log.Info("httplimit: shadow: would have denied", "keys", keys, "cost", cost, "source", d.Source.String(), "retry_after", d.RetryAfter)
-		h.admit(w, r, res, true)
+	case inbound.VerdictClosing:
+		writeProblem(w, problem{Type: "about:blank", Title: "Service Unavailable", Status: http.StatusServiceUnavailable, Detail: "the rate limiter is shutting down"})
 		return
 	}
-	retry := d.RetryAfter
-	if m.queue != nil && queueable(d) && d.RetryAfter <= m.maxWait {
-		select {
-		case m.queue <- struct{}{}:
-			start := m.now()
-			ctx, cancel := context.WithTimeout(ctx, m.maxWait)
-			err := m.c.WaitN(ctx, cost, keys...)
-			cancel()
-			<-m.queue
-			res.Waited = m.now().Sub(start)
-			if err == nil {
-				m.waited.Add(1)
-				res.Outcome = OutcomeWaited
-				// No decision came with the tokens: the fields of the
-				// first one would be stale, so RateLimit is left out.
-				h.admit(w, r, res, false)
-				return
-			}
-			res.Err = err
-			if rl, ok := errors.AsType[*client.RateLimitedError](err); ok && rl.RetryAfter > 0 {
-				retry = rl.RetryAfter
-			}
-			if errors.Is(err, client.ErrClosed) {
-				m.denied.Add(1)
-				res.Outcome = OutcomeDenied
-				if m.hook != nil {
-					m.hook(r, res)
-				}
-				writeProblem(w, problem{Type: "about:blank", Title: "Service Unavailable", Status: http.StatusServiceUnavailable, Detail: "the rate limiter is shutting down"})
-				return
-			}
-		default:
-			res.QueueFull = true
-			m.full.Add(1)
-		}
-	}
-	m.denied.Add(1)
-	res.Outcome = OutcomeDenied
-	if m.hook != nil {
-		m.hook(r, res)
-	}
+	// VerdictDeny, or VerdictEnded: a request whose context ended while it
+	// waited gets the 429 too.
 	wh := w.Header()
-	wh.Set("Retry-After", retryAfterSeconds(retry))
-	if m.headers != HeadersNone {
-		m.fields.setRateLimit(wh, d.Limits, m.now(), true)
+	wh.Set("Retry-After", inbound.RetryAfterSeconds(out.Retry))
+	if out.Fields {
+		m.fields.setRateLimit(wh, d.Limits, time.Now(), true)
 	}
-	rp := new(Result) // a copy, so that res stays on the stack on the other paths
-	*rp = res
+	rp := new(Result) // on the heap on this path only
+	*rp = resultOf(keys, cost, &out)
 	m.deny.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), resultKey{}, rp)))
-}
-
-// queueable reports whether waiting can help a denial: not for a key the
-// servers refuse, nor a closed client.
-func queueable(d client.Decision) bool {
-	return d.Source != client.SourceDenied && d.Source != client.SourceClosed
-}
-
-// admit writes the fields of an admitted request and runs next.
-func (h *handler) admit(w http.ResponseWriter, r *http.Request, res Result, withState bool) {
-	m := h.m
-	if m.hook != nil {
-		m.hook(r, res)
-	}
-	if m.headers == HeadersAll && len(res.Decision.Limits) > 0 {
-		m.fields.setRateLimit(w.Header(), res.Decision.Limits, m.now(), withState)
-	}
-	h.next.ServeHTTP(w, r)
 }
 
 func (h *handler) defaultMissing(w http.ResponseWriter, r *http.Request, err error) {

@@ -2,8 +2,6 @@ package httplimit_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -13,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dunglas/httpsfv"
 	"github.com/ratelease/ratelease/client"
 	"github.com/ratelease/ratelease/client/httplimit"
 	"github.com/ratelease/ratelease/e2e/leasetest"
+	"github.com/ratelease/ratelease/internal/inbound/inboundtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -51,15 +49,6 @@ rules:
     burst: 1
 `
 
-func newClient(t *testing.T, srv *leasetest.Server) *client.Client {
-	t.Helper()
-	// Direct decisions only, so that every answer is the server's state.
-	c, err := client.New(client.Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1 << 20})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
-	return c
-}
-
 var okHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte("ok"))
 })
@@ -87,53 +76,28 @@ func getCtx(ctx context.Context, h http.Handler, apiKey string) *httptest.Respon
 	return rec
 }
 
-// field is one item of a RateLimit or RateLimit-Policy list.
-type field struct {
-	name   string
-	params map[string]int64
-}
+type field = inboundtest.Field
 
-// parseField parses a RateLimit-Policy or RateLimit field with a
-// structured-field parser.
+// parseField parses a RateLimit-Policy or RateLimit field.
 func parseField(t *testing.T, h http.Header, name string) []field {
-	t.Helper()
-	vals := h.Values(name)
-	require.NotEmpty(t, vals, "no %s field", name)
-	list, err := httpsfv.UnmarshalList(vals)
-	require.NoError(t, err, "%s: %q", name, vals)
-	out := make([]field, 0, len(list))
-	for _, m := range list {
-		it, ok := m.(httpsfv.Item)
-		require.True(t, ok, "%s: an inner list", name)
-		s, ok := it.Value.(string)
-		require.True(t, ok, "%s: item %v is not a string", name, it.Value)
-		f := field{name: s, params: map[string]int64{}}
-		for _, k := range it.Params.Names() {
-			v, _ := it.Params.Get(k)
-			n, ok := v.(int64)
-			require.True(t, ok, "%s: %s=%v is not an integer", name, k, v)
-			f.params[k] = n
-		}
-		out = append(out, f)
-	}
-	return out
+	return inboundtest.ParseFields(t, name, h.Values(name))
 }
 
 func TestGlobalRemainingAcrossProcesses(t *testing.T) {
 	srv := leasetest.Start(t, testRules, leasetest.Options{})
-	_, a := newHandler(t, httplimit.Config{Client: newClient(t, srv)})
-	_, b := newHandler(t, httplimit.Config{Client: newClient(t, srv)})
+	_, a := newHandler(t, httplimit.Config{Client: inboundtest.DirectClient(t, srv)})
+	_, b := newHandler(t, httplimit.Config{Client: inboundtest.DirectClient(t, srv)})
 	for i, h := range []http.Handler{a, b, a, b, a} {
 		rec := get(h, "alice")
 		require.Equal(t, http.StatusOK, rec.Code, "request %d", i+1)
 		pol := parseField(t, rec.Header(), httplimit.HeaderRateLimitPolicy)
 		require.Len(t, pol, 1)
-		assert.Equal(t, field{"5-per-1h", map[string]int64{"q": 5, "w": 3600}}, pol[0])
+		assert.Equal(t, field{Name: "5-per-1h", Params: map[string]int64{"q": 5, "w": 3600}}, pol[0])
 		st := parseField(t, rec.Header(), httplimit.HeaderRateLimit)
 		require.Len(t, st, 1)
-		assert.Equal(t, "5-per-1h", st[0].name)
-		assert.Equal(t, int64(4-i), st[0].params["r"], "request %d: the fleet's remaining, not this process's", i+1)
-		assert.InDelta(t, (i+1)*720, st[0].params["t"], 2, "seconds until the bucket is full")
+		assert.Equal(t, "5-per-1h", st[0].Name)
+		assert.Equal(t, int64(4-i), st[0].Params["r"], "request %d: the fleet's remaining, not this process's", i+1)
+		assert.InDelta(t, (i+1)*720, st[0].Params["t"], 2, "seconds until the bucket is full")
 		assert.Empty(t, rec.Header().Get("Retry-After"))
 	}
 	// Another caller has a bucket of its own.
@@ -147,8 +111,8 @@ func TestGlobalRemainingAcrossProcesses(t *testing.T) {
 		assert.InDelta(t, 720, retry, 2, "one token's refill, whole seconds")
 		st := parseField(t, rec.Header(), httplimit.HeaderRateLimit)
 		require.Len(t, st, 1)
-		assert.Equal(t, int64(0), st[0].params["r"])
-		assert.InDelta(t, 3600, st[0].params["t"], 2)
+		assert.Equal(t, int64(0), st[0].Params["r"])
+		assert.InDelta(t, 3600, st[0].Params["t"], 2)
 		assert.Len(t, parseField(t, rec.Header(), httplimit.HeaderRateLimitPolicy), 1)
 
 		assert.Equal(t, "application/problem+json", rec.Header().Get("Content-Type"))
@@ -166,21 +130,21 @@ func TestGlobalRemainingAcrossProcesses(t *testing.T) {
 
 func TestTwoLimitsTwoItems(t *testing.T) {
 	srv := leasetest.Start(t, testRules, leasetest.Options{})
-	_, h := newHandler(t, httplimit.Config{Client: newClient(t, srv), Keys: []httplimit.Key{{Template: "two:{header:X-API-Key}"}}})
+	_, h := newHandler(t, httplimit.Config{Client: inboundtest.DirectClient(t, srv), Keys: []httplimit.Key{{Template: "two:{header:X-API-Key}"}}})
 	for i := range 3 {
 		rec := get(h, "k")
 		require.Equal(t, http.StatusOK, rec.Code)
 		pol := parseField(t, rec.Header(), httplimit.HeaderRateLimitPolicy)
 		assert.Equal(t, []field{
-			{"3-per-1h", map[string]int64{"q": 3, "w": 3600}},
-			{"10-per-24h", map[string]int64{"q": 10, "w": 86400}},
+			{Name: "3-per-1h", Params: map[string]int64{"q": 3, "w": 3600}},
+			{Name: "10-per-24h", Params: map[string]int64{"q": 10, "w": 86400}},
 		}, pol)
 		st := parseField(t, rec.Header(), httplimit.HeaderRateLimit)
 		require.Len(t, st, 2)
-		assert.Equal(t, "3-per-1h", st[0].name)
-		assert.Equal(t, int64(2-i), st[0].params["r"])
-		assert.Equal(t, "10-per-24h", st[1].name)
-		assert.Equal(t, int64(9-i), st[1].params["r"])
+		assert.Equal(t, "3-per-1h", st[0].Name)
+		assert.Equal(t, int64(2-i), st[0].Params["r"])
+		assert.Equal(t, "10-per-24h", st[1].Name)
+		assert.Equal(t, int64(9-i), st[1].Params["r"])
 	}
 	rec := get(h, "k")
 	require.Equal(t, http.StatusTooManyRequests, rec.Code)
@@ -192,7 +156,7 @@ func TestShadow(t *testing.T) {
 	var mu sync.Mutex
 	var outcomes []httplimit.Outcome
 	m, h := newHandler(t, httplimit.Config{
-		Client: newClient(t, srv),
+		Client: inboundtest.DirectClient(t, srv),
 		Keys:   []httplimit.Key{{Template: "slow:{header:X-API-Key}"}},
 		Shadow: true,
 		OnDecision: func(r *http.Request, res httplimit.Result) {
@@ -213,7 +177,7 @@ func TestShadow(t *testing.T) {
 
 func TestHeaderModesAndDenyHandler(t *testing.T) {
 	srv := leasetest.Start(t, testRules, leasetest.Options{})
-	c := newClient(t, srv)
+	c := inboundtest.DirectClient(t, srv)
 	var seen httplimit.Result
 	_, h := newHandler(t, httplimit.Config{
 		Client:  c,
@@ -244,13 +208,13 @@ func TestHeaderModesAndDenyHandler(t *testing.T) {
 
 func TestMissingPartIsNotALimit(t *testing.T) {
 	srv := leasetest.Start(t, testRules, leasetest.Options{})
-	m, h := newHandler(t, httplimit.Config{Client: newClient(t, srv), Keys: []httplimit.Key{{Template: "hello:{user}"}}})
+	m, h := newHandler(t, httplimit.Config{Client: inboundtest.DirectClient(t, srv), Keys: []httplimit.Key{{Template: "hello:{user}"}}})
 	rec := get(h, "k")
 	assert.Equal(t, http.StatusUnauthorized, rec.Code)
 	assert.Equal(t, "application/problem+json", rec.Header().Get("Content-Type"))
 	assert.Equal(t, int64(1), m.Stats().Unidentified)
 
-	_, h = newHandler(t, httplimit.Config{Client: newClient(t, srv)})
+	_, h = newHandler(t, httplimit.Config{Client: inboundtest.DirectClient(t, srv)})
 	rec = get(h, "")
 	assert.Equal(t, http.StatusBadRequest, rec.Code)
 	assert.Contains(t, rec.Body.String(), "X-API-Key")
@@ -261,7 +225,7 @@ func TestQueueAdmitsAfterWaiting(t *testing.T) {
 	var res []httplimit.Result
 	var mu sync.Mutex
 	_, h := newHandler(t, httplimit.Config{
-		Client:  newClient(t, srv),
+		Client:  inboundtest.DirectClient(t, srv),
 		Keys:    []httplimit.Key{{Template: "paced:{header:X-API-Key}"}}, // a token per 100 ms
 		MaxWait: 5 * time.Second,
 		OnDecision: func(r *http.Request, rs httplimit.Result) {
@@ -285,7 +249,7 @@ func TestQueueAdmitsAfterWaiting(t *testing.T) {
 func TestQueueRefusesBeyondMaxWait(t *testing.T) {
 	srv := leasetest.Start(t, testRules, leasetest.Options{})
 	_, h := newHandler(t, httplimit.Config{
-		Client:  newClient(t, srv),
+		Client:  inboundtest.DirectClient(t, srv),
 		Keys:    []httplimit.Key{{Template: "paced:{header:X-API-Key}"}},
 		MaxWait: 20 * time.Millisecond, // a token takes 100 ms
 	})
@@ -304,7 +268,7 @@ func TestQueueTimesOut(t *testing.T) {
 	var mu sync.Mutex
 	var res []httplimit.Result
 	_, h := newHandler(t, httplimit.Config{
-		Client:  newClient(t, srv),
+		Client:  inboundtest.DirectClient(t, srv),
 		Keys:    []httplimit.Key{{Template: "second:{header:X-API-Key}"}}, // a token per second
 		MaxWait: 1500 * time.Millisecond,
 		OnDecision: func(r *http.Request, rs httplimit.Result) {
@@ -336,7 +300,7 @@ func TestQueueTimesOut(t *testing.T) {
 
 func TestQueueFullAndCancel(t *testing.T) {
 	srv := leasetest.Start(t, testRules, leasetest.Options{})
-	c := newClient(t, srv)
+	c := inboundtest.DirectClient(t, srv)
 	var mu sync.Mutex
 	var res []httplimit.Result
 	m, h := newHandler(t, httplimit.Config{
@@ -398,26 +362,16 @@ rules:
 	rec := get(h, "k")
 	st := parseField(t, rec.Header(), httplimit.HeaderRateLimit)
 	require.Len(t, st, 1)
-	assert.Equal(t, "100000-per-1m", st[0].name)
-	assert.Less(t, st[0].params["r"], int64(100000))
-	assert.Greater(t, st[0].params["r"], int64(90000))
+	assert.Equal(t, "100000-per-1m", st[0].Name)
+	assert.Less(t, st[0].Params["r"], int64(100000))
+	assert.Greater(t, st[0].Params["r"], int64(90000))
 }
 
 // TestRefusedIsNotRateLimited: a key the lease servers refuse this service
 // (outside its token's key patterns) is a misconfiguration: the middleware
 // answers 503, never a 429 that would send the caller to retry.
 func TestRefusedIsNotRateLimited(t *testing.T) {
-	const token = "s3cret-token"
-	sum := sha256.Sum256([]byte(token))
-	srv := leasetest.Start(t, testRules+`
-clients:
-  - name: api
-    token_sha256: "`+hex.EncodeToString(sum[:])+`"
-    keys: ["hello:*"]
-`, leasetest.Options{})
-	c, err := client.New(client.Config{Servers: []string{srv.URL()}, Token: token})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	c := inboundtest.RestrictedClient(t, testRules, "hello:*")
 	var seen httplimit.Result
 	m, err := httplimit.New(httplimit.Config{
 		Client:     c,

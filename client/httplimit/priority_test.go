@@ -8,6 +8,7 @@ import (
 	"github.com/ratelease/ratelease/client"
 	"github.com/ratelease/ratelease/client/httplimit"
 	"github.com/ratelease/ratelease/e2e/leasetest"
+	"github.com/ratelease/ratelease/internal/inbound/inboundtest"
 	"github.com/stretchr/testify/assert"
 )
 
@@ -20,7 +21,7 @@ rules:
   - {name: api, match: "api:*", limit: 10, period: 1h, reserve: {critical: 20%}}
 `, leasetest.Options{})
 	_, h := newHandler(t, httplimit.Config{
-		Client: newClient(t, srv),
+		Client: inboundtest.DirectClient(t, srv),
 		Keys:   []httplimit.Key{{Template: "api:shared"}},
 		Priority: func(r *http.Request) string {
 			return r.Header.Get("X-Priority")

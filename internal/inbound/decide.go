@@ -1,0 +1,187 @@
+package inbound
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/ratelease/ratelease/client"
+)
+
+// Outcome is what a limiter did with a request.
+type Outcome uint8
+
+// The outcomes. They are untyped, so that httplimit.Outcome's constants,
+// which grpclimit shares, can be these very values.
+const (
+	// OutcomeAllowed: the limit allowed the request at once.
+	OutcomeAllowed = iota
+	// OutcomeDenied: the request was denied.
+	OutcomeDenied
+	// OutcomeShadow: the limit denied the request, and Shadow admitted it.
+	OutcomeShadow
+	// OutcomeWaited: the request waited in the queue and was admitted.
+	OutcomeWaited
+	// OutcomeUnidentified: no key could be made for the request.
+	OutcomeUnidentified
+)
+
+// Verdict is what a limiter must answer to a request Decide decided.
+type Verdict uint8
+
+const (
+	// VerdictAdmit: let the request through. Decided.Outcome is
+	// OutcomeAllowed, OutcomeShadow or OutcomeWaited.
+	VerdictAdmit Verdict = iota
+	// VerdictDeny: the limit denies the request (a 429, a
+	// ResourceExhausted); retry after Decided.Retry.
+	VerdictDeny
+	// VerdictRefused: the lease servers refused this service (Decided.Err,
+	// the Decision's *client.RefusedError): a misconfiguration, not a rate
+	// limit, to be answered as one the caller must not retry.
+	VerdictRefused
+	// VerdictClosing: the client is closing (Decided.Err is
+	// client.ErrClosed).
+	VerdictClosing
+	// VerdictEnded: the request's context ended while it waited
+	// (Decided.Err says how). Decided.Retry and Decided.Fields are set as
+	// for VerdictDeny, for a limiter that answers it as a denial.
+	VerdictEnded
+)
+
+// Decided is Decide's answer: what it decided, for the limiter's Result
+// (whose fields of the same names mean the same), and what to answer.
+type Decided struct {
+	// Verdict is what to answer.
+	Verdict Verdict
+	// Outcome says what happened.
+	Outcome Outcome
+	// Decision is the client's first decision on the request (for a
+	// request that waited, the denial that sent it to the queue).
+	Decision client.Decision
+	// Waited is how long the request spent in the queue.
+	Waited time.Duration
+	// QueueFull is true for a denial because the queue was full.
+	QueueFull bool
+	// Err is why the request was refused or a wait ended without tokens:
+	// the Decision's *client.RefusedError, client.ErrRateLimited, the
+	// request's context error, or client.ErrClosed.
+	Err error
+	// Retry is the delay of a denial (VerdictDeny, VerdictEnded): the
+	// Retry-After to send.
+	Retry time.Duration
+	// Fields says to write the RateLimit fields of Decision.Limits: the
+	// header mode wants them on this answer, and there are some.
+	Fields bool
+	// State says to write the RateLimit field as well as
+	// RateLimit-Policy: false for a request that waited, whose first
+	// decision's state is stale.
+	State bool
+}
+
+// Decide takes cost tokens of keys for one request, counts the outcome
+// (Stats), and says what to answer. It neither logs nor reports: the
+// limiter logs a shadow denial and calls its hook with the Result. A denial is admitted in shadow mode, and otherwise waits in the
+// queue (Config.MaxWait, under a deadline and ctx) when waiting can serve
+// it: not a key the servers refuse, not a closed client, not one whose
+// retry-after is beyond MaxWait, not when the queue is full.
+func (l *Limiter) Decide(ctx context.Context, keys []string, cost int64) (out Decided) {
+	d := l.c.AllowN(ctx, cost, keys...)
+	out.Decision = d
+	switch {
+	case d.Allowed:
+		l.allowed.Add(1)
+		l.admit(&out, OutcomeAllowed, true)
+		return out
+	case d.Err != nil && !l.shadow:
+		// The lease servers refused this service (a wrong token, a key it
+		// may not use): a misconfiguration, not a rate limit.
+		l.denied.Add(1)
+		out.Outcome, out.Err, out.Verdict = OutcomeDenied, d.Err, VerdictRefused
+		return out
+	case d.Source == client.SourceClosed && l.closedFails && !l.shadow:
+		l.denied.Add(1)
+		out.Outcome, out.Err, out.Verdict = OutcomeDenied, client.ErrClosed, VerdictClosing
+		return out
+	case l.shadow:
+		l.shadowed.Add(1)
+		l.admit(&out, OutcomeShadow, true)
+		return out
+	}
+	retry := d.RetryAfter
+	verdict := VerdictDeny
+	if l.queue != nil && queueable(d) && d.RetryAfter <= l.maxWait {
+		select {
+		case l.queue <- struct{}{}:
+			start := time.Now()
+			wctx, cancel := context.WithTimeout(ctx, l.maxWait)
+			err := l.c.WaitN(wctx, cost, keys...)
+			cancel()
+			<-l.queue
+			out.Waited = time.Since(start)
+			if err == nil {
+				l.waited.Add(1)
+				// No decision came with the tokens: the first one's state
+				// would be stale.
+				l.admit(&out, OutcomeWaited, false)
+				return out
+			}
+			out.Err = err
+			if rl, ok := errors.AsType[*client.RateLimitedError](err); ok && rl.RetryAfter > 0 {
+				retry = rl.RetryAfter
+			}
+			switch {
+			case errors.Is(err, client.ErrClosed):
+				l.denied.Add(1)
+				out.Outcome, out.Verdict = OutcomeDenied, VerdictClosing
+				return out
+			case ctx.Err() != nil:
+				// The caller gave up (or its deadline passed) while it
+				// waited.
+				verdict = VerdictEnded
+			}
+		default:
+			out.QueueFull = true
+			l.full.Add(1)
+		}
+	}
+	l.denied.Add(1)
+	out.Outcome, out.Verdict, out.Retry = OutcomeDenied, verdict, retry
+	out.Fields = l.headers != HeadersNone && len(d.Limits) > 0
+	out.State = true
+	return out
+}
+
+// admit makes out an admission with outcome o; state says whether its
+// decision's state is fresh.
+func (l *Limiter) admit(out *Decided, o Outcome, state bool) {
+	out.Outcome, out.Verdict = o, VerdictAdmit
+	out.Fields = l.headers == HeadersAll && len(out.Decision.Limits) > 0
+	out.State = state
+}
+
+// queueable reports whether waiting can help a denial: not for a key the
+// servers refuse, nor a closed client.
+func queueable(d client.Decision) bool {
+	return d.Source != client.SourceDenied && d.Source != client.SourceClosed
+}
+
+// Unidentified counts a request no key could be made for.
+func (l *Limiter) Unidentified() {
+	l.unident.Add(1)
+}
+
+// CeilSeconds rounds d up to whole seconds; 0 for d ≤ 0.
+func CeilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// RetryAfterSeconds is the Retry-After of a wait of d: whole seconds,
+// rounded up, at least 1.
+func RetryAfterSeconds(d time.Duration) string {
+	return strconv.FormatInt(max(CeilSeconds(d), 1), 10)
+}
