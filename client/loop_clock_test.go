@@ -131,6 +131,15 @@ rules:
 	// holds nothing, here or at the server.
 	clk.advance(t, time.Millisecond)
 	require.Eventually(t, func() bool { return c.Stats().KeysHeld == 0 && outstanding() == 0 }, 5*time.Second, time.Millisecond, "returned, not renewed")
+	// The server has it back; the client goes back to direct decisions
+	// once it has applied the answer, at a tick after it.
+	// The loop applies the answer when it arrives and demotes the key at
+	// its next tick: tick until it has.
+	ks := c.state("s:k")
+	for until := time.Now().Add(5 * time.Second); ks.leasing.Load(); {
+		require.True(t, time.Now().Before(until), "back to direct decisions")
+		clk.advance(t, time.Millisecond)
+	}
 
 	// Idle, the key costs no call, however long.
 	calls := c.Stats().ServerCalls
