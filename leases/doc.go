@@ -148,6 +148,27 @@
 // forgotten its open leases: that can admit one extra burst, and nothing
 // in the store can tell.
 //
+// # Owned token buckets
+//
+// A lease server may own a token bucket (own.go has the contract; both
+// stores implement Owning, tokenbucket_own.go and the script's modes own
+// and release). The ownership is recorded beside the level, never apart
+// from it: in memory in the bucket's state, in Redis in the same string,
+// "<level> <clock> <deadline> <contested> <owner>", where level and clock
+// are the owner's L0 and t0 (nothing changes them while it owns the
+// bucket) and PX outlives the deadline by the refill of the whole burst.
+// So a bucket nobody owns costs what it always did: a direct take is
+// still EVALSHA, TIME, GET and SET, and a take refused because the bucket
+// is owned adds at most one SET, for the contested mark
+// (TestRedisTakeCommands). Choices the contract leaves open: an acquire
+// refused for open leases (waiters too) retries once the last of them ends,
+// at most one lease TTL later; a refused lease records no waiter (the
+// bucket stays a string); a refund on an owned bucket is ignored (nothing
+// was taken from it); a snapshot reports the owner, no free token, the
+// most the owner can hold as the level, and the waits as if the ownership
+// expired at its deadline, empty. An ownership lost with its string is a
+// full bucket again, like any bucket lost whole.
+//
 // # Algorithms
 //
 // Each limit names its algorithm, and both stores dispatch on it through

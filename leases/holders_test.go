@@ -185,7 +185,9 @@ func TestRedisMemoryPerBucket(t *testing.T) {
 // TestRedisTakeCommands: a direct take on a bucket with no lease runs what
 // a per-request limiter runs (EVALSHA, TIME, GET, SET with its TTL), a
 // denied one writes nothing, and the check for a lost bucket hash
-// (ZRANGE) runs on a new bucket only when Redis may evict.
+// (ZRANGE) runs on a new bucket only when Redis may evict. A take refused
+// because a lease server owns the bucket writes only the contested mark,
+// once (SET), and nothing after.
 func TestRedisTakeCommands(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
@@ -194,6 +196,12 @@ func TestRedisTakeCommands(t *testing.T) {
 	// Connect and load the script first: those commands are not a take's.
 	_, err := leases.NewRedisStore(rdb, leases.RedisOptions{}).Take(ctx, []leases.TakeOp{{Key: "warm", Bucket: b, Cost: 1}})
 	require.NoError(t, err)
+	// u:3 is owned by a lease server for a minute.
+	long := b
+	long.LeaseTTL = time.Minute
+	owned, err := leases.NewRedisStore(rdb, leases.RedisOptions{}).Own(ctx, []leases.OwnOp{{Key: "u:3", Bucket: long, Server: "s1"}})
+	require.NoError(t, err)
+	require.True(t, owned[0].Acquired)
 	for _, tc := range []struct {
 		name       string
 		noEviction bool
@@ -205,6 +213,8 @@ func TestRedisTakeCommands(t *testing.T) {
 		{"new bucket, noeviction", true, "u:2", 1, map[string]int64{"evalsha": 1, "time": 1, "get": 1, "set": 1}},
 		{"existing bucket", true, "u:2", 1, map[string]int64{"evalsha": 1, "time": 1, "get": 1, "set": 1}},
 		{"denied", true, "u:2", 1, map[string]int64{"evalsha": 1, "time": 1, "get": 1}},
+		{"owned, first refusal", true, "u:3", 1, map[string]int64{"evalsha": 1, "time": 1, "get": 1, "set": 1}},
+		{"owned, contested already", true, "u:3", 1, map[string]int64{"evalsha": 1, "time": 1, "get": 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := leases.NewRedisStore(rdb, leases.RedisOptions{NoEviction: tc.noEviction})
@@ -221,4 +231,8 @@ func TestRedisTakeCommands(t *testing.T) {
 			assert.Equal(t, tc.want, got)
 		})
 	}
+	out, err := leases.NewRedisStore(rdb, leases.RedisOptions{}).Take(ctx, []leases.TakeOp{{Key: "u:3", Bucket: b, Cost: 1}})
+	require.NoError(t, err)
+	assert.False(t, out[0].Taken, "u:3 is owned: its takes are refused")
+	assert.Equal(t, 100*time.Millisecond, out[0].RetryAfter)
 }

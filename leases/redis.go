@@ -51,8 +51,8 @@ type RedisOptions struct {
 // Every operation on a key runs as one Lua script (one per algorithm,
 // scripts/<algorithm>.lua, embedded) under EVALSHA, atomically, with the time taken from Redis TIME.
 // A bucket with no lease open is a string (rl:{key}: its level and refill
-// clock, written with its TTL in one SET PX, as a per-request limiter
-// writes); with leases open it is a hash that holds the level, the refill
+// clock, and the ownership while a lease server owns it, written with its
+// TTL in one SET PX, as a per-request limiter writes); with leases open it is a hash that holds the level, the refill
 // clock, the open leases and the sums and counts derived from them, plus,
 // beyond 16 leases, a sorted set indexing them by expiry (rl:{key}:z), and,
 // while the key is shared, a sorted set of fair-share clocks (rl:{key}:s). All
@@ -348,7 +348,7 @@ func (s *RedisStore) State(ctx context.Context, key string, b Bucket) (BucketSta
 		return BucketState{}, err
 	}
 	vals, err := cmds[0].Slice()
-	if err != nil || len(vals) != 9 {
+	if err != nil || len(vals) < 9 || len(vals) > 10 {
 		return BucketState{}, fmt.Errorf("redis: %w: bad state reply %v: %v", ErrStoreUnavailable, vals, err)
 	}
 	lvl, _ := strconv.ParseFloat(fmt.Sprint(vals[0]), 64)
@@ -358,10 +358,68 @@ func (s *RedisStore) State(ctx context.Context, key string, b Bucket) (BucketSta
 		n[i], _ = vals[i].(int64)
 	}
 	ms := func(i int) time.Duration { return time.Duration(n[i]) * time.Millisecond }
-	return BucketState{
+	st := BucketState{
 		Level: lvl, Outstanding: n[1], Leases: int(n[2]), Holders: int(n[4]), Free: n[5],
 		Next: ms(6), Full: ms(7), WindowEnd: ms(8), Now: time.UnixMicro(nowUs),
-	}, nil
+	}
+	if len(vals) == 10 {
+		st.Owner = fmt.Sprint(vals[9]) // an owned token bucket
+	}
+	return st, nil
+}
+
+// Own implements Owning: the script's modes own and release (see the
+// header of scripts/token_bucket.lua for where the ownership is kept). A
+// direct take on a bucket nobody owns costs what it always did; a take or
+// a grant refused because the bucket is owned writes at most one SET, to
+// mark the ownership contested. An acquire refused for open leases has a
+// RetryAfter until the last of them ends, at most one lease TTL.
+func (s *RedisStore) Own(ctx context.Context, ops []OwnOp) ([]OwnOutcome, error) {
+	now := s.nowArg()
+	out := make([]OwnOutcome, len(ops))
+	var at []int // the ops the script runs
+	var keys [][]string
+	var args [][]any
+	for i := range ops {
+		op := &ops[i]
+		if algName(&op.Bucket) != TokenBucket {
+			out[i].Err = ErrNotOwnable
+			continue
+		}
+		mode, level := "own", ""
+		if op.Release {
+			mode, level = "release", formatLevel(op.releaseLevel())
+		}
+		at = append(at, i)
+		keys = append(keys, redisKeyList(op.Key, TokenBucket))
+		a := append(bucketArgs(mode, now, &op.Bucket), op.Server, "", level)
+		args = append(args, append(append(a, noOwner[3:]...), s.noEviction))
+	}
+	if len(at) == 0 {
+		return out, nil
+	}
+	cmds, err := s.run(ctx, make([]Algorithm, len(at)), keys, args)
+	if err != nil {
+		return nil, err
+	}
+	for j, c := range cmds {
+		vals, err := c.Slice()
+		if err != nil || len(vals) != 6 {
+			return nil, fmt.Errorf("redis: %w: bad own reply %v: %v", ErrStoreUnavailable, vals, err)
+		}
+		n := make([]int64, 6)
+		for _, k := range []int{0, 1, 3, 4, 5} {
+			n[k], _ = vals[k].(int64)
+		}
+		lvl, _ := strconv.ParseFloat(fmt.Sprint(vals[2]), 64)
+		o := OwnOutcome{Owned: n[0] == 1, Acquired: n[1] == 1, Level: lvl, At: n[3], Contested: n[4] == 1,
+			RetryAfter: time.Duration(n[5]) * time.Millisecond}
+		if o.Owned {
+			o.TTL = ops[at[j]].Bucket.LeaseTTL
+		}
+		out[at[j]] = o
+	}
+	return out, nil
 }
 
 // Ping implements Store.

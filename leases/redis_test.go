@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -102,6 +103,25 @@ type agreeCase struct {
 	// (LeaseOp.Floor, TakeOp.Floor), 0 to the capacity; without it every
 	// floor is 0 and the random sequence is the one it always was.
 	floors bool
+	// owns makes one op in owns an OwnOp (acquire, renewal or release, by
+	// one of two servers, with random levels, bad ones included); 0: none,
+	// and the random sequence is the one it always was.
+	owns int
+}
+
+// randomOwn returns an OwnOp on key: an acquire or renewal two times in
+// three, else a release claiming a random level, some of them out of range
+// or NaN.
+func randomOwn(rng *rand.Rand, key string, b leases.Bucket) leases.OwnOp {
+	op := leases.OwnOp{Key: key, Bucket: b, Server: fmt.Sprint("s", rng.IntN(2))}
+	if rng.IntN(3) == 0 {
+		op.Release = true
+		op.Level = rng.Float64()*float64(b.Burst+2) - 1
+		if rng.IntN(10) == 0 {
+			op.Level = math.NaN()
+		}
+	}
+	return op
 }
 
 // randomFloor returns a priority floor for an op on b: 0 unless c.floors,
@@ -164,6 +184,16 @@ func TestStoresAgree(t *testing.T) {
 		owners:  []string{"x/1", "y/1", "z/1", "x/2", "y/2"},
 		steps:   3000, maxStep: 5 * time.Millisecond, abandon: 6, takes: 4, maxCost: 5,
 		floors: true,
+	}, {
+		// Ownership by lease servers among leases, takes and refunds:
+		// acquires refused for open leases, takes and grants refused on
+		// owned buckets, renewals, releases, expiries.
+		name:    "owned",
+		buckets: []leases.Bucket{tb(7, time.Second, 13, 300*time.Millisecond), tb(100, time.Second, 20, 50*time.Millisecond), tb(3, 7*time.Millisecond, 3, 20*time.Millisecond)},
+		keys:    []string{"a", "b", "c", "d}"},
+		owners:  []string{"x/1", "y/1", "z/1", "x/2", "y/2"},
+		steps:   4000, maxStep: 5 * time.Millisecond, abandon: 6, takes: 3, maxCost: 5,
+		floors: true, owns: 3,
 	}}
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
@@ -185,13 +215,31 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 		g  int64
 	}
 	open := map[string]held{} // owner|key|slot -> lease, as the memory store saw it
-	var settled, expired, waiters, refused, denied int
+	var settled, expired, waiters, refused, denied, acquired, contested, released int
 	for step := range c.steps {
 		clock.Advance(time.Duration(rng.Int64N(int64(c.maxStep))))
 		ki := rng.IntN(len(c.keys))
 		key, b := c.keys[ki], c.buckets[ki%len(c.buckets)]
 		owner := own(c.owners[rng.IntN(len(c.owners))])
 		switch r := rng.IntN(c.takes); {
+		case c.owns > 0 && rng.IntN(c.owns) == 0:
+			op := []leases.OwnOp{randomOwn(rng, key, b)}
+			if op[0].Release {
+				if st, err := mem.State(ctx, key, b); err == nil && st.Owner == op[0].Server {
+					released++
+				}
+			}
+			mo, err := mem.Own(ctx, op)
+			require.NoError(t, err)
+			ro, err := red.Own(ctx, op)
+			require.NoError(t, err)
+			require.Equal(t, mo, ro, "step %d own %+v", step, op[0])
+			if mo[0].Acquired {
+				acquired++
+			}
+			if mo[0].Contested {
+				contested++
+			}
 		case r == 0:
 			op := []leases.TakeOp{{Key: key, Bucket: b, Cost: rng.Int64N(c.maxCost + 1)}}
 			op[0].Floor = c.randomFloor(rng, b)
@@ -250,14 +298,19 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 			require.LessOrEqual(t, ms.Level+float64(ms.Outstanding), float64(b.Burst)+1e-9, "step %d: L + O ≤ burst", step)
 		}
 	}
-	t.Logf("%s: %d settles, %d leases expired or replaced unsettled, %d denials to waiters, %d refused by a cap, %d takes denied",
-		c.name, settled, expired, waiters, refused, denied)
+	t.Logf("%s: %d settles, %d leases expired or replaced unsettled, %d denials to waiters, %d refused by a cap, %d takes denied, %d ownerships acquired, %d contested, %d released",
+		c.name, settled, expired, waiters, refused, denied, acquired, contested, released)
 	// Each case must reach the paths it is for.
 	require.Positive(t, settled)
 	require.Positive(t, expired)
 	require.Positive(t, waiters)
 	if c.limits != (leases.LeaseLimits{}) {
 		require.Positive(t, refused)
+	}
+	if c.owns > 0 {
+		require.Positive(t, acquired)
+		require.Positive(t, contested)
+		require.Positive(t, released)
 	}
 }
 

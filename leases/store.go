@@ -229,12 +229,14 @@ type TakeOutcome struct {
 // lease running to its expiry unsettled.
 type BucketState struct {
 	// Level is, for a token bucket, the number of tokens in the bucket,
-	// refilled to Now; for a window algorithm, what the window still
-	// admits (the limit less the count or estimate); for a leaky bucket,
-	// the length of its queue in slots (0 when empty).
+	// refilled to Now (while a lease server owns it, the most the owner
+	// can hold: the level at the acquisition and the refill since, under
+	// the burst); for a window algorithm, what the window still admits
+	// (the limit less the count or estimate); for a leaky bucket, the
+	// length of its queue in slots (0 when empty).
 	Level float64
 	// Free is the number of whole tokens a take could take now: an
-	// outcome's Remaining.
+	// outcome's Remaining (zero while a lease server owns the bucket).
 	Free int64
 	// Outstanding is the number of tokens granted in open leases.
 	Outstanding int64
@@ -282,6 +284,10 @@ type BucketState struct {
 	WindowEnd time.Duration
 	// Now is the store's clock at the snapshot.
 	Now time.Time
+	// Owner is the lease server owning the token bucket (OwnOp.Server),
+	// empty when none does. Next and Full then assume that the ownership
+	// expires at its deadline, which empties the bucket.
+	Owner string
 }
 
 // Store keeps the global buckets and leases. Implementations must be safe

@@ -46,6 +46,13 @@ import (
 // the share, and the processes that keep their leases keep all the refill.
 // A waiter's lease is not reported (no lease ID, not counted as expired) and
 // cannot be settled.
+//
+// A lease server may own the bucket (own.go): while it does, level and t
+// are frozen at the acquisition (they are L0 and t0) and no call changes
+// them; takes and grants are refused (see ownedTake), a refund is ignored,
+// and no lease can be open (an acquisition needs none, and grants are
+// refused). An ownership found past its deadline by any call ends first:
+// L = 0, t = deadline, then the call runs as on any bucket.
 
 // epsilon absorbs floating-point error when comparing a level with a whole
 // number of tokens.
@@ -214,6 +221,16 @@ type tbState struct {
 	// one changes no answer.
 	shares map[Owner]float64
 	bucket Bucket // parameters of the last operation, for the idle sweep
+	// owner is the lease server owning the bucket, nil when none.
+	owner *tbOwner
+}
+
+// tbOwner is a lease server's ownership of a token bucket. Its L0 and t0
+// are the bucket's level and clock, which nothing changes while it lasts.
+type tbOwner struct {
+	server    string
+	deadline  int64 // µs
+	contested bool  // a take or a grant was refused since the last renewal
 }
 
 func (s *tbState) algorithm() Algorithm { return TokenBucket }
@@ -411,6 +428,10 @@ func microsToRetry(us int64) time.Duration {
 // lease settles and grants per op at time now (µs).
 func (s *tbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOutcome {
 	s.bucket = *b
+	s.endOwnership(now)
+	if s.owner != nil {
+		return s.ownedLease(b, op, now)
+	}
 	var o LeaseOutcome
 	o.Expired = s.advance(b, now)
 	ref := leaseRef{owner, op.Slot}
@@ -538,6 +559,10 @@ func (s *tbState) reset(b *Bucket) time.Duration {
 // the bucket.
 func (s *tbState) take(b *Bucket, cost, floor int64, maxDelay time.Duration, now int64) TakeOutcome {
 	s.bucket = *b
+	ended := s.endOwnership(now)
+	if s.owner != nil {
+		return s.ownedTake(b, now)
+	}
 	var o TakeOutcome
 	level, last, open := s.level, s.last, len(s.leases)
 	o.Expired = s.advance(b, now)
@@ -550,11 +575,11 @@ func (s *tbState) take(b *Bucket, cost, floor int64, maxDelay time.Duration, now
 	o.Remaining = s.remaining()
 	o.Reset = s.reset(b)
 	o.At = now
-	if !o.Taken && len(s.leases) == open {
-		// A denial that closed nothing changes nothing. The Redis store
-		// writes nothing then, and the next refill from the stored state
-		// is computed over the whole gap: keep the same state here, so
-		// that both stores round alike.
+	if !o.Taken && len(s.leases) == open && !ended {
+		// A denial that closed nothing (no lease, no ownership) changes
+		// nothing. The Redis store writes nothing then, and the next
+		// refill from the stored state is computed over the whole gap:
+		// keep the same state here, so that both stores round alike.
 		s.level, s.last = level, last
 	}
 	return o
@@ -563,6 +588,11 @@ func (s *tbState) take(b *Bucket, cost, floor int64, maxDelay time.Duration, now
 // refund puts back cost tokens taken by take.
 func (s *tbState) refund(b *Bucket, cost int64, _ int64, now int64) {
 	s.bucket = *b
+	if s.endOwnership(now); s.owner != nil {
+		// Nothing was taken from an owned bucket: the take this refund
+		// names was made before the ownership, whose L0 counts it.
+		return
+	}
 	s.advance(b, now)
 	s.level = max(0, min(s.level+float64(cost), float64(b.Burst-s.out)))
 }
@@ -570,6 +600,9 @@ func (s *tbState) refund(b *Bucket, cost int64, _ int64, now int64) {
 // idle reports whether the bucket is full with no open lease at now, which
 // is the same as no state at all.
 func (s *tbState) idle(now int64) bool {
+	if s.endOwnership(now); s.owner != nil {
+		return false // the record of a live ownership
+	}
 	s.advance(&s.bucket, now)
 	return len(s.leases) == 0 && s.level+epsilon >= float64(s.bucket.Burst)
 }
@@ -579,6 +612,12 @@ func (s *tbState) snapshot(b *Bucket, now int64) BucketState {
 	// Replay the expiries on copies: only level, clock and outstanding
 	// change, and the order is the heap's.
 	level, last, out := s.level, s.last, s.out
+	if w := s.owner; w != nil {
+		if w.deadline > now {
+			return s.ownedSnapshot(b, now)
+		}
+		level, last = 0, w.deadline // the ownership's end, as the next call applies it
+	}
 	expired := s.byExp.expiredBy(now)
 	for _, l := range expired {
 		cp := tbState{level: level, last: last, out: out}

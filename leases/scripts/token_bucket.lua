@@ -5,7 +5,14 @@
 -- KEYS[1] H  the bucket: while no lease is open, a string
 --            "<level> <refill clock µs>" written with SET PX (one command
 --            for the state and its TTL, as a per-request limiter writes);
---            while any is, a hash:
+--            while a lease server owns it (own.go), the same string with
+--            the ownership after it: "<level> <refill clock µs> <deadline
+--            µs> <contested 0|1> <owner>" (the owner last, as it may hold
+--            spaces), where level and clock are the owner's L0 and t0,
+--            which nothing changes while it lasts, and PX outlives the
+--            deadline by the refill of the whole burst (an expiry empties
+--            the bucket at the deadline); while any lease is open, a hash
+--            (never while owned):
 --              l  level (shortest round-trip decimal)
 --              t  refill clock (µs)
 --              o  outstanding: Σ granted over the open leases  \ present only
@@ -29,10 +36,16 @@
 --          retry ms (−1: never), remaining, expired, reset ms, delay ms,
 --          now µs (the take's time, which a refund names in ARGV[10])};
 --          refund {}; state {level, outstanding, open leases, now µs,
---          holders, free, next ms, full ms, window end ms} (BucketState).
+--          holders, free, next ms, full ms, window end ms} (BucketState),
+--          and the owner after them while the bucket is owned.
 --          Every algorithm's script takes these keys and arguments and
---          answers in these shapes (see algorithm.go).
--- ARGV     1 mode (lease|take|refund|state), 2 now µs ("" = Redis TIME),
+--          answers in these shapes (see algorithm.go); only this one has
+--          the modes own and release (OwnOp), which answer {owned (0|1),
+--          acquired (0|1), level (a decimal string: the bucket's L0 when
+--          acquired, else "0"), now µs, contested (0|1), retry ms}; for
+--          them ARGV[7] is the server and ARGV[9] the released level (a
+--          decimal string, finite, 0 to burst: OwnOp.releaseLevel).
+-- ARGV     1 mode (lease|take|refund|state|own|release), 2 now µs ("" = Redis TIME),
 --          3 limit, 4 period µs, 5 burst, 6 lease ttl µs, 7 client,
 --          8 process, 9 want or cost, 10 lease id to settle, 11 used,
 --          12 new lease id, 13 slot (0 or 1), 14 max open leases per key,
@@ -135,11 +148,19 @@ else
     raw = r
   end
 end
+-- The ownership of the bucket by a lease server, when the string records
+-- one: the owner, its deadline (µs) and its contested mark ('0' or '1').
+local ow, odl, ocon = nil, 0, '0'
 if not is_hash then
   st = {}
   for i = 1, 11 do st[i] = false end
   if raw then
-    local l, t = string.match(raw, '^(%S+) (%d+)$')
+    local l, t, d, c, w = string.match(raw, '^(%S+) (%d+) (%d+) ([01]) (.*)$')
+    if l then
+      ow, odl, ocon = w, tonumber(d), c
+    else
+      l, t = string.match(raw, '^(%S+) (%d+)$')
+    end
     st[1], st[2] = l, t
   end
 end
@@ -203,6 +224,12 @@ else
       redis.call('ZADD', Z, string.format('%d', e), 'g|')
     end
   end
+end
+if ow and odl <= now then
+  -- The ownership expired unrenewed: the bucket is empty at its deadline
+  -- and refills from there (tokenbucket_own.go, endOwnership).
+  level, last, ow = 0, odl, nil
+  changed = true
 end
 if mode == 'lease' then
   recs[field] = st[8]
@@ -395,7 +422,6 @@ if n > 0 then
     expire()
   end
 end
-refill_to(now)
 
 local function remaining()
   if level <= 0 then return 0 end
@@ -404,6 +430,12 @@ end
 
 local function microsceil(tokens)
   return math.ceil(tokens / rate - 1e-6)
+end
+
+-- us_ms rounds a wait of us µs up to whole ms (microsToRetry).
+local function us_ms(us)
+  if us <= 0 then return 0 end
+  return math.floor((us + 999) / 1000)
 end
 
 -- refill_ms is the time, in whole ms rounded up, the refill takes to add
@@ -465,8 +497,7 @@ local function retry_after(target)
       if w > wait then wait = w end
     end
   end
-  if wait <= 0 then return 0 end
-  return math.floor((wait + 999) / 1000)
+  return us_ms(wait)
 end
 
 -- ensure_hash makes the bucket a hash before a lease field is written:
@@ -482,9 +513,12 @@ local shares_touched = false
 local function save()
   -- The state outlives every open lease and then the refill to full: a
   -- full bucket with no lease is the same as no state.
+  -- An owned bucket outlives its deadline and then the refill from empty.
   local us
   if n > 0 then
     us = maxexp - now + burst / rate
+  elseif ow then
+    us = odl - now + burst / rate
   else
     us = (burst - level) / rate
   end
@@ -495,7 +529,9 @@ local function save()
     -- No lease open: the bucket is a string, written with its TTL. A hash
     -- left from the leases is dropped whole (its counts are all zero).
     if is_hash then redis.call('DEL', H) end
-    redis.call('SET', H, fmtf(level) .. ' ' .. string.format('%d', last), 'PX', px)
+    local v = fmtf(level) .. ' ' .. string.format('%d', last)
+    if ow then v = v .. ' ' .. string.format('%d', odl) .. ' ' .. ocon .. ' ' .. ow end
+    redis.call('SET', H, v, 'PX', px)
     return
   end
   ensure_hash()
@@ -556,6 +592,71 @@ local function holders()
     end
   end
   return k
+end
+
+if ow then
+  -- A live ownership (tokenbucket_own.go): level and clock are the owner's
+  -- L0 and t0 and stay so. Waits assume it expires at its deadline, empty.
+  local function owned_ms(tk) return us_ms(odl - now + microsceil(tk)) end
+  if mode == 'state' then
+    refill_to(now) -- the most the owner can hold
+    return { fmtf(level), 0, 0, string.format('%d', now), 0, 0, owned_ms(1), owned_ms(burst), 0, ow }
+  end
+  if mode == 'own' then
+    if ow ~= ARGV[7] then return { 0, 0, '0', now, 0, us_ms(odl - now) } end
+    local contested = 0
+    if ocon == '1' then contested = 1 end
+    odl, ocon = now + ttl, '0'
+    save()
+    return { 1, 0, '0', now, contested, 0 }
+  end
+  if mode == 'release' then
+    if ow == ARGV[7] then
+      -- At most L0 and the refill since t0, under the burst, at now.
+      ow = nil
+      refill_to(now)
+      local rl = tonumber(ARGV[9])
+      if rl < level then level = rl end
+      save()
+    end
+    return { 0, 0, '0', now, 0, 0 }
+  end
+  if mode == 'refund' then return {} end -- nothing was taken while owned
+  if mode == 'lease' and ARGV[10] ~= '' then return { 1, 0, 0, 0, 0, 0, 0 } end -- no lease is open
+  -- A take, or a lease asking for tokens, is refused and marks the
+  -- ownership contested (one SET, the first time); a lease of nothing is
+  -- answered alone.
+  local retry = 0
+  if mode == 'take' or tonumber(ARGV[9]) > 0 then
+    local d = odl - now
+    if d > 100000 then d = 100000 end
+    retry = us_ms(d)
+    if ocon == '0' then
+      ocon = '1'
+      save()
+    end
+  end
+  if mode == 'take' then return { 0, retry, 0, 0, owned_ms(burst), 0, now } end
+  return { 0, 0, retry, 0, 1, 0, 0, owned_ms(burst), 0 }
+end
+refill_to(now)
+
+if mode == 'own' then
+  if n > 0 then
+    -- Open leases: retry once the last of them ends, at most a lease TTL.
+    if changed then save() end
+    local w = maxexp - now
+    if w > ttl then w = ttl end
+    return { 0, 0, '0', now, 0, us_ms(w) }
+  end
+  ow, odl, ocon = ARGV[7], now + ttl, '0'
+  save()
+  return { 1, 1, fmtf(level), now, 0, 0 }
+end
+if mode == 'release' then
+  -- Not the owner's: nothing changes (but what this call closed).
+  if changed then save() end
+  return { 0, 0, '0', now, 0, 0 }
 end
 
 if mode == 'state' then

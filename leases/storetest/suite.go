@@ -126,6 +126,7 @@ func Run(t *testing.T, newStore Factory, opts Options) {
 	t.Run("PrioritySaturation", func(t *testing.T) {
 		testPrioritySaturation(t, newFixture(t, newStore), min(opts.ConcurrentTicks, 3000))
 	})
+	t.Run("Own", func(t *testing.T) { runOwn(t, newStore, opts) })
 }
 
 func testGrantSettleReturn(t *testing.T, f *fixture) {

@@ -1,0 +1,149 @@
+package leases
+
+import (
+	"strconv"
+	"time"
+)
+
+// This file is the ownership of a token bucket by a lease server (own.go)
+// in Go, as the memory store runs it; scripts/token_bucket.lua (modes own
+// and release, and the owned branch of the others) is its Redis twin, with
+// the same floating-point operations in the same order.
+//
+// The record of an ownership is the owner, its deadline and whether it was
+// contested; its L0 and t0 are the bucket's own level and refill clock,
+// which no call changes while the ownership lasts. So a bucket that is not
+// owned carries nothing more, and costs what it always did.
+
+// ownedRetryMax is the longest RetryAfter of a take or a grant refused
+// because the bucket is owned: the owner may release it sooner.
+const ownedRetryMax = 100 * time.Millisecond
+
+// releaseLevel returns the level op's release claims, made safe: NaN, a
+// negative level and zero claim nothing, a level above the burst claims the
+// burst. The release caps it further (see tbState.own); both stores apply
+// it before anything else, so bad input never reaches a bucket.
+func (op *OwnOp) releaseLevel() float64 {
+	switch l := op.Level; {
+	case !(l > 0): // NaN too
+		return 0
+	case l > float64(op.Bucket.Burst):
+		return float64(op.Bucket.Burst)
+	default:
+		return l
+	}
+}
+
+// formatLevel writes a level as the shortest decimal that reads back as
+// the same float64, for the Lua script.
+func formatLevel(l float64) string { return strconv.FormatFloat(l, 'g', -1, 64) }
+
+// endOwnership ends an ownership whose deadline is at or before now,
+// unrenewed and unreleased: the bucket is empty at the deadline and refills
+// from there, as if the owner had spent all it could. It reports whether it
+// ended one.
+func (s *tbState) endOwnership(now int64) bool {
+	w := s.owner
+	if w == nil || w.deadline > now {
+		return false
+	}
+	s.level, s.last, s.owner = 0, w.deadline, nil
+	return true
+}
+
+// own acquires, renews or releases op.Server's ownership at now; level is
+// op.releaseLevel().
+func (s *tbState) own(b *Bucket, op *OwnOp, level float64, now int64) OwnOutcome {
+	s.bucket = *b
+	o := OwnOutcome{At: now}
+	ttl := b.LeaseTTL.Microseconds()
+	ended := s.endOwnership(now)
+	if w := s.owner; w != nil {
+		switch {
+		case w.server != op.Server:
+			// Another server's: refused, or a release that changes nothing.
+			if !op.Release {
+				o.RetryAfter = microsToRetry(w.deadline - now)
+			}
+		case op.Release:
+			// At most what the owner could have left: L0 and the refill
+			// since t0, under the burst; the clock is the store's now.
+			s.owner = nil
+			s.refillTo(b, now)
+			if level < s.level {
+				s.level = level
+			}
+		default:
+			w.deadline = now + ttl
+			o.Owned, o.TTL, o.Contested = true, b.LeaseTTL, w.contested
+			w.contested = false
+		}
+		return o
+	}
+	lvl, last, open := s.level, s.last, len(s.leases)
+	s.advance(b, now)
+	if !op.Release {
+		if len(s.leases) == 0 {
+			s.owner = &tbOwner{server: op.Server, deadline: now + ttl}
+			o.Owned, o.Acquired, o.Level, o.TTL = true, true, s.level, b.LeaseTTL
+			return o
+		}
+		// Open leases: until the last of them ends, at most one lease TTL.
+		o.RetryAfter = microsToRetry(min(s.maxExp-now, ttl))
+	}
+	if len(s.leases) == open && !ended {
+		// Nothing closed, nothing to write (the Redis store writes
+		// nothing): keep the state the next refill starts from, as take.
+		s.level, s.last = lvl, last
+	}
+	return o
+}
+
+// refuse refuses a take or a grant on the owned bucket at now: it marks the
+// ownership contested and returns the RetryAfter, until the deadline and at
+// most ownedRetryMax.
+func (s *tbState) refuse(now int64) time.Duration {
+	s.owner.contested = true
+	return microsToRetry(min(s.owner.deadline-now, ownedRetryMax.Microseconds()))
+}
+
+// ownedWait returns the time until the owned bucket holds tokens if
+// nothing happens meanwhile: the ownership then expires at its deadline,
+// empty, and refills from there.
+func (s *tbState) ownedWait(b *Bucket, tokens float64, now int64) time.Duration {
+	return microsToRetry(s.owner.deadline - now + microsCeil(tokens, b.ratePerMicro()))
+}
+
+// ownedTake answers a take on the owned bucket: refused. The store cannot
+// tell what the owner has left: Remaining is 0, Reset the wait until whole
+// should the ownership expire.
+func (s *tbState) ownedTake(b *Bucket, now int64) TakeOutcome {
+	return TakeOutcome{RetryAfter: s.refuse(now), Reset: s.ownedWait(b, float64(b.Burst), now), At: now}
+}
+
+// ownedLease answers a lease op on the owned bucket: no lease is open to
+// settle, and a grant is refused (no waiter is recorded: the bucket stays a
+// plain record); asking for nothing is answered and marks nothing.
+func (s *tbState) ownedLease(b *Bucket, op *LeaseOp, now int64) LeaseOutcome {
+	if op.LeaseID != "" {
+		return LeaseOutcome{Err: ErrUnknownLease}
+	}
+	o := LeaseOutcome{Holders: 1, Reset: s.ownedWait(b, float64(b.Burst), now)}
+	if op.Want > 0 {
+		o.RetryAfter = s.refuse(now)
+	}
+	return o
+}
+
+// ownedSnapshot is the snapshot of the owned bucket at now: the owner, the
+// most it can hold (L0 and the refill since t0, under the burst: what a
+// release could bring back now), nothing free (takes are refused), and
+// Next and Full as if the ownership expired at its deadline.
+func (s *tbState) ownedSnapshot(b *Bucket, now int64) BucketState {
+	cp := tbState{level: s.level, last: s.last}
+	cp.refillTo(b, now)
+	return BucketState{
+		Level: cp.level, Owner: s.owner.server,
+		Next: s.ownedWait(b, 1, now), Full: s.ownedWait(b, float64(b.Burst), now),
+	}
+}
