@@ -117,6 +117,13 @@ func New(opts Options) (*Server, error) {
 			}
 		}
 	}
+	if st, ok := opts.Store.(owningStats); ok {
+		for _, c := range owningCollectors(st) {
+			if err := opts.Registry.Register(c); err != nil {
+				return nil, fmt.Errorf("server: register metrics (give every Server its own Registry): %w", err)
+			}
+		}
+	}
 	ops, err := newOperator(opts.Registry, opts.Peers, opts.Now)
 	if err != nil {
 		return nil, err

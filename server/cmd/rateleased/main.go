@@ -13,6 +13,7 @@
 //	-rules                RATELEASED_RULES                rules file; empty: no rules, every key unlimited
 //	-redis                RATELEASED_REDIS                redis:// or rediss:// URL; empty: memory store
 //	-redis-cluster        RATELEASED_REDIS_CLUSTER        the -redis URL names a Redis Cluster
+//	-own-keys             RATELEASED_OWN_KEYS             with -redis, own hot keys' token buckets and decide them from memory (default true)
 //	-insecure             RATELEASED_INSECURE             allow a non-loopback address without clients
 //	-log-level            RATELEASED_LOG_LEVEL            debug, info, warn or error (default info)
 //	-log-format           RATELEASED_LOG_FORMAT           text or json (default text)

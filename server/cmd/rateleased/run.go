@@ -112,6 +112,7 @@ type config struct {
 	rules           string
 	redisURL        string
 	redisCluster    bool
+	ownKeys         bool // own hot token buckets (leases.OwningStore)
 	insecure        bool
 	logLevel        slog.Level
 	logFormat       string
@@ -306,12 +307,21 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger) (leases.Store,
 	// Seen to run noeviction at start, Redis cannot lose part of a bucket,
 	// and the store skips that check (a command per new bucket). Changing
 	// the policy later needs a restart of rateleased to check again.
-	s := leases.NewRedisStore(rdb, leases.RedisOptions{NoEviction: noEviction})
+	var s leases.Store = leases.NewRedisStore(rdb, leases.RedisOptions{NoEviction: noEviction})
+	if cfg.ownKeys {
+		owning, err := leases.NewOwningStore(s, leases.OwningOptions{Logger: log})
+		if err != nil {
+			_ = s.Close()
+			_ = rdb.Close()
+			return nil, nil, nil, nil, err
+		}
+		s = owning
+	}
 	release := func() {
-		_ = s.Close()
+		_ = s.Close() // an OwningStore hands back what it owns first
 		_ = rdb.Close()
 	}
-	return s, rdb, []any{"store", "redis", "redis", addr, "redis_cluster", cfg.redisCluster}, release, nil
+	return s, rdb, []any{"store", "redis", "redis", addr, "redis_cluster", cfg.redisCluster, "own_keys", cfg.ownKeys}, release, nil
 }
 
 func newLogger(cfg config, w io.Writer) *slog.Logger {
@@ -328,10 +338,10 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 	fs.SetOutput(stderr)
 	var envErrs []error
 	str := func(name, def string) string { return cmp.Or(env(name), def) }
-	boolean := func(name string) bool {
+	booleanOr := func(name string, def bool) bool {
 		v := env(name)
 		if v == "" {
-			return false
+			return def
 		}
 		b, err := strconv.ParseBool(v)
 		if err != nil {
@@ -339,6 +349,7 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 		}
 		return b
 	}
+	boolean := func(name string) bool { return booleanOr(name, false) }
 	duration := func(name string, def time.Duration) time.Duration {
 		v := env(name)
 		if v == "" {
@@ -375,6 +386,8 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 		"Redis `URL` (redis:// or rediss://) to share buckets across servers; empty: in-memory store (env RATELEASED_REDIS)")
 	fs.BoolVar(&cfg.redisCluster, "redis-cluster", boolean("RATELEASED_REDIS_CLUSTER"),
 		"the -redis URL names a Redis Cluster; list more seed nodes as ?addr=host:port (env RATELEASED_REDIS_CLUSTER)")
+	fs.BoolVar(&cfg.ownKeys, "own-keys", booleanOr("RATELEASED_OWN_KEYS", true),
+		"with -redis, own the token bucket of a key this server decides many direct takes of, and decide them from memory (one Redis call per half lease TTL, not one per decision; see leases.OwningStore); false: every take goes to Redis (env RATELEASED_OWN_KEYS)")
 	fs.BoolVar(&cfg.insecure, "insecure", boolean("RATELEASED_INSECURE"),
 		"allow listening on a non-loopback address without client authentication (env RATELEASED_INSECURE)")
 	fs.StringVar(&level, "log-level", str("RATELEASED_LOG_LEVEL", "info"),

@@ -1,0 +1,647 @@
+package leases
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// OwningOptions configure an OwningStore. Every zero value means the
+// documented default.
+type OwningOptions struct {
+	// Server names this lease server as an owner; it must differ between
+	// the servers sharing the store. Default: "server-" and 16 random hex
+	// digits.
+	Server string
+	// MinTakes is how many takes of one key this server must decide within
+	// one lease TTL (the key's Bucket.LeaseTTL) before it tries to own the
+	// key's bucket. Default 16.
+	MinTakes int
+	// Interval is the tick of the loop that acquires, renews and releases
+	// ownerships. Default 20ms.
+	Interval time.Duration
+	// MaxKeys is the most buckets owned at once. Default 10,000.
+	MaxKeys int
+	// Logger receives the store's logs; nil discards them.
+	Logger *slog.Logger
+
+	// now returns a monotonic clock in µs (tests drive it); nil means the
+	// process's monotonic clock.
+	now func() int64
+	// manual leaves the loop to the tests (step), instead of a goroutine.
+	manual bool
+}
+
+// OwningStore is a Store that owns the token buckets of the keys this
+// server decides most by direct takes, and decides their takes from memory
+// (see Owning for the contract with the store underneath): a key asked
+// hundreds of times a second through one server costs one store call per
+// half a lease TTL instead of one per decision, and answers without a
+// round trip to Redis. It decides exactly as the store would (same
+// arithmetic, the tbState of the memory store), so no admission is lost or
+// added against a bucket fed the same requests; the refill it credits
+// lags the store's clock, never leads it.
+//
+// A key is owned once this server decided MinTakes of its takes within a
+// lease TTL, while no lease is open on it; the ownership is renewed at half
+// its TTL while the key is used, and released (its level handed back) when
+// it is not, when its rule's bucket changes, when a client asks this server
+// for a lease on it, or when another server was refused a take or a lease
+// on it (the store reports the ownership contested at the renewal). After a
+// contested or lease-wanted release the key is not owned again for a
+// while. Routing a key's direct takes to one server (the SDK does,
+// rendezvous hashing over its servers) makes one server see all of them.
+//
+// Only token_bucket buckets are owned; every other operation goes to the
+// store underneath, which must implement Owning.
+type OwningStore struct {
+	inner Store
+	own   Owning
+	opts  OwningOptions
+	now   func() int64 // µs, monotonic
+
+	mu   sync.Mutex
+	keys map[string]*ownedKey // guarded by mu: every key known
+	// due lists the candidates that reached MinTakes, and active the keys
+	// acquiring, owned or releasing: the loop visits these only (guarded
+	// by mu).
+	due    map[string]*ownedKey
+	active map[string]*ownedKey
+	// lastSweep is when keys was last swept of stale candidates.
+	lastSweep int64
+
+	stats struct {
+		local, acquired, released, contested, lost atomic.Int64
+	}
+	stop chan struct{}
+	done chan struct{}
+}
+
+// ownState is the stage of one key in an OwningStore.
+type ownState int
+
+const (
+	ownNone      ownState = iota // a candidate: takes are counted, decided by the store
+	ownAcquiring                 // an acquisition is in flight: takes wait for it
+	ownOwned                     // decided here
+	ownReleasing                 // a release is in flight: takes wait for it
+)
+
+// ownedKey is the state of one key: its demand while a candidate, its
+// bucket while owned. Guarded by OwningStore.mu.
+type ownedKey struct {
+	state ownState
+	// While a candidate: takes counted since windowStart.
+	takes       int
+	windowStart int64
+	cooldown    int64 // not owned again before this
+	// While owned.
+	tb        tbState // the bucket, its clock (last) in local µs
+	deadline  int64   // local µs: decide nothing from then on
+	renewAt   int64   // local µs
+	renewing  bool    // a renewal is in flight (decisions go on)
+	lastUse   int64   // local µs of the last local decision
+	contested bool    // release at the next tick
+	release   bool    // release at the next tick (lease wanted, bucket changed)
+	sentAt    int64   // local µs the op in flight was sent
+	offset    int64   // store clock (µs since the epoch) less the local clock, as of the acquisition
+	// forwarded counts this key's takes sent to the store and not yet
+	// answered: no acquisition is sent while one is (the store would
+	// refuse it as contested).
+	forwarded int
+	// wait is closed when an acquisition, renewal or release in flight
+	// completes.
+	wait chan struct{}
+}
+
+// NewOwningStore returns an OwningStore over inner, which must implement
+// Owning, and starts its loop; Close stops it, releases what it owns, and
+// closes inner.
+func NewOwningStore(inner Store, opts OwningOptions) (*OwningStore, error) {
+	own, ok := inner.(Owning)
+	if !ok {
+		return nil, fmt.Errorf("leases: %T cannot be owned (it does not implement Owning)", inner)
+	}
+	if opts.Server == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		opts.Server = "server-" + hex.EncodeToString(b[:])
+	}
+	if opts.MinTakes <= 0 {
+		opts.MinTakes = 16
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = 20 * time.Millisecond
+	}
+	if opts.MaxKeys <= 0 {
+		opts.MaxKeys = 10_000
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &OwningStore{inner: inner, own: own, opts: opts, now: opts.now, keys: make(map[string]*ownedKey),
+		due: make(map[string]*ownedKey), active: make(map[string]*ownedKey), stop: make(chan struct{}), done: make(chan struct{})}
+	if s.now == nil {
+		base := time.Now()
+		s.now = func() int64 { return time.Since(base).Microseconds() }
+	}
+	if opts.manual {
+		close(s.done)
+	} else {
+		go s.loop()
+	}
+	return s, nil
+}
+
+// OwningStats counts what an OwningStore did.
+type OwningStats struct {
+	// Owned is the number of buckets owned now.
+	Owned int
+	// LocalTakes is the number of take operations decided from memory.
+	LocalTakes int64
+	// Acquired, Released and Lost count ownerships begun, handed back, and
+	// lost without a release (not renewed in time, or the store down).
+	Acquired, Released, Lost int64
+	// Contested counts the releases asked for because another server was
+	// refused a take or a lease on an owned key.
+	Contested int64
+}
+
+// Stats returns the store's counts so far.
+func (s *OwningStore) Stats() OwningStats {
+	s.mu.Lock()
+	n := 0
+	for _, k := range s.active {
+		if k.state == ownOwned {
+			n++
+		}
+	}
+	s.mu.Unlock()
+	return OwningStats{Owned: n, LocalTakes: s.stats.local.Load(), Acquired: s.stats.acquired.Load(),
+		Released: s.stats.released.Load(), Lost: s.stats.lost.Load(), Contested: s.stats.contested.Load()}
+}
+
+// ownable reports whether a take on b may be decided by an owner.
+func ownable(b *Bucket) bool { return b.Algorithm == TokenBucket && b.LeaseTTL > 0 }
+
+// Take decides the ops on owned buckets here and passes the others to the
+// store underneath, in one call. An op on a key whose acquisition or
+// release is in flight waits for it (about one store round trip, after at
+// most one tick of the loop).
+func (s *OwningStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, error) {
+	outs := make([]TakeOutcome, len(ops))
+	done := make([]bool, len(ops))
+	for {
+		var wait chan struct{}
+		var fwd []int
+		now := s.now()
+		s.mu.Lock()
+		for i := range ops {
+			if done[i] {
+				continue
+			}
+			op := &ops[i]
+			if !ownable(&op.Bucket) {
+				fwd = append(fwd, i)
+				continue
+			}
+			k, w := s.route(op.Key, &op.Bucket, now)
+			switch {
+			case w != nil:
+				wait = w
+			case k == nil:
+				fwd = append(fwd, i)
+			default:
+				outs[i] = k.tb.take(&op.Bucket, op.Cost, op.Floor, 0, now)
+				outs[i].Expired = 0
+				outs[i].At = now + k.offset
+				k.lastUse = now
+				done[i] = true
+				s.stats.local.Add(1)
+			}
+		}
+		for _, i := range fwd {
+			if k := s.keys[ops[i].Key]; k != nil && ownable(&ops[i].Bucket) {
+				k.forwarded++
+			}
+		}
+		s.mu.Unlock()
+		if len(fwd) > 0 {
+			sub := make([]TakeOp, len(fwd))
+			for j, i := range fwd {
+				sub[j] = ops[i]
+			}
+			res, err := s.inner.Take(ctx, sub)
+			s.mu.Lock()
+			for _, i := range fwd {
+				if k := s.keys[ops[i].Key]; k != nil && ownable(&ops[i].Bucket) && k.forwarded > 0 {
+					k.forwarded--
+				}
+			}
+			s.mu.Unlock()
+			if err != nil {
+				return nil, err
+			}
+			for j, i := range fwd {
+				outs[i] = res[j]
+				done[i] = true
+			}
+		}
+		if wait == nil {
+			return outs, nil
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: %w", ErrStoreUnavailable, ctx.Err())
+		}
+	}
+}
+
+// route says how an op on key is decided now: here (k, the owned key), by
+// the store (nil, nil; the take is counted as demand), or after an op in
+// flight (the channel to wait on). Called with mu held.
+func (s *OwningStore) route(key string, b *Bucket, now int64) (*ownedKey, chan struct{}) {
+	k := s.keys[key]
+	if k == nil {
+		k = &ownedKey{windowStart: now}
+		s.keys[key] = k
+	}
+	switch k.state {
+	case ownNone:
+		s.count(key, k, b, now)
+		return nil, nil
+	case ownAcquiring, ownReleasing:
+		return nil, s.waitFor(k)
+	}
+	if k.tb.bucket != *b {
+		// The rule changed: hand the bucket back, then decide by the
+		// store.
+		k.release = true
+		return nil, s.waitFor(k)
+	}
+	if now >= k.deadline {
+		if k.renewing {
+			return nil, s.waitFor(k)
+		}
+		s.lose(key, k, now)
+		s.count(key, k, b, now)
+		return nil, nil
+	}
+	return k, nil
+}
+
+// count adds a take to a candidate key's demand; a key with MinTakes in one
+// lease TTL is acquired at the next tick. Called with mu held.
+func (s *OwningStore) count(key string, k *ownedKey, b *Bucket, now int64) {
+	if now-k.windowStart > b.LeaseTTL.Microseconds() {
+		k.windowStart, k.takes = now, 0
+	}
+	k.takes++
+	k.tb.bucket = *b
+	if k.takes >= s.opts.MinTakes && now >= k.cooldown {
+		s.due[key] = k
+	}
+}
+
+// waitFor returns the channel closed when k's op in flight completes,
+// creating it for an op the loop has yet to send.
+func (s *OwningStore) waitFor(k *ownedKey) chan struct{} {
+	if k.wait == nil {
+		k.wait = make(chan struct{})
+	}
+	return k.wait
+}
+
+// lose drops an ownership that ran out unrenewed: the store empties the
+// bucket at its deadline, and this server decides nothing more from it.
+// Called with mu held.
+func (s *OwningStore) lose(key string, k *ownedKey, now int64) {
+	s.stats.lost.Add(1)
+	s.opts.Logger.Warn("ratelease: ownership of a bucket ran out unrenewed", "key", key)
+	s.reset(key, k, now, k.tb.bucket.LeaseTTL.Microseconds())
+}
+
+// reset makes k a candidate again, not acquired before cool has passed,
+// and wakes whoever waits on it. Called with mu held.
+func (s *OwningStore) reset(key string, k *ownedKey, now, cool int64) {
+	w, b, fwd := k.wait, k.tb.bucket, k.forwarded
+	*k = ownedKey{windowStart: now, cooldown: now + cool, forwarded: fwd}
+	k.tb.bucket = b
+	delete(s.active, key)
+	if w != nil {
+		close(w)
+	}
+}
+
+// Refund gives back tokens to owned buckets here, and passes the others to
+// the store underneath; like Take, it waits for an op in flight on its key.
+func (s *OwningStore) Refund(ctx context.Context, ops []TakeOp) error {
+	done := make([]bool, len(ops))
+	for {
+		var fwd []TakeOp
+		var wait chan struct{}
+		now := s.now()
+		s.mu.Lock()
+		for i := range ops {
+			if done[i] {
+				continue
+			}
+			op := &ops[i]
+			k := s.keys[op.Key]
+			switch {
+			case k == nil || k.state == ownNone || !ownable(&op.Bucket):
+			case k.state == ownOwned && now < k.deadline && k.tb.bucket == op.Bucket:
+				k.tb.refund(&op.Bucket, op.Cost, op.At, now)
+				done[i] = true
+				continue
+			case k.state == ownOwned && now >= k.deadline && !k.renewing:
+				// Lost unrenewed: the store's bucket is empty from its
+				// deadline; give back there.
+			default:
+				wait = s.waitFor(k)
+				continue
+			}
+			fwd = append(fwd, *op)
+			done[i] = true
+		}
+		s.mu.Unlock()
+		if len(fwd) > 0 {
+			if err := s.inner.Refund(ctx, fwd); err != nil {
+				return err
+			}
+		}
+		if wait == nil {
+			return nil
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %w", ErrStoreUnavailable, ctx.Err())
+		}
+	}
+}
+
+// Lease releases the owned buckets among ops' keys (a client wants a lease:
+// the key goes back to the store, and is not owned again for a while), then
+// passes ops to the store underneath.
+func (s *OwningStore) Lease(ctx context.Context, owner Owner, ops []LeaseOp) ([]LeaseOutcome, error) {
+	for {
+		var wait chan struct{}
+		s.mu.Lock()
+		for i := range ops {
+			k := s.keys[ops[i].Key]
+			if k == nil || k.state == ownNone {
+				continue
+			}
+			if k.state == ownOwned {
+				k.release = true
+			}
+			wait = s.waitFor(k)
+		}
+		s.mu.Unlock()
+		if wait == nil {
+			return s.inner.Lease(ctx, owner, ops)
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: %w", ErrStoreUnavailable, ctx.Err())
+		}
+	}
+}
+
+// State returns an owned bucket's state from memory (no lease is open on
+// it: Leases, Holders and Outstanding are zero), any other from the store
+// underneath.
+func (s *OwningStore) State(ctx context.Context, key string, b Bucket) (BucketState, error) {
+	now := s.now()
+	s.mu.Lock()
+	if k := s.keys[key]; k != nil && k.state == ownOwned && now < k.deadline && k.tb.bucket == b {
+		st := k.tb.snapshot(&b, now)
+		st.Now = time.UnixMicro(now + k.offset)
+		s.mu.Unlock()
+		return st, nil
+	}
+	s.mu.Unlock()
+	return s.inner.State(ctx, key, b)
+}
+
+// Ping reports whether the store underneath is reachable.
+func (s *OwningStore) Ping(ctx context.Context) error { return s.inner.Ping(ctx) }
+
+// Close stops the loop, releases every owned bucket (within 2 s), and
+// closes the store underneath.
+func (s *OwningStore) Close() error {
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+	}
+	<-s.done
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	s.mu.Lock()
+	for _, k := range s.active {
+		if k.state == ownOwned {
+			k.release = true
+		}
+	}
+	s.due = map[string]*ownedKey{} // acquire nothing more
+	s.mu.Unlock()
+	s.step(ctx)
+	return s.inner.Close()
+}
+
+func (s *OwningStore) loop() {
+	defer close(s.done)
+	t := time.NewTicker(s.opts.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		s.step(ctx)
+		cancel()
+	}
+}
+
+// pendingOwn is one op of a step, with its key.
+type pendingOwn struct {
+	key string
+	k   *ownedKey
+}
+
+// step sends the acquisitions, renewals and releases due now in one store
+// call and applies the answers.
+func (s *OwningStore) step(ctx context.Context) {
+	now := s.now()
+	var ops []OwnOp
+	var at []pendingOwn
+	s.mu.Lock()
+	if now-s.lastSweep > int64(time.Second/time.Microsecond) {
+		s.sweep(now)
+	}
+	for key, k := range s.due {
+		if k.state != ownNone || k.forwarded > 0 || len(s.active) >= s.opts.MaxKeys {
+			if k.state != ownNone {
+				delete(s.due, key)
+			}
+			continue // a take of its own at the store: next tick
+		}
+		delete(s.due, key)
+		if k.takes < s.opts.MinTakes || now < k.cooldown {
+			continue
+		}
+		k.state, k.sentAt, k.takes = ownAcquiring, now, 0
+		s.active[key] = k
+		ops = append(ops, OwnOp{Key: key, Bucket: k.tb.bucket, Server: s.opts.Server})
+		at = append(at, pendingOwn{key, k})
+	}
+	for key, k := range s.active {
+		if k.state != ownOwned {
+			continue
+		}
+		ttl := k.tb.bucket.LeaseTTL.Microseconds()
+		idle := k.lastUse <= k.renewAt-ttl/2 // no use since the last acquisition or renewal was sent
+		switch {
+		case k.release || k.contested || (now >= k.renewAt && idle):
+			// Hand back the level as it stands now; decide nothing more
+			// from it.
+			k.tb.advance(&k.tb.bucket, now)
+			ops = append(ops, OwnOp{Key: key, Bucket: k.tb.bucket, Server: s.opts.Server, Release: true, Level: k.tb.level})
+			k.state, k.sentAt = ownReleasing, now
+		case now >= k.renewAt && !k.renewing:
+			k.renewing, k.sentAt = true, now
+			ops = append(ops, OwnOp{Key: key, Bucket: k.tb.bucket, Server: s.opts.Server})
+		default:
+			continue
+		}
+		at = append(at, pendingOwn{key, k})
+	}
+	s.mu.Unlock()
+	if len(ops) == 0 {
+		return
+	}
+	outs, err := s.own.Own(ctx, ops)
+	now = s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, p := range at {
+		var o OwnOutcome
+		if err == nil {
+			o = outs[i]
+		} else {
+			o.Err = err
+		}
+		s.apply(p.key, p.k, &ops[i], &o, now)
+	}
+	if err != nil {
+		s.opts.Logger.Warn("ratelease: owning buckets: store call failed", "ops", len(ops), "err", err)
+	}
+}
+
+// apply applies one answer of step. Called with mu held.
+func (s *OwningStore) apply(key string, k *ownedKey, op *OwnOp, o *OwnOutcome, now int64) {
+	ttl := op.Bucket.LeaseTTL.Microseconds()
+	switch {
+	case op.Release:
+		// Released, or (on an error) left to expire at the store, which
+		// then empties the bucket at its deadline: either way no longer
+		// this server's. A key handed back because it was wanted
+		// elsewhere is not owned again for ten TTLs.
+		if o.Err == nil {
+			s.stats.released.Add(1)
+		} else {
+			s.stats.lost.Add(1)
+		}
+		cool := ttl
+		if k.contested || k.release {
+			cool = 10 * ttl
+		}
+		s.reset(key, k, now, cool)
+	case k.state == ownAcquiring:
+		if o.Err != nil || !o.Owned {
+			cool := max(ttl, o.RetryAfter.Microseconds())
+			if errors.Is(o.Err, ErrNotOwnable) {
+				cool = math.MaxInt64 / 2
+			}
+			s.reset(key, k, now, cool)
+			return
+		}
+		s.stats.acquired.Add(1)
+		s.begin(k, o, now)
+	default: // a renewal
+		k.renewing = false
+		switch {
+		case o.Err != nil:
+			// Not renewed: decide until the deadline, then let it go.
+			s.wake(k)
+		case !o.Owned:
+			s.lose(key, k, now)
+		case o.Acquired:
+			// The store had let it expire (it emptied the bucket at its
+			// deadline, which is after this server's own): start afresh.
+			s.begin(k, o, now)
+		default:
+			k.deadline = k.sentAt + ttl
+			k.renewAt = k.sentAt + ttl/2
+			if o.Contested {
+				k.contested = true
+				s.stats.contested.Add(1)
+			}
+			s.wake(k)
+		}
+	}
+}
+
+// wake wakes whoever waits on k's op in flight. Called with mu held.
+func (s *OwningStore) wake(k *ownedKey) {
+	if k.wait != nil {
+		close(k.wait)
+		k.wait = nil
+	}
+}
+
+// begin starts an ownership from an acquisition's answer: the store's level
+// stands at the moment the answer arrived (the refill credited lags the
+// store's), and the deadline runs from the moment the request was sent.
+// Called with mu held.
+func (s *OwningStore) begin(k *ownedKey, o *OwnOutcome, now int64) {
+	b := k.tb.bucket
+	ttl := b.LeaseTTL.Microseconds()
+	level := o.Level
+	if math.IsNaN(level) || level < 0 {
+		level = 0
+	}
+	k.tb = tbState{level: min(level, float64(b.Burst)), last: now, bucket: b}
+	k.state = ownOwned
+	k.deadline = k.sentAt + ttl
+	k.renewAt = k.sentAt + ttl/2
+	k.lastUse = now
+	k.offset = o.At - now
+	k.release, k.contested, k.renewing = false, false, false
+	s.wake(k)
+}
+
+// sweep drops the candidates whose demand window ended long ago. Called
+// with mu held.
+func (s *OwningStore) sweep(now int64) {
+	s.lastSweep = now
+	for key, k := range s.keys {
+		if k.state == ownNone && k.wait == nil && k.forwarded == 0 && now-k.windowStart > 2*k.tb.bucket.LeaseTTL.Microseconds() && now >= k.cooldown {
+			delete(s.keys, key)
+			delete(s.due, key)
+		}
+	}
+}
