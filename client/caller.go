@@ -103,15 +103,22 @@ func (e *RefusedError) Is(target error) bool {
 
 // caller makes the calls to the lease servers: one server at a time, moving
 // to the next on failure, with go-retryablehttp's retries and a capped
-// backoff.
+// backoff (lease); or one attempt at a chosen server (leaseAt), for the
+// direct takes the client routes by key (see pick).
 type caller struct {
 	cfg      *Config
 	urls     []*url.URL
 	rc       *retryablehttp.Client
+	one      *retryablehttp.Client // rc's settings, without retries: leaseAt
 	hc       *http.Client
 	cur      atomic.Int64
 	calls    atomic.Int64
 	failures atomic.Int64
+	// seeds are the servers' rendezvous seeds (hashes of their URLs, so
+	// that clients listing them in another order route alike), health
+	// their state for the routed takes; both indexed like urls.
+	seeds  []uint64
+	health []serverHealth
 }
 
 func newCaller(cfg *Config) *caller {
@@ -119,7 +126,9 @@ func newCaller(cfg *Config) *caller {
 	for _, s := range cfg.Servers {
 		u, _ := url.Parse(s + protocol.PathLeases) // validated by withDefaults
 		h.urls = append(h.urls, u)
+		h.seeds = append(h.seeds, mix64(hashString(s)))
 	}
+	h.health = make([]serverHealth, len(h.urls))
 	if cfg.HTTPClient != nil {
 		hc := *cfg.HTTPClient
 		h.hc = &hc
@@ -152,6 +161,13 @@ func newCaller(cfg *Config) *caller {
 			req.Host = u.Host
 			return nil
 		},
+	}
+	h.one = &retryablehttp.Client{
+		HTTPClient:     h.hc,
+		RetryMax:       0,
+		RequestLogHook: h.rc.RequestLogHook,
+		CheckRetry:     checkRetry,
+		Backoff:        h.rc.Backoff, // never called: no retry
 	}
 	return h
 }
@@ -201,14 +217,34 @@ func isProblem(resp *http.Response) bool {
 }
 
 // lease sends one lease request and returns the validated response: one
-// result per lease entry and one per take. It fails with a *RefusedError,
-// ErrServerResponse, a transport error or ctx's error.
+// result per lease entry and one per take. It starts at the current server
+// and moves to the next on failure, every server once, then every one again
+// after a capped backoff. It fails with a *RefusedError, ErrServerResponse,
+// a transport error or ctx's error; a failure is counted in failures.
 func (h *caller) lease(ctx context.Context, req *protocol.LeaseRequest) (*protocol.LeaseResponse, error) {
+	return h.post(ctx, h.rc, int(h.cur.Load()%int64(len(h.urls))), req)
+}
+
+// leaseAt is lease with one attempt, at server i, and no failure counted:
+// the caller moves on to another server, and counts a call that failed on
+// every one.
+func (h *caller) leaseAt(ctx context.Context, i int, req *protocol.LeaseRequest) (*protocol.LeaseResponse, error) {
+	return h.post(ctx, h.one, i, req)
+}
+
+// roundWait is how long lease waits once every server failed before trying
+// them all again.
+func (h *caller) roundWait() time.Duration {
+	return h.rc.Backoff(h.rc.RetryWaitMin, h.rc.RetryWaitMax, len(h.urls)-1, nil)
+}
+
+// post sends req through rc, starting at server i.
+func (h *caller) post(ctx context.Context, rc *retryablehttp.Client, i int, req *protocol.LeaseRequest) (*protocol.LeaseResponse, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("client: encode lease request: %w", err)
 	}
-	u := h.urls[int(h.cur.Load()%int64(len(h.urls)))]
+	u := h.urls[i]
 	r, err := retryablehttp.NewRequestWithContext(ctx, http.MethodPost, u.String(), body)
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
@@ -230,16 +266,22 @@ func (h *caller) lease(ctx context.Context, req *protocol.LeaseRequest) (*protoc
 		results = res
 		return nil
 	})
-	resp, err := h.rc.Do(r)
+	resp, err := rc.Do(r)
 	if err != nil {
+		all := rc == h.rc // every server tried
 		if ctx.Err() != nil {
-			h.failures.Add(1)
+			if all {
+				h.failures.Add(1)
+			}
 			return nil, ctx.Err()
 		}
 		if errors.Is(err, ErrServerRefused) {
 			// A server answered: a refusal, counted by the client, not a
 			// failure of every server.
 			return nil, fmt.Errorf("client: %w", err)
+		}
+		if !all {
+			return nil, fmt.Errorf("client: lease server %s: %w", u.Host, err)
 		}
 		h.failures.Add(1)
 		return nil, fmt.Errorf("client: lease servers %v: %w", h.cfg.Servers, err)

@@ -50,9 +50,22 @@ func (f Fallback) String() string {
 // means the documented default.
 type Config struct {
 	// Servers are the base URLs of the lease servers, for example
-	// "http://10.0.0.1:8080". The client talks to one at a time and moves
-	// to the next when one fails. Required.
+	// "http://10.0.0.1:8080". Lease calls go to one at a time, moving to
+	// the next when one fails; direct takes are routed by key (see
+	// NoKeyRouting). Required.
 	Servers []string
+	// NoKeyRouting turns off the routing of direct takes by key. By
+	// default (false), with several Servers, each direct take goes to the
+	// server its first key prefers: the first, in the key's rendezvous
+	// order over Servers (highest random weight of the server's URL and
+	// the key), that is not avoided after a failure; so a key's direct
+	// takes, from every process that lists the same URLs in any order,
+	// meet at one server, which can concentrate their demand. The takes
+	// of one moment go as one call per server, concurrently. Routing only
+	// concentrates: any server decides any key correctly. With
+	// NoKeyRouting, direct takes go like lease calls, to one server at a
+	// time.
+	NoKeyRouting bool
 	// Token is sent as "Authorization: Bearer <Token>" when set.
 	Token string
 	// ClientID names this process to the servers; default

@@ -15,6 +15,13 @@ import (
 // A decision that finds them all busy joins the next call, sent as soon as
 // one returns, with every decision that arrived meanwhile: the calls
 // coalesce decisions under load, and a decision alone is sent at once.
+//
+// Routed by key (see Config.NoKeyRouting), such a call is split by server
+// into one request per server, sent concurrently, and counts once until
+// every one of them (and their failovers) is done: each server then has at
+// most maxDirectCalls requests of takes from the process in flight, but for
+// a moment after a failover, when the takes of a failed server join those
+// already on their next one.
 const maxDirectCalls = 4
 
 // directReq is one decision waiting for a direct take: n tokens from every
@@ -32,6 +39,7 @@ type directReq struct {
 	// changes no state of its keys but what they learn of their rules.
 	priority string
 	foreign  bool
+	hash     uint64 // of its first key, when routed (see Config.NoKeyRouting)
 }
 
 // directQueue coalesces the direct takes of the process. Its fields are
@@ -94,19 +102,32 @@ func (c *Client) sendDirect(batch []*directReq) {
 }
 
 // callDirect sends the takes of batch, at most protocol.MaxEntries keys a
-// call, and completes every request.
+// call, and completes every request: routed by key (see callRouted), or,
+// with Config.NoKeyRouting or a single server, to the current server.
 func (c *Client) callDirect(batch []*directReq) {
 	ctx, cancel := context.WithTimeout(c.life, 2*c.cfg.RequestTimeout+2*c.cfg.MaxRetryWait)
 	defer cancel()
-	for len(batch) > 0 {
+	if c.routing() {
+		c.callRouted(ctx, batch)
+		return
+	}
+	c.sendTakes(ctx, nil, -1, batch, nil, 0)
+}
+
+// sendTakes sends the takes of reqs, at most protocol.MaxEntries keys a
+// call, to server srv (see caller.leaseAt), whose failure moves them on to
+// the next server of their keys (see failover); or, srv < 0, to the current
+// server and the others after it (see caller.lease). It completes every
+// request that it does not move on.
+func (c *Client) sendTakes(ctx context.Context, wg *sync.WaitGroup, srv int, reqs []*directReq, tried []int, round int) {
+	for len(reqs) > 0 {
 		keys := 0
 		end := 0
-		for end < len(batch) && (end == 0 || keys+len(batch[end].states) <= protocol.MaxEntries) {
-			keys += len(batch[end].states)
+		for end < len(reqs) && (end == 0 || keys+len(reqs[end].states) <= protocol.MaxEntries) {
+			keys += len(reqs[end].states)
 			end++
 		}
-		chunk := batch[:end]
-		batch = batch[end:]
+		chunk := reqs[:end]
 		req := &protocol.LeaseRequest{ClientID: c.cfg.ClientID, Takes: make([]protocol.CheckRequest, len(chunk))}
 		for i, r := range chunk {
 			req.Takes[i].Keys = make([]string, len(r.states))
@@ -120,10 +141,19 @@ func (c *Client) callDirect(batch []*directReq) {
 			}
 		}
 		sent := c.nanos()
-		resp, err := c.http.lease(ctx, req)
+		var resp *protocol.LeaseResponse
+		var err error
+		if srv < 0 {
+			resp, err = c.http.lease(ctx, req)
+		} else {
+			resp, err = c.http.leaseAt(ctx, srv, req)
+		}
 		now := c.nanos()
 		switch {
 		case err == nil:
+			if srv >= 0 {
+				c.http.health[srv].answered(sent)
+			}
 			c.directAnswered()
 		case errors.Is(err, ErrServerRefused):
 			// A server answered, refusing the call (a bad token, a call too
@@ -131,6 +161,17 @@ func (c *Client) callDirect(batch []*directReq) {
 			// denied; the fallback is not for this.
 			c.noteRefused(err, now)
 		default:
+			if srv >= 0 {
+				if ctx.Err() == nil {
+					c.http.health[srv].failed(sent, now, int64(c.cfg.SettleInterval), int64(c.cfg.MaxRetryWait))
+					// This and the calls left move on together.
+					if c.failover(ctx, wg, srv, reqs, tried, round) {
+						return
+					}
+				}
+				c.http.failures.Add(1) // lease counts its own
+				chunk = reqs           // every server failed them all
+			}
 			c.directFailed(now)
 			c.noteServerError(err)
 		}
@@ -143,6 +184,7 @@ func (c *Client) callDirect(batch []*directReq) {
 			}
 			close(r.done)
 		}
+		reqs = reqs[len(chunk):]
 	}
 }
 

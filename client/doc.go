@@ -24,6 +24,16 @@
 // flight at that moment: at most four calls carrying takes are in flight,
 // and a decision that finds them busy goes in the next call with every
 // decision that arrived meanwhile. A decision waits about one round trip.
+// With several servers, each take goes to the server its first key prefers
+// (rendezvous hashing over Config.Servers, the same in every process that
+// lists the same URLs, in any order; Config.NoKeyRouting turns it off), so
+// that a key's direct takes, from all the processes, meet at one server:
+// the takes coalesced at one moment go as one call per server, sent
+// concurrently, and count together as one of the four calls (so a server
+// has at most four calls of takes from a process in flight, but for a
+// moment after a failover), and each decision waits for its own server's
+// answer only. Routing only concentrates a key's demand: any server decides
+// any key correctly.
 // The answer teaches the client the key's rule; a denial comes with the
 // time the key's bucket needs to serve again, and the key is denied
 // locally until then, without a call. This is the right mode for the keys
@@ -127,11 +137,20 @@
 //
 // # Failures
 //
-// Calls go to one server at a time; on failure the next server is tried at
-// once, then the whole list again after a capped backoff (go-retryablehttp;
-// no wait is longer than Config.MaxRetryWait, whatever Retry-After says). A
-// server that answers garbage, impossible grants (more than asked, another
-// key), 5xx or nothing counts as failed. While no server answers, open
+// Lease calls go to one server at a time; on failure the next server is
+// tried at once, then the whole list again after a capped backoff
+// (go-retryablehttp; no wait is longer than Config.MaxRetryWait, whatever
+// Retry-After says). A server that answers garbage, impossible grants (more
+// than asked, another key), 5xx or nothing counts as failed. A routed direct
+// take whose server failed goes at once to the next server of its key's
+// rendezvous order, then, when every one failed, the key's list again after
+// the same backoff; and every routed take avoids the failed server for a
+// while (from Config.SettleInterval, doubling with each failure in a row, at
+// most Config.MaxRetryWait), then one take probes it, and its answer brings
+// the server's keys back: a dead server costs a failed attempt per backoff,
+// not one per key. When every server of a key's order is avoided, its take
+// goes to the first. A refusal (401, 403) moves no take on: see
+// Misconfiguration. While no server answers, open
 // leases keep serving until their deadlines; after that Config.Fallback
 // decides, and one decision per backoff period tries the servers again: FallbackSafeRate (the default) limits each key with a local
 // x/time/rate limiter at the last safe_rate a server gave, the rule's rate

@@ -36,13 +36,7 @@ rules:
 		store := leases.NewMemoryStore(leases.MemoryOptions{})
 		srv := leasetest.Start(t, rules, leasetest.Options{Store: store})
 		clk := newTestClock()
-		c, err := newClient(Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 50, SettleInterval: tick}, clk)
-		require.NoError(t, err)
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = c.Close(ctx)
-		})
+		c := clockedClient(t, Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 50, SettleInterval: tick}, clk)
 		open := func() int {
 			st, err := store.State(ctx, key, b)
 			require.NoError(t, err)
@@ -126,13 +120,7 @@ rules:
 	store := &countingStore{Store: mem}
 	srv := leasetest.Start(t, rules, leasetest.Options{Store: store})
 	clk := newTestClock()
-	c, err := newClient(Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 20}, clk)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = c.Close(ctx)
-	})
+	c := clockedClient(t, Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 20}, clk)
 	require.True(t, c.Allow(ctx, "t:k").Allowed)
 	require.Eventually(t, func() bool { return c.Stats().KeysHeld == 1 }, 5*time.Second, time.Millisecond)
 	ks := c.state("t:k")

@@ -72,6 +72,20 @@ func (k *testClock) nanos() int64 { return k.ns.Load() }
 
 func (k *testClock) ticker(time.Duration) (<-chan time.Time, func()) { return k.tick, func() {} }
 
+// clockedClient starts a client on clk (nil: the monotonic clock), without
+// New's probe, closed at the end of the test.
+func clockedClient(t *testing.T, cfg Config, clk clock) *Client {
+	t.Helper()
+	c, err := newClient(cfg, clk)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = c.Close(ctx)
+	})
+	return c
+}
+
 // advance moves the clock by d and gives the loop one tick.
 func (k *testClock) advance(t *testing.T, d time.Duration) {
 	t.Helper()
@@ -97,13 +111,7 @@ rules:
 	store := leases.NewMemoryStore(leases.MemoryOptions{})
 	srv := leasetest.Start(t, rules, leasetest.Options{Store: store})
 	clk := newTestClock()
-	c, err := newClient(Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 50}, clk)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = c.Close(ctx)
-	})
+	c := clockedClient(t, Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 50}, clk)
 	ctx := context.Background()
 	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 1000, Period: time.Second, Burst: 1000, LeaseTTL: 2 * time.Second}
 	outstanding := func() int64 {

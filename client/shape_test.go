@@ -27,14 +27,7 @@ func shapedClient(t *testing.T, cfg Config) (*Client, *testClock) {
 	srv := leasetest.Start(t, shapeRules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
 	clk := newTestClock()
 	cfg.Servers = []string{srv.URL()}
-	c, err := newClient(cfg, clk)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = c.Close(ctx)
-	})
-	return c, clk
+	return clockedClient(t, cfg, clk), clk
 }
 
 // leaseShaped decides key once (direct, which promotes it) and gives the
