@@ -169,6 +169,28 @@
 // expired at its deadline, empty. An ownership lost with its string is a
 // full bucket again, like any bucket lost whole.
 //
+// OwningStore (owning.go) is the owner: a Store over another, used by
+// rateleased with Redis (-own-keys). It counts each key's takes; a key
+// with OwningOptions.MinTakes (16) of them within a lease TTL is acquired
+// at the loop's next tick (every 20 ms), once no take of its own is in
+// flight at the store (which would be refused and mark the ownership
+// contested). Owned, its takes and refunds run on a tbState in memory —
+// the memory store's own code, so its answers are the store's — whose
+// clock starts when the acquisition's answer arrived and whose deadline
+// runs from when it was sent: the owner credits less refill than the
+// store and stops before the store expires it. A take that finds its key
+// acquiring or releasing waits for that (one round trip). At half the TTL
+// the loop renews a key used since the last renewal and releases one that
+// was not; it releases at once a key whose rule's bucket changed, that a
+// client leases through this server (Lease waits for the release), or
+// whose renewal came back contested, and does not acquire those again for
+// ten TTLs. The bound: the owner decides as one exact bucket would from
+// the level the store gave it, with less time; what it hands back is
+// capped by the store; if it dies, the store empties the bucket at the
+// deadline. TestOwning* run it over the memory store and a real Redis on
+// a clock the test drives, comparing every answer with one tbState fed
+// the same takes at the same times.
+//
 // # Algorithms
 //
 // Each limit names its algorithm, and both stores dispatch on it through

@@ -427,6 +427,7 @@ func (s *OwningStore) State(ctx context.Context, key string, b Bucket) (BucketSt
 	if k := s.keys[key]; k != nil && k.state == ownOwned && now < k.deadline && k.tb.bucket == b {
 		st := k.tb.snapshot(&b, now)
 		st.Now = time.UnixMicro(now + k.offset)
+		st.Owner = s.opts.Server
 		s.mu.Unlock()
 		return st, nil
 	}

@@ -64,6 +64,11 @@ type KeyLimitState struct {
 	// client's name and its client_id) holding at least one open lease on
 	// the bucket; a process with a lease in each slot counts once.
 	Holders int `json:"holders"`
+	// OwnedBy names the lease server that owns the bucket, deciding its
+	// takes from memory (see leases.OwningStore); empty when none does.
+	// Level and the times are then what the owner reports when asked
+	// (through it), or the most it can hold (through another server).
+	OwnedBy string `json:"owned_by,omitempty"`
 	// NextTokenMillis is the time until Free is one more than now; zero
 	// when the bucket is whole (FullMillis zero). Per algorithm:
 	//   - token_bucket: until the level gains its next whole token;

@@ -67,6 +67,7 @@ func limitStateWire(i int, ls *leases.LimitState) protocol.KeyLimitState {
 		Outstanding:     bs.Outstanding,
 		Leases:          bs.Leases,
 		Holders:         bs.Holders,
+		OwnedBy:         bs.Owner,
 		NextTokenMillis: bs.Next.Milliseconds(),
 		FullMillis:      bs.Full.Milliseconds(),
 		AtUnixMillis:    bs.Now.UnixMilli(),

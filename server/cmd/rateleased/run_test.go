@@ -400,7 +400,7 @@ func TestRunListenError(t *testing.T) {
 }
 
 func TestParseFlags(t *testing.T) {
-	defaults := config{listen: "127.0.0.1:8080", logLevel: slog.LevelInfo, logFormat: "text", shutdownTimeout: server.DefaultShutdownTimeout, storeTimeout: server.DefaultStoreTimeout, maxKeys: server.DefaultMaxKeysPerClient, adminName: server.AdminPrincipal}
+	defaults := config{listen: "127.0.0.1:8080", ownKeys: true, logLevel: slog.LevelInfo, logFormat: "text", shutdownTimeout: server.DefaultShutdownTimeout, storeTimeout: server.DefaultStoreTimeout, maxKeys: server.DefaultMaxKeysPerClient, adminName: server.AdminPrincipal}
 	tests := []struct {
 		name    string
 		args    []string
@@ -418,6 +418,7 @@ func TestParseFlags(t *testing.T) {
 				"RATELEASED_LOG_FORMAT": "json", "RATELEASED_SHUTDOWN_TIMEOUT": "3s",
 				"RATELEASED_DRAIN_DELAY": "5s", "RATELEASED_STORE_TIMEOUT": "300ms",
 				"RATELEASED_MAX_KEYS_PER_CLIENT": "500", "RATELEASED_ADMIN_NAME": "ops-root",
+				"RATELEASED_OWN_KEYS": "false",
 			},
 			want: config{listen: "127.0.0.1:9999", rules: "r.yaml", redisURL: "redis://h:1/0", redisCluster: true,
 				insecure: true, logLevel: slog.LevelDebug, logFormat: "json", drainDelay: 5 * time.Second, shutdownTimeout: 3 * time.Second,
@@ -425,13 +426,14 @@ func TestParseFlags(t *testing.T) {
 		},
 		{
 			name: "flags override the environment",
-			args: []string{"-listen", "127.0.0.1:1", "-insecure=false", "-log-level", "WARN", "-shutdown-timeout", "1s", "-drain-delay", "0", "-store-timeout", "2s", "-max-keys-per-client", "-1", "-admin-name", "root"},
-			env: map[string]string{"RATELEASED_LISTEN": "127.0.0.1:9999", "RATELEASED_INSECURE": "true", "RATELEASED_LOG_LEVEL": "debug", "RATELEASED_DRAIN_DELAY": "5s", "RATELEASED_STORE_TIMEOUT": "1s",
+			args: []string{"-listen", "127.0.0.1:1", "-insecure=false", "-own-keys", "-log-level", "WARN", "-shutdown-timeout", "1s", "-drain-delay", "0", "-store-timeout", "2s", "-max-keys-per-client", "-1", "-admin-name", "root"},
+			env: map[string]string{"RATELEASED_LISTEN": "127.0.0.1:9999", "RATELEASED_INSECURE": "true", "RATELEASED_OWN_KEYS": "0", "RATELEASED_LOG_LEVEL": "debug", "RATELEASED_DRAIN_DELAY": "5s", "RATELEASED_STORE_TIMEOUT": "1s",
 				"RATELEASED_MAX_KEYS_PER_CLIENT": "7", "RATELEASED_ADMIN_NAME": "ops-root"},
-			want: config{listen: "127.0.0.1:1", logLevel: slog.LevelWarn, logFormat: "text", shutdownTimeout: time.Second, storeTimeout: 2 * time.Second, maxKeys: -1, adminName: "root"},
+			want: config{listen: "127.0.0.1:1", ownKeys: true, logLevel: slog.LevelWarn, logFormat: "text", shutdownTimeout: time.Second, storeTimeout: 2 * time.Second, maxKeys: -1, adminName: "root"},
 		},
 		{name: "drain delay", args: []string{"-drain-delay", "15s"}, want: func() config { c := defaults; c.drainDelay = 15 * time.Second; return c }()},
 		{name: "bad boolean in env", env: map[string]string{"RATELEASED_INSECURE": "yes please"}, wantErr: "RATELEASED_INSECURE"},
+		{name: "bad own-keys in env", env: map[string]string{"RATELEASED_OWN_KEYS": "maybe"}, wantErr: "RATELEASED_OWN_KEYS"},
 		{name: "bad duration in env", env: map[string]string{"RATELEASED_SHUTDOWN_TIMEOUT": "soon"}, wantErr: "RATELEASED_SHUTDOWN_TIMEOUT"},
 		{name: "bad log level", args: []string{"-log-level", "loud"}, wantErr: "-log-level"},
 		{name: "bad log format", args: []string{"-log-format", "xml"}, wantErr: "-log-format"},
