@@ -2,8 +2,6 @@ package client
 
 import (
 	"context"
-	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -102,95 +100,4 @@ rules:
 		require.Eventually(t, func() bool { return open() == 1 }, 5*time.Second, time.Millisecond, "at 0.9 s, within 1.2 s of its deadline, it is returned")
 		assert.Equal(t, 1, c.Stats().KeysHeld, "its successor serves on")
 	})
-}
-
-// TestShareBoundRenewal: a key whose lease request was refused for want
-// of tokens (a saturated key, or this process's share of it spent) is not
-// renewed early, with a quarter of its lease left, as an ample key is: the
-// server would refuse that renewal too. It asks again once the lease is
-// spent out.
-func TestShareBoundRenewal(t *testing.T) {
-	const rules = `
-rules:
-  - {name: t, match: "t:*", limit: 100, period: 1s, lease_ttl: 2s}
-`
-	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 100, Period: time.Second, Burst: 100, LeaseTTL: 2 * time.Second}
-	ctx := context.Background()
-	mem := leases.NewMemoryStore(leases.MemoryOptions{})
-	store := &countingStore{Store: mem}
-	srv := leasetest.Start(t, rules, leasetest.Options{Store: store})
-	clk := newTestClock()
-	c := clockedClient(t, Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 20}, clk)
-	require.True(t, c.Allow(ctx, "t:k").Allowed)
-	require.Eventually(t, func() bool { return c.Stats().KeysHeld == 1 }, 5*time.Second, time.Millisecond)
-	ks := c.state("t:k")
-
-	// Another holder empties the bucket; this one spends its lease out and
-	// is refused the next (the server runs on real time: a few tokens
-	// refill meanwhile, fewer than half a batch).
-	st, err := mem.State(ctx, "t:k", b)
-	require.NoError(t, err)
-	res, err := mem.Take(ctx, []leases.TakeOp{{Key: "t:k", Bucket: b, Cost: int64(st.Level)}})
-	require.NoError(t, err)
-	require.True(t, res[0].Taken)
-	spend := func(until func(l *lease) bool) {
-		for l := ks.active.Load(); l != nil && !until(l); {
-			require.True(t, c.Allow(ctx, "t:k").Allowed)
-		}
-	}
-	spend(func(l *lease) bool { return l.left() == 0 })
-	clk.advance(t, 10*time.Millisecond)
-	require.Eventually(t, func() bool { return ks.denyUntil.Load() > clk.nanos() }, 5*time.Second, time.Millisecond, "refused, with a retry_after")
-
-	// Once the bucket has refilled ten tokens (on the server's clock), a
-	// lease comes; the key is share-bound.
-	require.Eventually(t, func() bool {
-		st, err := mem.State(ctx, "t:k", b)
-		return err == nil && st.Level >= 10
-	}, 5*time.Second, time.Millisecond)
-	ks.need.Store(true)         // demand, as a denied decision would leave it
-	clk.advance(t, time.Second) // past the denial
-	require.Eventually(t, func() bool {
-		l := ks.active.Load()
-		return l != nil && l.left() >= 10
-	}, 5*time.Second, time.Millisecond, "a lease after the refusal")
-	l := ks.active.Load()
-	spend(func(l *lease) bool { return l.left() <= l.granted/4 })
-	require.Positive(t, l.left())
-	asked := len(store.settled())
-	for range 3 {
-		clk.advance(t, 10*time.Millisecond)
-	}
-
-	// Spent out, it asks, settling the lease in the same entry. A key
-	// asks in one call at a time, so an early renewal would have reached
-	// the store before this.
-	spend(func(l *lease) bool { return l.left() == 0 })
-	clk.advance(t, 10*time.Millisecond)
-	require.Eventually(t, func() bool { return slices.Contains(store.settled(), l.id) }, 5*time.Second, time.Millisecond, "settled once spent out")
-	assert.Equal(t, []string{l.id}, store.settled()[asked:], "one lease entry, which settles the spent lease and asks for the next: no early renewal")
-}
-
-// countingStore is a real store that records the lease entries it is
-// given: the lease each settles ("" for none).
-type countingStore struct {
-	leases.Store
-	mu      sync.Mutex
-	entries []string
-}
-
-func (s *countingStore) Lease(ctx context.Context, owner leases.Owner, ops []leases.LeaseOp) ([]leases.LeaseOutcome, error) {
-	s.mu.Lock()
-	for _, op := range ops {
-		s.entries = append(s.entries, op.LeaseID)
-	}
-	s.mu.Unlock()
-	return s.Store.Lease(ctx, owner, ops)
-}
-
-// settled returns the lease each entry so far settled.
-func (s *countingStore) settled() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.entries)
 }

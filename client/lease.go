@@ -200,13 +200,6 @@ type keyState struct {
 		// return rides with the key's next renewal instead of a call of
 		// its own (see plan).
 		roomy bool
-		// shareBound is set when a lease request was refused with a
-		// retry_after (the key's bucket or this process's share of it
-		// was empty) and cleared by a grant that left more than a
-		// quarter of the bucket beyond itself: while it is set the key
-		// is renewed only when its lease is spent out or half its TTL
-		// has passed, since an early renewal would be refused.
-		shareBound bool
 	}
 }
 

@@ -333,13 +333,6 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 		// ticks of demand, or at half the TTL.
 		low := max(active.granted/4, int64(math.Ceil(ks.run.ewma*2*c.cfg.SettleInterval.Seconds())))
 		renew := left <= low || now >= active.halfway
-		if ks.run.shareBound {
-			// The server grants this key no faster than its share: an
-			// early renewal would only be refused (a call for nothing).
-			// It asks when the lease is spent out (above), or at half
-			// its TTL.
-			renew = now >= active.halfway
-		}
 		if active.shape != nil {
 			// A schedule of slots is renewed when it is about to end, so
 			// that the next slice (which the server starts where this one
@@ -628,9 +621,6 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 	}
 	if res.Granted == 0 {
 		ks.run.roomy = false
-		if res.RetryAfterMillis > 0 {
-			ks.run.shareBound = true
-		}
 		wait := time.Duration(res.RetryAfterMillis) * time.Millisecond
 		if wait <= 0 {
 			wait = c.cfg.SettleInterval
@@ -640,12 +630,6 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		return
 	}
 	ks.run.roomy = res.Granted >= p.want && res.Remaining >= 2*res.Granted && !shaped(res.Algorithm)
-	if res.Remaining >= res.Burst/4+res.Granted {
-		// The bucket holds more than a quarter of itself beyond this
-		// grant: the others leave tokens unused, and asking early would
-		// be granted them.
-		ks.run.shareBound = false
-	}
 	ttl := res.TTLMillis * int64(time.Millisecond)
 	l := &lease{id: res.LeaseID, slot: p.slot, granted: res.Granted, halfway: sent + ttl/2, deadline: sent + ttl}
 	l.remaining.Store(res.Granted)

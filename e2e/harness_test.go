@@ -87,7 +87,8 @@ const (
 
 // The rules of every scenario; each scenario uses its own keys. rate and
 // burst are the acc:*, fair:* and fault:* rules' (scenarios_test.go),
-// cutRate, cutBurst and cutTTL the cut:* rule's (cutoff_test.go).
+// cutRate, cutBurst and cutTTL the cut:* rule's (cutoff_test.go), ownRate,
+// ownBurst and ownTTL the own:* rule's (owned_test.go).
 var rules = fmt.Sprintf(`
 default: deny
 rules:
@@ -97,7 +98,8 @@ rules:
   - {name: many,     match: "many:*",  limit: %[9]g, period: 1s, burst: %[10]d, lease_ttl: 1s}
   - {name: faults,   match: "fault:*", limit: %[1]g, period: 1s, burst: %[2]d, lease_ttl: 1s}
   - {name: cutoff,   match: "cut:*",   limit: %[6]g, period: 1s, burst: %[7]d, lease_ttl: %[8]v}
-`, rate, burst, userRate, userBurst, userTTL, cutRate, cutBurst, cutTTL, manyRate, manyBurst) + algorithmRules
+  - {name: owned,    match: "own:*",   limit: %[11]g, period: 1s, burst: %[12]d, lease_ttl: %[13]v}
+`, rate, burst, userRate, userBurst, userTTL, cutRate, cutBurst, cutTTL, manyRate, manyBurst, ownRate, ownBurst, ownTTL) + algorithmRules
 
 // cluster is one redis-server and three rateleased daemons sharing it.
 type cluster struct {
