@@ -23,7 +23,6 @@ package e2e
 
 import (
 	"bufio"
-	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -63,16 +62,7 @@ func TestOwnedKeys(t *testing.T) {
 	rdb := c.redis.Client(t)
 	redisBefore := redisCalls(t, rdb)
 
-	var loads []*load
-	for i := range procs {
-		loads = append(loads, &load{name: fmt.Sprint("own", i), args: []string{
-			"-servers", c.servers(i % len(c.daemons)),
-			"-keys", fmt.Sprint(users), "-prefix", "own:", "-zipf-s", fmt.Sprint(zipfS),
-			"-rate", fmt.Sprint(totalRate), "-duration", d.String(),
-			"-schedule-seed", fmt.Sprint(seed), "-procs", fmt.Sprint(procs), "-proc", fmt.Sprint(i),
-			"-workers", "16",
-		}})
-	}
+	loads := scheduleLoads(c, "own", "own:", procs, users, zipfS, totalRate, d, seed)
 	origin := time.UnixMilli(time.Now().Add(lead).UnixMilli())
 	startLoadsOn(t, loads, origin)
 

@@ -78,16 +78,7 @@ func TestPerUserFleet(t *testing.T) {
 	rdb := c.redis.Client(t)
 	redisBefore := redisCalls(t, rdb)
 
-	var loads []*load
-	for i := range procs {
-		loads = append(loads, &load{name: fmt.Sprint("app", i), args: []string{
-			"-servers", c.servers(i % len(c.daemons)),
-			"-keys", fmt.Sprint(users), "-prefix", "user:", "-zipf-s", fmt.Sprint(zipfS),
-			"-rate", fmt.Sprint(totalRate), "-duration", d.String(),
-			"-schedule-seed", fmt.Sprint(seed), "-procs", fmt.Sprint(procs), "-proc", fmt.Sprint(i),
-			"-workers", "16",
-		}})
-	}
+	loads := scheduleLoads(c, "app", "user:", procs, users, zipfS, totalRate, d, seed)
 	origin := time.UnixMilli(time.Now().Add(lead).UnixMilli())
 	startLoadsOn(t, loads, origin)
 	waitLoads(t, loads, lead+d+30*time.Second)
@@ -159,6 +150,25 @@ func TestPerUserFleet(t *testing.T) {
 		redisSum, float64(redisSum)/float64(decisions), scripts, float64(scripts)/float64(decisions), summary)
 	t.Logf("lease-server calls: %d, %.3f per decision; direct decisions %d (%.1f%% of %d decisions; the rest denied locally until retry_after)",
 		calls, float64(calls)/float64(decisions), directs, 100*float64(directs)/float64(decisions), decisions)
+}
+
+// scheduleLoads returns procs loadgens (named name0, name1, …) that deal
+// out one Poisson schedule of totalRate arrivals a second over d, for keys
+// prefix0…prefix<users−1> drawn from a Zipf distribution of exponent
+// zipfS, from seed, arrival i to process i mod procs, as a round-robin
+// load balancer would; process i lists the servers from the i-th on.
+func scheduleLoads(c *cluster, name, prefix string, procs, users int, zipfS, totalRate float64, d time.Duration, seed uint64) []*load {
+	var loads []*load
+	for i := range procs {
+		loads = append(loads, &load{name: fmt.Sprint(name, i), args: []string{
+			"-servers", c.servers(i % len(c.daemons)),
+			"-keys", fmt.Sprint(users), "-prefix", prefix, "-zipf-s", fmt.Sprint(zipfS),
+			"-rate", fmt.Sprint(totalRate), "-duration", d.String(),
+			"-schedule-seed", fmt.Sprint(seed), "-procs", fmt.Sprint(procs), "-proc", fmt.Sprint(i),
+			"-workers", "16",
+		}})
+	}
+	return loads
 }
 
 // exactAdmissions feeds arrivals, in order, to one exact token bucket per
