@@ -156,8 +156,11 @@
 // request counted once: its _count is the request count),
 // store_latency_seconds{op}, store_errors_total{op}, rules_loaded,
 // rules_reloads_total{result}, rules_last_reload_success (0 while the file
-// on disk failed to load and older rules serve) and
-// build_info{version,revision,goversion} (see ReadBuild). The route label
+// on disk failed to load and older rules serve),
+// build_info{version,revision,goversion} (see ReadBuild), and, when
+// Options.Store is a leases.OwningStore (rateleased -own-keys),
+// owned_buckets, owned_takes_total and ownerships_total{event}
+// (owningmetrics.go). The route label
 // is the ServeMux pattern ("POST /v1/leases"; "/" for unknown routes),
 // never the raw path, so its cardinality is fixed.
 //
