@@ -50,8 +50,12 @@
 // (below). A lease not spent from by its renewal point is returned, not
 // renewed, and the key goes back to direct decisions; so does a key whose
 // demand over a lease TTL falls below half the threshold, and a key the
-// server refuses more leases on (too_many_leases). An idle key costs no
-// call and holds no token. While a leased key's lease has run out and its
+// server refuses more leases on (too_many_leases), and a key whose lease
+// was refused because a lease server owns its bucket (see
+// leases.OwningStore: the server decides the key's direct takes from
+// memory, and hands the bucket back once told a lease was wanted), which
+// is not leased again for a lease TTL. An idle key costs no call and holds
+// no token. While a leased key's lease has run out and its
 // next one is not in yet, its decisions are direct takes.
 //
 // The fallback (Config.Fallback) decides only while no server answers: a

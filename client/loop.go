@@ -621,6 +621,17 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 	}
 	if res.Granted == 0 {
 		ks.run.roomy = false
+		if res.Owned {
+			// A lease server owns the key's bucket and decides its direct
+			// takes from memory: decide the key directly (the takes are
+			// routed to the owner) rather than deny it, and do not lease
+			// it again for a lease TTL, by when the owner, told by the
+			// store that a lease was wanted, has handed the bucket back.
+			ks.run.demote = true
+			ks.directUntil.Store(now + max(ks.leaseTTL.Load(), int64(time.Second)))
+			ks.need.Store(false)
+			return
+		}
 		wait := time.Duration(res.RetryAfterMillis) * time.Millisecond
 		if wait <= 0 {
 			wait = c.cfg.SettleInterval

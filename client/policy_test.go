@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"github.com/ratelease/ratelease/protocol"
 	"math"
 	"testing"
 	"time"
@@ -184,4 +185,28 @@ func TestCheapToHold(t *testing.T) {
 			assert.Equal(t, tc.cheap, c.cheapToHold(ks, &lease{granted: tc.granted}))
 		})
 	}
+}
+
+// TestLeaseRefusedOwned: a lease refused because a lease server owns the
+// key's bucket (protocol.LeaseResult.Owned) sends the key back to direct
+// decisions, which reach the owner, instead of denying it locally, and
+// keeps it from leasing again for a lease TTL.
+func TestLeaseRefusedOwned(t *testing.T) {
+	c := policyClient(t, Config{})
+	ks := newKeyState("k")
+	ks.leasing.Store(true)
+	now := int64(5 * time.Second)
+	res := &protocol.LeaseResult{Key: "k", Owned: true, RetryAfterMillis: 100, Limit: 100, PeriodMillis: 1000, Burst: 10, TTLMillis: 2000, Rule: "r"}
+	c.applyOne(pending{ks: ks, want: 5}, res, now, now)
+	assert.Zero(t, ks.denyUntil.Load(), "not denied locally")
+	assert.True(t, ks.run.demote, "back to direct decisions")
+	assert.Equal(t, now+int64(2*time.Second), ks.directUntil.Load(), "not leased again for a lease TTL")
+	assert.False(t, ks.need.Load())
+
+	plain := newKeyState("p")
+	plain.leasing.Store(true)
+	res.Owned = false
+	c.applyOne(pending{ks: plain, want: 5}, res, now, now)
+	assert.Equal(t, now+int64(100*time.Millisecond), plain.denyUntil.Load(), "a plain refusal denies until its retry_after")
+	assert.False(t, plain.run.demote)
 }

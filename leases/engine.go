@@ -210,6 +210,10 @@ type LeaseResult struct {
 	// ShadowDenied is true when the rule is in shadow mode and its limits
 	// would have granted less than Want: Granted is Want all the same.
 	ShadowDenied bool
+	// Owned is true when nothing was granted because a lease server owns
+	// the bucket of one of the limits (LeaseOutcome.Owned): the key's
+	// requests are best decided by direct takes until it hands it back.
+	Owned bool
 
 	// Borrowed is, for an elastic rule, the part of Granted taken from
 	// the rule's pool because its own limits granted less than Want.
@@ -391,6 +395,7 @@ func (e *Engine) combineLease(res *LeaseResult, a *LeaseAsk, ops []LeaseOp, outs
 		}
 		res.RetryAfter = max(res.RetryAfter, retry)
 		res.Delay = max(res.Delay, o.Delay)
+		res.Owned = res.Owned || o.Owned
 	}
 	for i := range res.Limits {
 		if i == 0 || res.Limits[i].Remaining < res.Remaining {
@@ -404,6 +409,7 @@ func (e *Engine) combineLease(res *LeaseResult, a *LeaseAsk, ops []LeaseOp, outs
 	if res.Granted > 0 {
 		res.LeaseID = ops[0].NewLeaseID
 		res.RetryAfter = 0
+		res.Owned = false
 	} else {
 		res.LeaseID, res.TTL, res.Delay = "", 0, 0
 	}
@@ -418,7 +424,7 @@ func (e *Engine) combineLease(res *LeaseResult, a *LeaseAsk, ops []LeaseOp, outs
 		if res.TTL == 0 {
 			res.TTL = r.LeaseTTL
 		}
-		res.Granted, res.RetryAfter, res.Delay = a.Want, 0, 0
+		res.Granted, res.RetryAfter, res.Delay, res.Owned = a.Want, 0, 0, false
 	}
 	if a.Want > 0 {
 		if res.Granted > 0 {

@@ -258,6 +258,7 @@ func (s *RedisStore) Lease(ctx context.Context, owner Owner, ops []LeaseOp) ([]L
 			o.Remaining = v[3]
 			o.Holders = int(v[4])
 			o.Settled = v[5] == 1
+			o.Owned = len(v) >= 11 && v[10] == 1
 			if len(v) >= 9 {
 				o.Reset = time.Duration(v[7]) * time.Millisecond
 				o.Delay = time.Duration(v[8]) * time.Millisecond

@@ -170,6 +170,11 @@ type LeaseOutcome struct {
 	Holders int
 	// Settled is true when LeaseID was settled.
 	Settled bool
+	// Owned is true when tokens were wanted and none granted because a
+	// lease server owns the bucket (see Owning): RetryAfter is then at
+	// most 100 ms, and the key's requests are best decided by direct takes
+	// meanwhile, which reach the owner.
+	Owned bool
 	// Expired counts the leases of any owner on this key found expired and
 	// closed without credit during the operation (including a lease replaced
 	// because the owner asked again without its lease ID).

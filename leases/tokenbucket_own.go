@@ -131,6 +131,7 @@ func (s *tbState) ownedLease(b *Bucket, op *LeaseOp, now int64) LeaseOutcome {
 	o := LeaseOutcome{Holders: 1, Reset: s.ownedWait(b, float64(b.Burst), now)}
 	if op.Want > 0 {
 		o.RetryAfter = s.refuse(now)
+		o.Owned = true
 	}
 	return o
 }

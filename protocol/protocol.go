@@ -150,6 +150,11 @@ type LeaseResult struct {
 	// Unlimited is true when no rule matched and the server's default is
 	// allow: the key has no limit, and Granted equals Want.
 	Unlimited bool `json:"unlimited,omitempty"`
+	// Owned is true when nothing was granted because a lease server owns
+	// the key's bucket, deciding its direct takes from memory: the client
+	// should decide the key by direct takes meanwhile (they reach the
+	// owner) rather than deny it; RetryAfterMillis is then at most 100.
+	Owned bool `json:"owned,omitempty"`
 	// Error, when set, says why this entry failed; the other fields are then
 	// zero apart from Key.
 	Error *Problem `json:"error,omitempty"`

@@ -95,6 +95,7 @@ func leaseResultWire(r *leases.LeaseResult) protocol.LeaseResult {
 	out.Limits = limitStatuses(r.Limits)
 	out.ShadowDenied = r.ShadowDenied
 	out.Borrowed = r.Borrowed
+	out.Owned = r.Owned
 	return out
 }
 

@@ -32,7 +32,9 @@
 -- KEYS[3] S  the fair-share clocks: member "<client>/<process>", score clock (µs)
 -- Replies: lease {status (0 ok, 1 unknown lease, 2 used exceeds granted,
 --          3 too many leases), granted, retry ms, remaining, holders,
---          settled (0|1), expired, reset ms, delay ms}; take {taken (0|1),
+--          settled (0|1), expired, reset ms, delay ms} (a refusal on an
+--          owned bucket adds a grant TTL of 0 and owned (1: refused
+--          because owned), LeaseOutcome.Owned); take {taken (0|1),
 --          retry ms (−1: never), remaining, expired, reset ms, delay ms,
 --          now µs (the take's time, which a refund names in ARGV[10])};
 --          refund {}; state {level, outstanding, open leases, now µs,
@@ -637,7 +639,11 @@ if ow then
     end
   end
   if mode == 'take' then return { 0, retry, 0, 0, owned_ms(burst), 0, now } end
-  return { 0, 0, retry, 0, 1, 0, 0, owned_ms(burst), 0 }
+  -- The eleventh element says that the lease was refused because the
+  -- bucket is owned (LeaseOutcome.Owned); the tenth, a grant's TTL, is 0.
+  local refused = 0
+  if tonumber(ARGV[9]) > 0 then refused = 1 end
+  return { 0, 0, retry, 0, 1, 0, 0, owned_ms(burst), 0, 0, refused }
 end
 refill_to(now)
 

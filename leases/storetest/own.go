@@ -140,6 +140,8 @@ func testOwnRefusals(t *testing.T, f *fixture) {
 	require.NoError(t, l.Err)
 	assert.Zero(t, l.Granted)
 	assert.Equal(t, 100*time.Millisecond, l.RetryAfter)
+	assert.True(t, l.Owned, "refused because the bucket is owned")
+	assert.False(t, f.lease("a/1", "k", b, 0, "", 0).Owned, "asking for nothing is not refused")
 	assert.ErrorIs(t, f.lease("a/1", "k", b, 5, "no-such-lease", 1).Err, leases.ErrUnknownLease)
 	require.NoError(t, f.store.Refund(f.ctx, []leases.TakeOp{{Key: "k", Bucket: b, Cost: 5}}))
 	assert.Equal(t, before, f.state("k", b), "refusals and refunds change nothing but the mark; no waiter is recorded")
