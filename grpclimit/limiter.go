@@ -345,9 +345,7 @@ func (l *Limiter) decide(ctx context.Context, method string, keys []string, cost
 		if !out.Fields || message {
 			return nil, nil
 		}
-		md := metadata.MD{}
-		setFields(md, d.Limits, out.State)
-		return md, nil
+		return l.metadataOf(&out, time.Now(), false), nil
 	case inbound.VerdictRefused:
 		// A misconfiguration, not a rate limit: never ResourceExhausted,
 		// which would send the caller to retry later.
@@ -359,22 +357,26 @@ func (l *Limiter) decide(ctx context.Context, method string, keys []string, cost
 		// own status, not a rate limit.
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
-	md := metadata.MD{}
-	if out.Fields {
-		setFields(md, d.Limits, true)
-	}
-	md.Set(MetadataRetryAfter, inbound.RetryAfterSeconds(out.Retry))
-	return md, deniedStatus(out.Retry, out.QueueFull)
+	return l.metadataOf(&out, time.Now(), true), deniedStatus(out.Retry, out.QueueFull)
 }
 
-func setFields(md metadata.MD, ls []client.LimitState, withState bool) {
-	policy, state := httplimit.RateLimitFields(ls, time.Now())
-	if policy != "" {
-		md.Set(MetadataRateLimitPolicy, policy)
+// metadataOf returns the metadata of the answer to out at now: the
+// RateLimit fields as out says (inbound.Limiter.Fields, from the shared
+// limiter's cache), and retry-after when retry is set; nil when it has
+// none. When the fields come from the cache, an admission allocates only
+// the metadata itself: its map and one array for all its values.
+func (l *Limiter) metadataOf(out *inbound.Decided, now time.Time, retry bool) metadata.MD {
+	policy, state := l.core.Fields(out, now)
+	var after string
+	if retry {
+		after = inbound.RetryAfterSeconds(out.Retry)
 	}
-	if state != "" && withState {
-		md.Set(MetadataRateLimit, state)
+	if policy == "" && state == "" && after == "" {
+		return nil
 	}
+	md := make(metadata.MD, 3)
+	inbound.SetValues(md, MetadataRateLimitPolicy, policy, MetadataRateLimit, state, MetadataRetryAfter, after)
+	return md
 }
 
 // deniedStatus is the ResourceExhausted status of a denial, with a

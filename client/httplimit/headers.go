@@ -2,13 +2,10 @@ package httplimit
 
 import (
 	"encoding/json"
-	"hash/maphash"
 	"net/http"
 	"strconv"
-	"sync/atomic"
 	"time"
 
-	"github.com/dunglas/httpsfv"
 	"github.com/ratelease/ratelease/client"
 	"github.com/ratelease/ratelease/internal/inbound"
 )
@@ -19,6 +16,8 @@ const (
 	HeaderRateLimit       = "RateLimit"
 )
 
+// The header names in canonical form: the middleware sets them directly,
+// since Header.Set would canonicalize (and allocate) on every request.
 var (
 	canonPolicy = http.CanonicalHeaderKey(HeaderRateLimitPolicy)
 	canonState  = http.CanonicalHeaderKey(HeaderRateLimit)
@@ -35,146 +34,29 @@ const ProblemTypeQuotaExceeded = "https://ratelease.dev/problems/quota-exceeded"
 // with the same limit and period would share a name: the second gets
 // "-2", the third "-3", and so on.
 func PolicyName(l client.LimitState) string {
-	return strconv.FormatInt(l.Limit, 10) + "-per-" + formatPeriod(l.Period)
-}
-
-func formatPeriod(d time.Duration) string {
-	switch {
-	case d <= 0:
-		return "0s"
-	case d%time.Hour == 0:
-		return strconv.FormatInt(int64(d/time.Hour), 10) + "h"
-	case d%time.Minute == 0:
-		return strconv.FormatInt(int64(d/time.Minute), 10) + "m"
-	case d%time.Second == 0:
-		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
-	}
-	return strconv.FormatInt(d.Milliseconds(), 10) + "ms"
-}
-
-// policyNames returns the names of the limits, made unique.
-func policyNames(ls []client.LimitState) []string {
-	names := make([]string, len(ls))
-	for i, l := range ls {
-		n := PolicyName(l)
-		dup := 1
-		for j := range i {
-			if PolicyName(ls[j]) == n {
-				dup++
-			}
-		}
-		if dup > 1 {
-			n += "-" + strconv.Itoa(dup)
-		}
-		names[i] = n
-	}
-	return names
-}
-
-// rateLimitFields returns the RateLimit-Policy and RateLimit field values
-// for the limits at now: one list item per limit,
-//
-//	RateLimit-Policy: "100-per-1m";q=100;w=60
-//	RateLimit: "100-per-1m";r=57;t=12
-//
-// q is the limit, w its period in seconds (rounded up), r what the limit
-// still admits fleet-wide, t the seconds until it is whole again (rounded
-// up). withState false leaves RateLimit out ("").
-func rateLimitFields(ls []client.LimitState, now time.Time, withState bool) (policy, state string) {
-	if len(ls) == 0 {
-		return "", ""
-	}
-	names := policyNames(ls)
-	pl := make(httpsfv.List, len(ls))
-	sl := make(httpsfv.List, len(ls))
-	for i, l := range ls {
-		p := httpsfv.NewItem(names[i])
-		p.Params.Add("q", max(l.Limit, 0))
-		p.Params.Add("w", max(inbound.CeilSeconds(l.Period), 1))
-		pl[i] = p
-		s := httpsfv.NewItem(names[i])
-		s.Params.Add("r", max(l.Remaining, 0))
-		s.Params.Add("t", inbound.CeilSeconds(l.Reset.Sub(now)))
-		sl[i] = s
-	}
-	policy, err := httpsfv.Marshal(pl)
-	if err != nil {
-		return "", ""
-	}
-	if !withState {
-		return policy, ""
-	}
-	state, err = httpsfv.Marshal(sl)
-	if err != nil {
-		return "", ""
-	}
-	return policy, state
+	return inbound.PolicyName(l)
 }
 
 // RateLimitFields returns the RateLimit-Policy and RateLimit field values
 // (structured-field lists, as the middleware writes them) for the limits
 // of a decision at now; "" for both when ls is empty. For other transports:
 // the grpclimit module sends them as gRPC response metadata.
+//
+//	RateLimit-Policy: "100-per-1m";q=100;w=60
+//	RateLimit: "100-per-1m";r=57;t=12
+//
+// q is the limit, w its period in seconds (rounded up), r what the limit
+// still admits fleet-wide, t the seconds until it is whole again (rounded
+// up).
 func RateLimitFields(ls []client.LimitState, now time.Time) (policy, state string) {
-	return rateLimitFields(ls, now, true)
+	return inbound.RateLimitFields(ls, now)
 }
 
-// fieldCache keeps the serialized RateLimit fields of recent Limits
-// slices. A decision's Limits slice is shared and immutable, and a leased
-// key answers every decision with the slice of its lease's answer; its
-// fields change only when t, whole seconds, does. So the hot path
-// serializes once per key per second. Direct-mapped, bounded, lock-free:
-// a slot lost to another slice is serialized again, nothing worse.
-type fieldCache struct {
-	seed  maphash.Seed
-	slots [64]atomic.Pointer[fieldEntry]
-}
-
-type fieldEntry struct {
-	first         *client.LimitState // identifies the slice
-	n             int
-	ts            [maxCachedLimits]int64
-	policy, state string
-}
-
-const maxCachedLimits = 8
-
-func newFieldCache() *fieldCache { return &fieldCache{seed: maphash.MakeSeed()} }
-
-// fields returns the RateLimit-Policy and RateLimit values of ls at now.
-func (fc *fieldCache) fields(ls []client.LimitState, now time.Time) (policy, state string) {
-	if len(ls) == 0 || len(ls) > maxCachedLimits {
-		return rateLimitFields(ls, now, true)
-	}
-	var ts [maxCachedLimits]int64
-	for i, l := range ls {
-		ts[i] = inbound.CeilSeconds(l.Reset.Sub(now))
-	}
-	first := &ls[0]
-	slot := &fc.slots[maphash.Comparable(fc.seed, first)%uint64(len(fc.slots))]
-	if e := slot.Load(); e != nil && e.first == first && e.n == len(ls) && e.ts == ts {
-		return e.policy, e.state
-	}
-	policy, state = rateLimitFields(ls, now, true)
-	slot.Store(&fieldEntry{first: first, n: len(ls), ts: ts, policy: policy, state: state})
-	return policy, state
-}
-
-// setRateLimit writes the RateLimit fields of ls on h; without state, only
-// RateLimit-Policy.
-func (fc *fieldCache) setRateLimit(h http.Header, ls []client.LimitState, now time.Time, withState bool) {
-	policy, state := fc.fields(ls, now)
-	if !withState {
-		state = ""
-	}
-	// Canonical keys set directly: Header.Set would canonicalize (and
-	// allocate) on every request.
-	if policy != "" {
-		h[canonPolicy] = []string{policy}
-	}
-	if state != "" {
-		h[canonState] = []string{state}
-	}
+// setFields writes the RateLimit fields of out on h, as the shared limiter
+// says (inbound.Limiter.Fields: from its cache).
+func (m *Middleware) setFields(h http.Header, out *inbound.Decided) {
+	policy, state := m.core.Fields(out, time.Now())
+	inbound.SetValues(h, canonPolicy, policy, canonState, state)
 }
 
 // problem is an RFC 9457 problem body.

@@ -231,7 +231,6 @@ type Middleware struct {
 	deny     http.Handler
 	missing  func(http.ResponseWriter, *http.Request, error)
 	hook     func(*http.Request, Result)
-	fields   *fieldCache
 }
 
 // New checks cfg and returns a Middleware. A template that does not parse,
@@ -244,7 +243,6 @@ func New(cfg Config) (*Middleware, error) {
 		deny:     cfg.DenyHandler,
 		missing:  cfg.MissingHandler,
 		hook:     cfg.OnDecision,
-		fields:   newFieldCache(),
 	}
 	core, err := inbound.New(inbound.Config{
 		Prefix:         "httplimit",
@@ -362,7 +360,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch out.Verdict {
 	case inbound.VerdictAdmit:
 		if out.Fields {
-			m.fields.setRateLimit(w.Header(), d.Limits, time.Now(), out.State)
+			m.setFields(w.Header(), &out)
 		}
 		h.next.ServeHTTP(w, r)
 		return
@@ -380,7 +378,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	wh := w.Header()
 	wh.Set("Retry-After", inbound.RetryAfterSeconds(out.Retry))
 	if out.Fields {
-		m.fields.setRateLimit(wh, d.Limits, time.Now(), true)
+		m.setFields(wh, &out)
 	}
 	rp := new(Result) // on the heap on this path only
 	*rp = resultOf(keys, cost, &out)

@@ -105,9 +105,9 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Limiter is the checked configuration, the wait queue and the counters
-// one limiter shares between all its handlers or interceptors. It is safe
-// for concurrent use.
+// Limiter is the checked configuration, the wait queue, the counters and
+// the cache of RateLimit fields one limiter shares between all its
+// handlers or interceptors. It is safe for concurrent use.
 type Limiter struct {
 	prefix      string
 	c           *client.Client
@@ -119,6 +119,10 @@ type Limiter struct {
 	maxWait     time.Duration
 	queue       chan struct{} // nil without MaxWait
 	log         *slog.Logger
+	// fields caches the RateLimit fields of recent decisions (Fields):
+	// an allocation of its own, off the cache lines of the counters that
+	// every request writes.
+	fields *fieldCache
 
 	allowed  atomic.Int64
 	denied   atomic.Int64
@@ -144,6 +148,7 @@ func New(cfg Config) (*Limiter, error) {
 		closedFails: cfg.ClosedFails,
 		maxWait:     cfg.MaxWait,
 		log:         cfg.Logger,
+		fields:      newFieldCache(),
 	}
 	keys := cfg.Keys
 	if len(keys) == 0 {
