@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"time"
@@ -635,6 +636,15 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		wait := time.Duration(res.RetryAfterMillis) * time.Millisecond
 		if wait <= 0 {
 			wait = c.cfg.SettleInterval
+		}
+		if res.SafeRate > 0 && res.Limit > 0 && res.PeriodMillis > 0 {
+			// Spread the holders' next asks: each denied process was told
+			// the same wait, and asking together, all but one would be
+			// refused again.
+			rate := float64(res.Limit) / (float64(res.PeriodMillis) / 1000)
+			if h := rate / res.SafeRate; h > 1.5 {
+				wait += time.Duration(rand.Int64N(int64(wait)))
+			}
 		}
 		ks.denyUntil.Store(now + int64(wait))
 		ks.need.Store(false)

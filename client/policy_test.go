@@ -210,3 +210,30 @@ func TestLeaseRefusedOwned(t *testing.T) {
 	assert.Equal(t, now+int64(100*time.Millisecond), plain.denyUntil.Load(), "a plain refusal denies until its retry_after")
 	assert.False(t, plain.run.demote)
 }
+
+// TestDenialSpread: a lease refused on a shared key is asked for again
+// after its retry_after plus up to as much again, drawn at random, so that
+// the holders refused together do not all ask at the same instant (all but
+// one would be refused again); a key this process alone holds asks right at
+// its retry_after.
+func TestDenialSpread(t *testing.T) {
+	c := policyClient(t, Config{})
+	now := int64(5 * time.Second)
+	retry := int64(40 * time.Millisecond)
+	deny := func(safeRate float64) int64 {
+		ks := newKeyState("k")
+		ks.leasing.Store(true)
+		res := &protocol.LeaseResult{Key: "k", RetryAfterMillis: 40, Limit: 1000, PeriodMillis: 1000, Burst: 100, TTLMillis: 1000, SafeRate: safeRate, Rule: "r"}
+		c.applyOne(pending{ks: ks, want: 10}, res, now, now)
+		return ks.denyUntil.Load() - now
+	}
+	seen := map[int64]bool{}
+	for range 200 {
+		w := deny(1000.0 / 6) // six holders
+		require.GreaterOrEqual(t, w, retry)
+		require.Less(t, w, 2*retry)
+		seen[w] = true
+	}
+	assert.Greater(t, len(seen), 50, "the waits are spread")
+	assert.Equal(t, retry, deny(1000), "alone on the key: the retry_after as given")
+}
