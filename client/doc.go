@@ -81,10 +81,11 @@
 // rest of the hot path. A grant of zero comes with retry_after, and the key
 // is then denied locally until that time: excess requests cost no network
 // call. On a key other processes hold too, the wait is the retry_after plus
-// up to as much again, at random: every holder refused at one moment is
-// told about the same retry_after, and asking together all but one would be
-// refused again (at the saturated key of the benchmark this cut the calls
-// from about 130 to about 78 per 1,000 decisions).
+// up to half as much again, at random: every holder refused at one moment
+// is told about the same retry_after, and asking together all but one
+// would be refused again (at the saturated key of the benchmark this cut
+// the calls from about 130 to about 90 per 1,000 decisions; a spread of a
+// whole retry_after cut them to 78 but lost up to a point of admissions).
 //
 // # Priorities
 //

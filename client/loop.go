@@ -643,7 +643,7 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 			// refused again.
 			rate := float64(res.Limit) / (float64(res.PeriodMillis) / 1000)
 			if h := rate / res.SafeRate; h > 1.5 {
-				wait += time.Duration(rand.Int64N(int64(wait)))
+				wait += time.Duration(rand.Int64N(int64(wait)/2 + 1))
 			}
 		}
 		ks.denyUntil.Store(now + int64(wait))

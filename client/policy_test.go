@@ -212,7 +212,7 @@ func TestLeaseRefusedOwned(t *testing.T) {
 }
 
 // TestDenialSpread: a lease refused on a shared key is asked for again
-// after its retry_after plus up to as much again, drawn at random, so that
+// after its retry_after plus up to half as much again, drawn at random, so that
 // the holders refused together do not all ask at the same instant (all but
 // one would be refused again); a key this process alone holds asks right at
 // its retry_after.
@@ -231,9 +231,9 @@ func TestDenialSpread(t *testing.T) {
 	for range 200 {
 		w := deny(1000.0 / 6) // six holders
 		require.GreaterOrEqual(t, w, retry)
-		require.Less(t, w, 2*retry)
+		require.LessOrEqual(t, w, retry+retry/2)
 		seen[w] = true
 	}
-	assert.Greater(t, len(seen), 50, "the waits are spread")
+	assert.Greater(t, len(seen), 30, "the waits are spread")
 	assert.Equal(t, retry, deny(1000), "alone on the key: the retry_after as given")
 }
