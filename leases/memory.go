@@ -192,6 +192,9 @@ func (s *MemoryStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, er
 		op := &ops[i]
 		if err := s.with(op.Key, &op.Bucket, now, func(st keyState) {
 			out[i] = st.take(&op.Bucket, op.Cost, op.Floor, maxDelayOf(op), now)
+			if tb, ok := st.(*tbState); ok && out[i].Taken {
+				tb.noteTaker(op.Server, now)
+			}
 		}); err != nil {
 			return nil, err
 		}

@@ -13,7 +13,11 @@ import (
 // and refuses everyone else:
 //
 //   - Own (acquire): granted only while the bucket has no open lease and no
-//     other live owner. The store records the owner, its deadline (now +
+//     other live owner, and no take has come through another server
+//     within the last lease TTL (TakeOp.Server names the server a take
+//     comes through; a bucket taken through several servers, as behind a
+//     load balancer that spreads one key's requests, is never owned, for
+//     the owner would refuse the others' takes). The store records the owner, its deadline (now +
 //     Bucket.LeaseTTL) and the bucket's level L0 at that moment t0, and
 //     answers L0 and t0: the owner runs the bucket from there, refilling at
 //     the rule's rate up to its burst, counting time from when its request

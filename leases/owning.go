@@ -237,6 +237,7 @@ func (s *OwningStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, er
 			sub := make([]TakeOp, len(fwd))
 			for j, i := range fwd {
 				sub[j] = ops[i]
+				sub[j].Server = s.opts.Server // so that the store sees who takes
 			}
 			res, err := s.inner.Take(ctx, sub)
 			s.mu.Lock()

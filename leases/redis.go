@@ -291,7 +291,11 @@ func (s *RedisStore) runTake(ctx context.Context, mode string, ops []TakeOp) ([]
 		if d := maxDelayOf(op); d >= 0 {
 			maxDelay = d.Microseconds()
 		}
-		args[i] = append(append(bucketArgs(mode, now, &op.Bucket), noOwner[:2]...), op.Cost, op.At, maxDelay)
+		server := noOwner[0]
+		if mode == "take" && algs[i] == TokenBucket {
+			server = op.Server // ARGV[7]: the taker (TakeOp.Server)
+		}
+		args[i] = append(append(bucketArgs(mode, now, &op.Bucket), server, noOwner[1]), op.Cost, op.At, maxDelay)
 		args[i] = append(append(args[i], noOwner[5:]...), s.noEviction, op.Floor)
 	}
 	return s.run(ctx, algs, keys, args)

@@ -243,6 +243,11 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 		case r == 0:
 			op := []leases.TakeOp{{Key: key, Bucket: b, Cost: rng.Int64N(c.maxCost + 1)}}
 			op[0].Floor = c.randomFloor(rng, b)
+			if c.owns > 0 {
+				// Takes through either server, or none: a bucket taken
+				// through both lately is not owned (noteTaker).
+				op[0].Server = []string{"", "s1", "s2"}[rng.IntN(3)]
+			}
 			mo, err := mem.Take(ctx, op)
 			require.NoError(t, err)
 			ro, err := red.Take(ctx, op)

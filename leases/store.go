@@ -204,6 +204,11 @@ type TakeOp struct {
 	// and its RetryAfter is the time until they are (negative when Cost +
 	// Floor exceeds the capacity). 0 changes nothing; Refund ignores it.
 	Floor int64
+	// Server names the lease server making the take, for a token bucket
+	// (OwningStore sets it; empty otherwise): a bucket taken through more
+	// than one server within a lease TTL is not given to an owner (see
+	// Owning), since the owner would refuse the others' takes.
+	Server string
 }
 
 // TakeOutcome is the result of one TakeOp.

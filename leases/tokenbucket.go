@@ -223,6 +223,14 @@ type tbState struct {
 	bucket Bucket // parameters of the last operation, for the idle sweep
 	// owner is the lease server owning the bucket, nil when none.
 	owner *tbOwner
+	// taker is the lease server whose direct take last took from the
+	// bucket while no lease was open on it (TakeOp.Server), takenAt when,
+	// and mixedAt the last time a take came from another server than the
+	// one before: a bucket taken through several servers lately is not
+	// owned (see tokenbucket_own.go). Cleared when a lease opens or an
+	// ownership begins, as the Redis store's string is replaced then.
+	taker            string
+	takenAt, mixedAt int64
 }
 
 // tbOwner is a lease server's ownership of a token bucket. Its L0 and t0
@@ -294,6 +302,7 @@ func (s *tbState) holds(o Owner) bool {
 
 // open records a new lease.
 func (s *tbState) open(l *openLease) {
+	s.taker, s.takenAt, s.mixedAt = "", 0, 0
 	if !s.holds(l.ref.owner) {
 		if s.procs == nil {
 			s.procs = make(map[string]int)
@@ -604,6 +613,9 @@ func (s *tbState) idle(now int64) bool {
 		return false // the record of a live ownership
 	}
 	s.advance(&s.bucket, now)
+	if s.taker != "" && now < max(s.takenAt, s.mixedAt)+s.bucket.LeaseTTL.Microseconds() {
+		return false // the record of its recent takers
+	}
 	return len(s.leases) == 0 && s.level+epsilon >= float64(s.bucket.Burst)
 }
 

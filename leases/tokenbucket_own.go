@@ -38,6 +38,30 @@ func (op *OwnOp) releaseLevel() float64 {
 // the same float64, for the Lua script.
 func formatLevel(l float64) string { return strconv.FormatFloat(l, 'g', -1, 64) }
 
+// noteTaker records that server's direct take took from the bucket at now,
+// while no lease is open and nobody owns it (the Redis store writes the
+// bucket's string then, with its takers).
+func (s *tbState) noteTaker(server string, now int64) {
+	if server == "" || len(s.leases) > 0 || s.owner != nil {
+		return
+	}
+	if s.taker != "" && s.taker != server {
+		s.mixedAt = now
+	}
+	s.taker, s.takenAt = server, now
+}
+
+// sharedTakes reports whether takes reached the bucket through a server
+// other than server within ttl before now: then it is not owned, since
+// the owner would refuse that server's takes. A key whose direct takes the
+// SDK routes to one server is taken through that one alone.
+func (s *tbState) sharedTakes(server string, now, ttl int64) bool {
+	if s.taker == "" {
+		return false
+	}
+	return s.mixedAt > now-ttl || (s.taker != server && s.takenAt > now-ttl)
+}
+
 // endOwnership ends an ownership whose deadline is at or before now,
 // unrenewed and unreleased: the bucket is empty at the deadline and refills
 // from there, as if the owner had spent all it could. It reports whether it
@@ -83,13 +107,21 @@ func (s *tbState) own(b *Bucket, op *OwnOp, level float64, now int64) OwnOutcome
 	lvl, last, open := s.level, s.last, len(s.leases)
 	s.advance(b, now)
 	if !op.Release {
-		if len(s.leases) == 0 {
+		switch {
+		case len(s.leases) > 0:
+			// Open leases: until the last of them ends, at most one
+			// lease TTL.
+			o.RetryAfter = microsToRetry(min(s.maxExp-now, ttl))
+		case s.sharedTakes(op.Server, now, ttl):
+			// Taken through other servers lately: owning it would refuse
+			// their takes. Ask again a TTL later.
+			o.RetryAfter = microsToRetry(ttl)
+		default:
 			s.owner = &tbOwner{server: op.Server, deadline: now + ttl}
+			s.taker, s.takenAt, s.mixedAt = "", 0, 0
 			o.Owned, o.Acquired, o.Level, o.TTL = true, true, s.level, b.LeaseTTL
 			return o
 		}
-		// Open leases: until the last of them ends, at most one lease TTL.
-		o.RetryAfter = microsToRetry(min(s.maxExp-now, ttl))
 	}
 	if len(s.leases) == open && !ended {
 		// Nothing closed, nothing to write (the Redis store writes

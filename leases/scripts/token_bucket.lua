@@ -48,7 +48,8 @@
 --          them ARGV[7] is the server and ARGV[9] the released level (a
 --          decimal string, finite, 0 to burst: OwnOp.releaseLevel).
 -- ARGV     1 mode (lease|take|refund|state|own|release), 2 now µs ("" = Redis TIME),
---          3 limit, 4 period µs, 5 burst, 6 lease ttl µs, 7 client,
+--          3 limit, 4 period µs, 5 burst, 6 lease ttl µs, 7 client (for a
+--          take: the lease server taking, TakeOp.Server, or ""),
 --          8 process, 9 want or cost, 10 lease id to settle, 11 used,
 --          12 new lease id, 13 slot (0 or 1), 14 max open leases per key,
 --          15 max processes per client on the key, 16 "1" when Redis is
@@ -153,6 +154,11 @@ end
 -- The ownership of the bucket by a lease server, when the string records
 -- one: the owner, its deadline (µs) and its contested mark ('0' or '1').
 local ow, odl, ocon = nil, 0, '0'
+-- The lease server whose direct take last took from the bucket (a string
+-- with no owner), when, and the last time the taker changed
+-- (tokenbucket_own.go, noteTaker): "<level> <clock> t <taken µs> <mixed
+-- µs> <taker>".
+local tk, tkat, tkmix = nil, 0, 0
 if not is_hash then
   st = {}
   for i = 1, 11 do st[i] = false end
@@ -161,7 +167,13 @@ if not is_hash then
     if l then
       ow, odl, ocon = w, tonumber(d), c
     else
-      l, t = string.match(raw, '^(%S+) (%d+)$')
+      local a, m
+      l, t, a, m, w = string.match(raw, '^(%S+) (%d+) t (%d+) (%d+) (.*)$')
+      if l then
+        tk, tkat, tkmix = w, tonumber(a), tonumber(m)
+      else
+        l, t = string.match(raw, '^(%S+) (%d+)$')
+      end
     end
     st[1], st[2] = l, t
   end
@@ -523,6 +535,13 @@ local function save()
     us = odl - now + burst / rate
   else
     us = (burst - level) / rate
+    if tk then
+      -- The record of its takers lasts a lease TTL past the latest.
+      local keep = tkat
+      if tkmix > keep then keep = tkmix end
+      keep = keep + ttl - now
+      if keep > us then us = keep end
+    end
   end
   if us < 0 then us = 0 end
   local px = math.ceil(us / 1000) + 1000
@@ -532,7 +551,11 @@ local function save()
     -- left from the leases is dropped whole (its counts are all zero).
     if is_hash then redis.call('DEL', H) end
     local v = fmtf(level) .. ' ' .. string.format('%d', last)
-    if ow then v = v .. ' ' .. string.format('%d', odl) .. ' ' .. ocon .. ' ' .. ow end
+    if ow then
+      v = v .. ' ' .. string.format('%d', odl) .. ' ' .. ocon .. ' ' .. ow
+    elseif tk then
+      v = v .. ' t ' .. string.format('%d', tkat) .. ' ' .. string.format('%d', tkmix) .. ' ' .. tk
+    end
     redis.call('SET', H, v, 'PX', px)
     return
   end
@@ -655,6 +678,13 @@ if mode == 'own' then
     if w > ttl then w = ttl end
     return { 0, 0, '0', now, 0, us_ms(w) }
   end
+  if tk and (tkmix > now - ttl or (tk ~= ARGV[7] and tkat > now - ttl)) then
+    -- Taken through other servers lately (sharedTakes): not owned; ask
+    -- again a TTL later.
+    if changed then save() end
+    return { 0, 0, '0', now, 0, us_ms(ttl) }
+  end
+  tk = nil
   ow, odl, ocon = ARGV[7], now + ttl, '0'
   save()
   return { 1, 1, fmtf(level), now, 0, 0 }
@@ -685,6 +715,11 @@ if mode == 'take' then
   if cost == 0 or level + eps >= cost + pfloor then
     level = level - cost
     taken = 1
+    if ARGV[7] ~= '' and n <= 0 then
+      -- noteTaker: the server whose take this is (TakeOp.Server).
+      if tk and tk ~= ARGV[7] then tkmix = now end
+      tk, tkat = ARGV[7], now
+    end
   else
     retry = retry_after(cost + pfloor)
   end

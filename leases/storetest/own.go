@@ -29,6 +29,7 @@ func runOwn(t *testing.T, newStore Factory, opts Options) {
 		{"NotOwnable", testOwnNotOwnable},
 		{"BadLevel", testOwnBadLevel},
 		{"Kept", func(t *testing.T, f *fixture) { testOwnKept(t, f, opts) }},
+		{"SharedTakes", testOwnSharedTakes},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.test(t, newFixture(t, newStore)) })
 	}
@@ -324,4 +325,49 @@ func testOwnKept(t *testing.T, f *fixture, opts Options) {
 	st := f.state("k", b)
 	assert.Empty(t, st.Owner)
 	assert.InDelta(t, 5, st.Level, 1e-9, "expired at 10 s, empty, and 500 ms of refill")
+}
+
+// takeAs takes cost tokens of key as lease server server (TakeOp.Server).
+func (f *fixture) takeAs(server, key string, b leases.Bucket, cost int64) leases.TakeOutcome {
+	f.t.Helper()
+	out, err := f.store.Take(f.ctx, []leases.TakeOp{{Key: key, Bucket: b, Cost: cost, Server: server}})
+	require.NoError(f.t, err)
+	require.Len(f.t, out, 1)
+	return out[0]
+}
+
+// testOwnSharedTakes: a bucket whose takes came through another server
+// within a lease TTL is not given to an owner (the owner would refuse that
+// server's takes); one taken through the acquiring server alone, or not
+// through a server lately, is.
+func testOwnSharedTakes(t *testing.T, f *fixture) {
+	b := bucket(100, time.Second, 100, time.Second)
+
+	// Taken through s2 only: s2 may own it, s1 may not for a TTL.
+	require.True(t, f.takeAs("s2", "one", b, 1).Taken)
+	o := f.own("s1", "one", b)
+	assert.False(t, o.Owned, "taken through s2 within a TTL")
+	assert.Equal(t, time.Second, o.RetryAfter, "ask again a TTL later")
+	assert.True(t, f.own("s2", "one", b).Acquired, "its only taker")
+
+	// Taken through both: neither may, until a TTL without mixing.
+	require.True(t, f.takeAs("s1", "both", b, 1).Taken)
+	f.clock.Advance(10 * time.Millisecond)
+	require.True(t, f.takeAs("s2", "both", b, 1).Taken)
+	f.clock.Advance(10 * time.Millisecond)
+	require.True(t, f.takeAs("s1", "both", b, 1).Taken)
+	assert.False(t, f.own("s1", "both", b).Owned, "taken through two servers lately")
+	assert.False(t, f.own("s2", "both", b).Owned)
+	f.clock.Advance(time.Second)
+	require.True(t, f.takeAs("s1", "both", b, 1).Taken)
+	assert.True(t, f.own("s1", "both", b).Acquired, "a TTL through s1 alone")
+
+	// Takes that name no server (a server that owns nothing) do not count.
+	require.True(t, f.take("anon", b, 1).Taken)
+	assert.True(t, f.own("s1", "anon", b).Acquired)
+
+	// A denied take records nothing.
+	require.True(t, f.takeAs("s1", "denied", b, 100).Taken)
+	assert.False(t, f.takeAs("s2", "denied", b, 1).Taken)
+	assert.True(t, f.own("s1", "denied", b).Acquired, "s2 took nothing")
 }
