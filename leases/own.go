@@ -2,6 +2,7 @@ package leases
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -48,11 +49,7 @@ import (
 
 // ErrNotOwnable is the error of an OwnOp on a bucket whose algorithm cannot
 // be owned (every one but token_bucket).
-var ErrNotOwnable = errorString("this algorithm's buckets cannot be owned by a server")
-
-type errorString string
-
-func (e errorString) Error() string { return string(e) }
+var ErrNotOwnable = errors.New("this algorithm's buckets cannot be owned by a server")
 
 // OwnOp acquires, renews or releases one lease server's ownership of a
 // token bucket.

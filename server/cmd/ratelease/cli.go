@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -369,62 +370,55 @@ func (a *api) rulesApply(ctx context.Context, sub string, args []string, stdout,
 // file's: deletions first (with prune), so that a rule renamed with the
 // same match never collides with its old self, then creations and changes.
 func plan(rf *server.RulesFile, rules []protocol.AdminRule, clients []protocol.AdminClient, prune bool) []step {
-	var dels, puts []step
-	want := map[string]bool{}
-	cur := map[string]protocol.AdminRule{}
-	for _, r := range rules {
-		cur[r.Name] = r
+	wantRules := make([]protocol.AdminRule, len(rf.Rules))
+	for i, rc := range rf.Rules {
+		wantRules[i] = server.AdminRuleOf(rc)
 	}
-	for _, rc := range rf.Rules {
-		r := server.AdminRuleOf(rc)
-		want[r.Name] = true
-		path := protocol.PathAdminRules + "/" + url.PathEscape(r.Name)
-		old, ok := cur[r.Name]
-		switch {
-		case !ok:
-			puts = append(puts, step{op: "+", kind: "rule", name: r.Name, path: path, body: r})
-		default:
-			v := old.Version
-			old.Version = 0
-			if !reflect.DeepEqual(old, r) {
-				puts = append(puts, step{op: "~", kind: "rule", name: r.Name, path: path, body: r, ifMatch: strconv.FormatInt(v, 10)})
-			}
+	wantClients := make([]protocol.AdminClient, len(rf.Clients))
+	for i, cc := range rf.Clients {
+		wantClients[i] = protocol.AdminClient{Name: cc.Name, TokenSHA256: cc.TokenSHA256, Keys: cc.Keys, Admin: cc.Admin}
+	}
+	ruleDels, rulePuts := planSet("rule", protocol.PathAdminRules, rules, wantRules, prune,
+		func(r *protocol.AdminRule) (string, *int64) { return r.Name, &r.Version })
+	clientDels, clientPuts := planSet("client", protocol.PathAdminClients, clients, wantClients, prune,
+		func(c *protocol.AdminClient) (string, *int64) { return c.Name, &c.Version })
+	return slices.Concat(ruleDels, clientDels, rulePuts, clientPuts)
+}
+
+// planSet returns the deletions (with prune) and the creations and changes
+// that make the stored items cur the wanted ones, under base + "/" + name.
+// id returns an item's name and its version field, which the comparison
+// ignores and a change or deletion names in If-Match.
+func planSet[T any](kind, base string, cur, want []T, prune bool, id func(*T) (string, *int64)) (dels, puts []step) {
+	stored := make(map[string]T, len(cur))
+	for _, c := range cur {
+		name, _ := id(&c)
+		stored[name] = c
+	}
+	wanted := make(map[string]bool, len(want))
+	for _, w := range want {
+		name, _ := id(&w)
+		wanted[name] = true
+		path := base + "/" + url.PathEscape(name)
+		old, ok := stored[name]
+		if !ok {
+			puts = append(puts, step{op: "+", kind: kind, name: name, path: path, body: w})
+			continue
+		}
+		_, v := id(&old)
+		version := *v
+		*v = 0
+		if !reflect.DeepEqual(old, w) {
+			puts = append(puts, step{op: "~", kind: kind, name: name, path: path, body: w, ifMatch: strconv.FormatInt(version, 10)})
 		}
 	}
 	if prune {
-		for _, r := range rules {
-			if !want[r.Name] {
-				dels = append(dels, step{op: "-", kind: "rule", name: r.Name, path: protocol.PathAdminRules + "/" + url.PathEscape(r.Name), ifMatch: strconv.FormatInt(r.Version, 10)})
+		for _, c := range cur {
+			name, v := id(&c)
+			if !wanted[name] {
+				dels = append(dels, step{op: "-", kind: kind, name: name, path: base + "/" + url.PathEscape(name), ifMatch: strconv.FormatInt(*v, 10)})
 			}
 		}
 	}
-	wantC := map[string]bool{}
-	curC := map[string]protocol.AdminClient{}
-	for _, c := range clients {
-		curC[c.Name] = c
-	}
-	for _, cc := range rf.Clients {
-		c := protocol.AdminClient{Name: cc.Name, TokenSHA256: cc.TokenSHA256, Keys: cc.Keys, Admin: cc.Admin}
-		wantC[c.Name] = true
-		path := protocol.PathAdminClients + "/" + url.PathEscape(c.Name)
-		old, ok := curC[c.Name]
-		switch {
-		case !ok:
-			puts = append(puts, step{op: "+", kind: "client", name: c.Name, path: path, body: c})
-		default:
-			v := old.Version
-			old.Version = 0
-			if !reflect.DeepEqual(old, c) {
-				puts = append(puts, step{op: "~", kind: "client", name: c.Name, path: path, body: c, ifMatch: strconv.FormatInt(v, 10)})
-			}
-		}
-	}
-	if prune {
-		for _, c := range clients {
-			if !wantC[c.Name] {
-				dels = append(dels, step{op: "-", kind: "client", name: c.Name, path: protocol.PathAdminClients + "/" + url.PathEscape(c.Name), ifMatch: strconv.FormatInt(c.Version, 10)})
-			}
-		}
-	}
-	return append(dels, puts...)
+	return dels, puts
 }
