@@ -128,7 +128,10 @@ func (l *lease) left() int64 {
 //	            in loopState.leased) and asks for a batch; decided directly
 //	            meanwhile.
 //	leased      leasing set, active lease live: decided locally from the
-//	            lease; when it runs out, denied until the next batch.
+//	            lease; when it runs out, denied until the next batch. A
+//	            deferred batch (the server's answer to a key whose bucket
+//	            or share could not serve it yet) is active but paused,
+//	            with the key denied, until its delay has passed.
 //	demoting    the loop returns its leases (run.demote), then sets
 //	            leasing false: direct again.
 //	forgotten   dead: idle for Config.IdleTimeout (direct keys, swept
@@ -200,6 +203,13 @@ type keyState struct {
 		// return rides with the key's next renewal instead of a call of
 		// its own (see plan).
 		roomy bool
+		// bound is set when the key's latest lease request was refused or
+		// deferred: its bucket, or its share, holds no batch beyond the
+		// one it has. Its lease is then not renewed early (the renewal
+		// would be refused, or would replace a lease that still has
+		// tokens) but once spent out, by a request that accepts a
+		// deferral: one call per batch.
+		bound bool
 	}
 }
 

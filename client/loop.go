@@ -20,7 +20,20 @@ type pending struct {
 	want     int64
 	settling *lease // the lease this entry settles, if any
 	used     int64
+	// deferrable accepts a deferred grant (see maxLeaseDelay): set when the
+	// key has no token left to spend meanwhile.
+	deferrable bool
 }
+
+// maxLeaseDelay is the longest wait a lease request accepts for a deferred
+// grant (protocol.LeaseEntry.MaxDelayMillis); the server also caps it at
+// half the lease TTL. A key whose bucket, or whose fair share, cannot serve
+// its batch now is then granted the batch with the wait before it may be
+// spent, rather than refused with a retry_after: it is denied locally until
+// then, as after a refusal, but it needs no second call, and the holders
+// waiting for a saturated key are served in turn instead of all asking
+// again at the same moment.
+const maxLeaseDelay = time.Second
 
 // maxCalls is the most calls to the lease servers in flight at once: a
 // slow call does not hold up a key's first lease. A key is in at most one
@@ -110,6 +123,9 @@ func (c *Client) send(ctx context.Context, items []pending) callResult {
 			e := protocol.LeaseEntry{Key: p.ks.key, Want: p.want, Slot: p.slot, Priority: c.wirePriority()}
 			if p.settling != nil {
 				e.LeaseID, e.Used = p.settling.id, p.used
+			}
+			if p.deferrable && p.want > 0 {
+				e.MaxDelayMillis = maxLeaseDelay.Milliseconds()
 			}
 			req.Leases[i] = e
 		}
@@ -326,14 +342,16 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 				if denied {
 					want = 0
 				}
-				return []pending{{ks: ks, slot: active.slot, want: want, settling: active, used: used}}, true
+				return []pending{{ks: ks, slot: active.slot, want: want, settling: active, used: used, deferrable: true}}, true
 			}
 			return nil, false
 		}
 		// Renew with about a quarter left, or with less left than two
-		// ticks of demand, or at half the TTL.
+		// ticks of demand, or at half the TTL; a bound key (see
+		// keyState.run.bound) only at half the TTL: once spent out, it
+		// settles and asks in one entry that accepts a deferral.
 		low := max(active.granted/4, int64(math.Ceil(ks.run.ewma*2*c.cfg.SettleInterval.Seconds())))
-		renew := left <= low || now >= active.halfway
+		renew := (left <= low && !ks.run.bound) || now >= active.halfway
 		if active.shape != nil {
 			// A schedule of slots is renewed when it is about to end, so
 			// that the next slice (which the server starts where this one
@@ -352,7 +370,9 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 		if ks.run.slots[0] == nil && ks.run.slots[1] != nil {
 			slot = 1
 		}
-		return []pending{entry(slot, c.want(ks))}, true
+		p := entry(slot, c.want(ks))
+		p.deferrable = true // nothing to spend meanwhile
+		return []pending{p}, true
 	}
 	// Return frozen leases that no renewal carried. On a roomy key (see
 	// keyState.run.roomy) a frozen lease waits for the key's next renewal,
@@ -620,6 +640,7 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 	if p.want == 0 {
 		return
 	}
+	ks.run.bound = res.Granted == 0 || (res.DelayMillis > 0 && !shaped(res.Algorithm))
 	if res.Granted == 0 {
 		ks.run.roomy = false
 		if res.Owned {
@@ -672,6 +693,17 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 	} else {
 		ks.denyUntil.Store(0)
 		ks.paused.Store(false)
+	}
+	if d := res.DelayMillis; d > 0 && l.shape == nil {
+		// A deferred grant: none of it is spent before its answer arrived
+		// plus the delay (the server's wait runs from its decision, which
+		// came before). The key is denied locally until then.
+		at := now + d*int64(time.Millisecond)
+		if l.pausedUntil.Load() < at {
+			l.pausedUntil.Store(at)
+		}
+		l.strict.Store(true)
+		ks.extendDenial(at)
 	}
 	ks.need.Store(false)
 	if old := c.setActive(ks, l); old != nil {

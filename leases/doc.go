@@ -74,9 +74,38 @@
 //     1,000). Beyond them a new lease fails with ErrTooManyLeases
 //     (too_many_leases, 429); renewals in the same slot, settles and
 //     returns are never refused.
-//   - The level is clamped at zero. When a rule shrinks below what is
-//     outstanding, burst − O is negative; the bucket is then empty, not in
-//     debt, and refills from zero once the old leases end.
+//   - The level is clamped at zero, but for the debt of a deferred grant
+//     (below). When a rule shrinks below what is outstanding, burst − O is
+//     negative; the bucket is then empty, not in debt, and refills from
+//     zero once the old leases end. A refill or a credit pays a debt and
+//     never deepens it.
+//   - Deferred grants (LeaseOp.MaxDelay, protocol max_delay_ms): where a
+//     lease would be refused because the level, or the owner's share,
+//     does not yet hold its batch, an owner that accepts a deferral is
+//     granted the whole batch at once with Delay, the wait until the refill
+//     (and its share) covers it, and spends none of it before then. The
+//     level goes into debt by the batch: the grant is a take of g at
+//     now + Delay, when the level without it would have held g, made
+//     early; every later operation sees the debt, and a later deferral
+//     waits behind it. So the bound holds (ConcurrentBoundDeferred counts
+//     each deferred token at its grant plus its Delay, and fails if they
+//     are counted at the grant). It is what makes a saturated key cost one
+//     call per batch: refused, every waiting holder was told about the same
+//     retry_after, all asked again together, and all but one were refused
+//     again. A deferral is made only when the wait is at most MaxDelay
+//     and half the lease TTL, the batch fits under the cap burst − O as
+//     it stands (a batch waiting for other leases to end would hold the
+//     cap down for everyone), the owner's class has no floor, and, when
+//     the owner's share comes after the level, the level stays within a
+//     quarter of the burst until then: above that the refill is spare any
+//     holder may take at once, and a batch parked on its share must not
+//     hold it back (the e2e TestFairness lost 9% of the rule's rate
+//     without this). A bucket in debt is not acquired by a lease server
+//     (own.go) until the refill has paid the debt: an ownership's expiry
+//     empties the bucket, which would forgive it.
+//     The floor of a saturated key's calls is then one per fair batch:
+//     about rate × holders / burst a second (each holder's batch is at
+//     most burst/holders, and the holders together get the refill).
 //   - Fair share splits a shared key between clients first, then between
 //     the processes of each client. An Owner is the authenticated client
 //     and the process (client_id, free text); from an owner's view the key

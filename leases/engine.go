@@ -147,6 +147,12 @@ type LeaseAsk struct {
 	// empty is normal): each limit grants only from what lies above the
 	// class's floor (Rule.Floor).
 	Priority string
+	// MaxDelay, when positive, accepts a deferred grant: tokens that may
+	// be spent only after LeaseResult.Delay, at most MaxDelay, given where
+	// the key's token bucket would refuse now (see LeaseOp.MaxDelay). The
+	// limits of a shadow or elastic rule, and a class with a floor, never
+	// defer.
+	MaxDelay time.Duration
 }
 
 // LimitStatus is the state of one limit of a key's rule after a decision,
@@ -190,8 +196,9 @@ type LeaseResult struct {
 	TTL     time.Duration
 	// RetryAfter is set when tokens were wanted and none granted.
 	RetryAfter time.Duration
-	// Delay is the wait before the first granted token may be spent
-	// (leaky_bucket); zero for the other algorithms.
+	// Delay is the wait before the first granted token may be spent: a
+	// leaky_bucket's first slot, or a deferred grant's wait (see
+	// LeaseAsk.MaxDelay); zero otherwise.
 	Delay time.Duration
 	// Rule is the rule that matched; nil when the key is unlimited.
 	Rule *Rule
@@ -283,9 +290,15 @@ func (e *Engine) Lease(ctx context.Context, owner Owner, asks []LeaseAsk) ([]Lea
 				settleID, used = "", 0
 			}
 		}
+		maxDelay := a.MaxDelay
+		if r.Shadow || r.Elastic != "" {
+			// A shadow rule admits at once whatever its limits say, and
+			// an elastic one borrows from its pool what they refuse.
+			maxDelay = 0
+		}
 		for li := range r.Limits {
 			b := r.bucket(li)
-			ops = append(ops, LeaseOp{Key: limitKey(a.Key, li), Bucket: b, Want: a.Want, LeaseID: settleID, Used: used, NewLeaseID: id, Slot: a.Slot, Limits: e.limits, Floor: r.Floor(a.Priority, b.Burst)})
+			ops = append(ops, LeaseOp{Key: limitKey(a.Key, li), Bucket: b, Want: a.Want, LeaseID: settleID, Used: used, NewLeaseID: id, Slot: a.Slot, Limits: e.limits, Floor: r.Floor(a.Priority, b.Burst), MaxDelay: maxDelay})
 			at = append(at, i)
 		}
 	}

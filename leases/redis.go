@@ -226,7 +226,7 @@ func (s *RedisStore) Lease(ctx context.Context, owner Owner, ops []LeaseOp) ([]L
 		algs[i] = op.Bucket.Algorithm
 		keys[i] = redisKeyList(op.Key, algs[i])
 		args[i] = append(bucketArgs("lease", now, &op.Bucket), owner.Client, owner.Process, op.Want, op.LeaseID, op.Used, op.NewLeaseID, op.Slot,
-			op.Limits.maxLeases(), op.Limits.maxProcesses(), s.noEviction, op.Floor)
+			op.Limits.maxLeases(), op.Limits.maxProcesses(), s.noEviction, op.Floor, op.MaxDelay.Microseconds())
 	}
 	cmds, err := s.run(ctx, algs, keys, args)
 	if err != nil {

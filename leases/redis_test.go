@@ -107,6 +107,10 @@ type agreeCase struct {
 	// one of two servers, with random levels, bad ones included); 0: none,
 	// and the random sequence is the one it always was.
 	owns int
+	// defers gives one lease op in defers a random LeaseOp.MaxDelay, 0 to
+	// the lease TTL, so that grants are deferred and levels go into debt;
+	// 0: none, and the random sequence is the one it always was.
+	defers int
 }
 
 // randomOwn returns an OwnOp on key: an acquire or renewal two times in
@@ -193,7 +197,16 @@ func TestStoresAgree(t *testing.T) {
 		keys:    []string{"a", "b", "c", "d}"},
 		owners:  []string{"x/1", "y/1", "z/1", "x/2", "y/2"},
 		steps:   4000, maxStep: 5 * time.Millisecond, abandon: 6, takes: 3, maxCost: 5,
-		floors: true, owns: 3,
+		floors: true, owns: 3, defers: 2,
+	}, {
+		// Deferred grants (LeaseOp.MaxDelay): levels in debt under
+		// leases, takes, refunds, expiries and settles.
+		name:    "deferred",
+		buckets: []leases.Bucket{tb(7, time.Second, 13, 300*time.Millisecond), tb(1000, time.Second, 100, 40*time.Millisecond), tb(3, 7*time.Millisecond, 3, 20*time.Millisecond)},
+		keys:    []string{"a", "b", "c", "d}"},
+		owners:  []string{"x/1", "y/1", "z/1", "x/2", "y/2"},
+		steps:   4000, maxStep: 3 * time.Millisecond, abandon: 6, takes: 6, maxCost: 5,
+		defers: 1,
 	}}
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
@@ -215,7 +228,7 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 		g  int64
 	}
 	open := map[string]held{} // owner|key|slot -> lease, as the memory store saw it
-	var settled, expired, waiters, refused, denied, acquired, contested, released int
+	var settled, expired, waiters, refused, denied, acquired, contested, released, deferred, debts int
 	for step := range c.steps {
 		clock.Advance(time.Duration(rng.Int64N(int64(c.maxStep))))
 		ki := rng.IntN(len(c.keys))
@@ -266,6 +279,9 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 			h := open[hk]
 			op := leases.LeaseOp{Key: key, Bucket: b, Want: rng.Int64N(b.Burst + 2), NewLeaseID: leases.NewLeaseID(), Slot: slot, Limits: c.limits}
 			op.Floor = c.randomFloor(rng, b)
+			if c.defers > 0 && rng.IntN(c.defers) == 0 {
+				op.MaxDelay = time.Duration(rng.Int64N(int64(b.LeaseTTL) + 1))
+			}
 			if h.id != "" && (c.abandon == 0 || rng.IntN(c.abandon) != 0) {
 				op.LeaseID = h.id
 				op.Used = rng.Int64N(h.g + 2) // sometimes one too many
@@ -286,6 +302,9 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 				if op.Want > 0 && o.Granted == 0 {
 					waiters++
 				}
+				if o.Delay > 0 && b.Algorithm == leases.TokenBucket {
+					deferred++
+				}
 			case errors.Is(o.Err, leases.ErrUnknownLease):
 				delete(open, hk)
 			case errors.Is(o.Err, leases.ErrTooManyLeases):
@@ -297,20 +316,27 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 		rs, err := red.State(ctx, key, b)
 		require.NoError(t, err)
 		requireSameState(t, ms, rs, step)
+		if ms.Level < 0 {
+			debts++
+		}
 		if b.Algorithm == leases.LeakyBucket {
 			require.LessOrEqual(t, ms.Level, float64(b.Burst)+1e-9, "step %d: the queue holds at most burst", step)
 		} else {
 			require.LessOrEqual(t, ms.Level+float64(ms.Outstanding), float64(b.Burst)+1e-9, "step %d: L + O ≤ burst", step)
 		}
 	}
-	t.Logf("%s: %d settles, %d leases expired or replaced unsettled, %d denials to waiters, %d refused by a cap, %d takes denied, %d ownerships acquired, %d contested, %d released",
-		c.name, settled, expired, waiters, refused, denied, acquired, contested, released)
+	t.Logf("%s: %d settles, %d leases expired or replaced unsettled, %d denials to waiters, %d refused by a cap, %d takes denied, %d ownerships acquired, %d contested, %d released, %d grants deferred, %d steps in debt",
+		c.name, settled, expired, waiters, refused, denied, acquired, contested, released, deferred, debts)
 	// Each case must reach the paths it is for.
 	require.Positive(t, settled)
 	require.Positive(t, expired)
 	require.Positive(t, waiters)
 	if c.limits != (leases.LeaseLimits{}) {
 		require.Positive(t, refused)
+	}
+	if c.defers > 0 {
+		require.Positive(t, deferred)
+		require.Positive(t, debts)
 	}
 	if c.owns > 0 {
 		require.Positive(t, acquired)

@@ -132,6 +132,14 @@ type LeaseOp struct {
 	// max(0, free − Floor) of what is free; its RetryAfter is the time
 	// until Floor + 1 are free. 0 changes nothing.
 	Floor int64
+	// MaxDelay, when positive, lets a token bucket defer a grant it would
+	// refuse now: it grants the owner's whole batch at once, with Delay
+	// the wait until the refill (and, on a shared key, the owner's fair
+	// share) covers it, when that wait is at most MaxDelay and half the
+	// lease TTL. The level goes into debt meanwhile, and the owner must not
+	// spend a deferred token before Delay has passed. Ignored when Floor is
+	// set and by the other algorithms. 0 never defers.
+	MaxDelay time.Duration
 }
 
 // LeaseOutcome is the result of one LeaseOp.
@@ -157,9 +165,11 @@ type LeaseOutcome struct {
 	// its size) if nothing else happens: for a token bucket, its refill to
 	// the burst; for a window, the window's end. RateLimit headers carry it.
 	Reset time.Duration
-	// Delay is set by algorithms that shape (leaky_bucket): the time from
-	// now until the first of the granted tokens may be spent; the others
-	// follow one every Period/Limit. Zero for the others.
+	// Delay is the time from now until the first of the granted tokens
+	// may be spent. Algorithms that shape (leaky_bucket) set it with every
+	// grant, and the other tokens follow one every Period/Limit; a token
+	// bucket sets it on a deferred grant (LeaseOp.MaxDelay), and then
+	// every token may be spent from then on. Zero otherwise.
 	Delay time.Duration
 	// Holders is the number of equal parts the key is shared in for this
 	// owner after the operation: the clients holding open leases on it

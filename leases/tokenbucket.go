@@ -258,18 +258,36 @@ func member(o Owner, slot int) string {
 // the bucket is then empty, not in debt, and refills from zero once the old
 // leases end.
 func (s *tbState) refillTo(b *Bucket, t int64) {
+	prev := s.level
 	if t > s.last {
 		// The explicit conversion forbids a fused multiply-add, so that the
 		// result is bit-identical to the Lua script's.
 		s.level += float64(b.ratePerMicro() * float64(t-s.last))
 		s.last = t
 	}
-	if c := float64(b.Burst - s.out); s.level > c {
-		s.level = c
+	s.level = capLevel(s.level, float64(b.Burst-s.out), prev)
+}
+
+// capLevel returns level capped at c, the burst less what is outstanding,
+// where prev is the level before the refill or credit that made level. The
+// cap never takes the level below zero, nor below prev when prev was in
+// debt (below zero: a deferred grant took tokens the refill had not yet
+// added, see deferral): a refill or a credit pays a debt, never deepens it,
+// and a cap made negative by a rule shrunk below what is outstanding
+// empties the bucket, without putting it in debt.
+func capLevel(level, c, prev float64) float64 {
+	l := level
+	if l > c {
+		l = c
 	}
-	if s.level < 0 {
-		s.level = 0
+	floor := 0.0
+	if prev < 0 {
+		floor = prev
 	}
+	if l < floor {
+		l = floor
+	}
+	return l
 }
 
 // advance closes the leases that expired at or before now without credit,
@@ -456,8 +474,7 @@ func (s *tbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 		// What comes back never lifts the level above burst − O: after a
 		// rule shrank, an old lease returned unused must not bring back
 		// the old burst.
-		s.level += float64(cur.granted - op.Used)
-		s.refillTo(b, now)
+		s.level = capLevel(s.level+float64(cur.granted-op.Used), float64(b.Burst-s.out), s.level)
 		o.Settled = true
 	} else if cur != nil {
 		// A new lease replaces the open one of this slot, which counts as
@@ -482,10 +499,12 @@ func (s *tbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 	var shareWait int64 // µs until this owner's fair share reaches its batch
 	var share float64   // tokens of fair share available to owner
 	var base float64    // owner's share clock
+	var capf float64    // the share and the spare: the most the share allows now
 	shared := false     // the fair share applied
 	need := int64(1)    // the least grant worth making
 	if op.Want > 0 {
 		g := op.Want
+		batch := g // the grant a deferral makes
 		if h > 1 {
 			// Fair share: a batch of at most burst/h per lease, once the
 			// owner's share of the refill since its share clock, plus
@@ -499,13 +518,14 @@ func (s *tbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 			// of the bucket kept for it, and no share is wasted.
 			base = s.shareBase(owner, float64(now)-float64(b.Burst)/b.ratePerMicro())
 			g = min(g, max(1, b.Burst/int64(h)))
+			batch = g
 			need = (g + 1) / 2
 			share = float64(b.ratePerMicro()*(float64(now)-base)) / float64(h)
 			spare := 0.0
 			if reserve := float64(b.Burst) / 4; s.level > reserve {
 				spare = math.Floor(s.level - reserve)
 			}
-			capf := share + spare
+			capf = share + spare
 			g = min(g, int64(math.Floor(capf)))
 			if g < need {
 				// Too soon: the owner's share has not reached half its
@@ -525,6 +545,15 @@ func (s *tbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 			g = avail
 			if g < need {
 				g = 0 // half a batch at least, or nothing until the bucket holds it
+			}
+		}
+		if g == 0 && op.MaxDelay > 0 && op.Floor == 0 {
+			// Deferred: the whole batch, spendable once both the level and
+			// the owner's share cover it (see deferral).
+			if d := s.deferral(b, op, batch, h, capf, shared, now); d >= 0 {
+				g, o.Delay = batch, d
+				// The share as it will stand when the batch may be spent.
+				share += float64(b.ratePerMicro()*float64(d.Microseconds())) / float64(h)
 			}
 		}
 		if g > 0 {
@@ -558,10 +587,61 @@ func (s *tbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 	return o
 }
 
+// deferral returns the wait after which a batch of g tokens, refused now,
+// could be granted whole: the latest of the refill of the level to g and,
+// on a shared key, the time the owner's share with the spare (capf, of h
+// holders) takes to reach g. It returns −1 when that wait is longer than
+// op.MaxDelay or half the lease TTL (the tokens must leave the lease time
+// to be spent), when the level could reach g only after other leases end
+// (burst − O < g), or when the share comes last and the level would rise
+// above a quarter of the burst meanwhile (see below).
+//
+// A deferred grant takes the g tokens now, putting the level in debt, and
+// the owner spends none before the wait has passed: it is a take of g at
+// now + wait, when the level without it would have held g, made early. Every
+// later operation sees the debt, and a later deferral waits behind it, so
+// the holders waiting for a saturated key are served in turn, one call per
+// batch, rather than all asking again at the same retry_after and all but
+// one being refused.
+func (s *tbState) deferral(b *Bucket, op *LeaseOp, g int64, h int, capf float64, shared bool, now int64) time.Duration {
+	if g > b.Burst-s.out {
+		// The level could reach g only once other leases end: a batch
+		// waiting for that would sit in the outstanding count meanwhile,
+		// lowering the cap burst − O for everyone, and the refill above
+		// the cap would be lost.
+		return -1
+	}
+	wait := s.retryAfter(b, float64(g), now)
+	if wait < 0 {
+		return -1
+	}
+	if shared && capf < float64(g) {
+		// The owner's share comes later than the level: the batch would
+		// wait on it, outstanding, while the refill raises the level. Only
+		// if the level stays within a quarter of the burst (and the cap
+		// burst − O) until then: above that quarter the refill is spare,
+		// which any holder may take at once (see lease), and a batch
+		// parked on its share would hold it back from a holder that
+		// could spend it now, or let the cap drop it. (Without this rule
+		// the e2e TestFairness lost 9% of the rule's rate.)
+		if ws := microsToRetry(int64(math.Ceil(float64((float64(g)-capf)*float64(h)) / b.ratePerMicro()))); ws > wait {
+			if s.level+float64(b.ratePerMicro()*float64(ws.Microseconds())) > min(float64(b.Burst-s.out), float64(b.Burst)/4) {
+				return -1
+			}
+			wait = ws
+		}
+	}
+	if w := wait.Microseconds(); w > op.MaxDelay.Microseconds() || 2*w > b.LeaseTTL.Microseconds() {
+		return -1
+	}
+	return wait
+}
+
 // reset returns the time until the bucket is full again if nothing else
-// happens and no open lease ends: its refill from the level to the burst.
+// happens and no open lease ends: its refill from the level (in debt, from
+// below zero) to the burst.
 func (s *tbState) reset(b *Bucket) time.Duration {
-	return resetAfter(float64(b.Burst)-max(s.level, 0), b.ratePerMicro())
+	return resetAfter(float64(b.Burst)-s.level, b.ratePerMicro())
 }
 
 // take takes cost tokens outright, all or none, leaving floor tokens in
@@ -603,7 +683,7 @@ func (s *tbState) refund(b *Bucket, cost int64, _ int64, now int64) {
 		return
 	}
 	s.advance(b, now)
-	s.level = max(0, min(s.level+float64(cost), float64(b.Burst-s.out)))
+	s.level = capLevel(s.level+float64(cost), float64(b.Burst-s.out), s.level)
 }
 
 // idle reports whether the bucket is full with no open lease at now, which

@@ -112,6 +112,12 @@ func (s *tbState) own(b *Bucket, op *OwnOp, level float64, now int64) OwnOutcome
 			// Open leases: until the last of them ends, at most one
 			// lease TTL.
 			o.RetryAfter = microsToRetry(min(s.maxExp-now, ttl))
+		case s.level < 0:
+			// In debt (a deferred grant, see tbState.deferral): an owner
+			// starting from it could not be ended safely at its
+			// deadline, which empties the bucket. Ask again once the
+			// refill has paid it.
+			o.RetryAfter = microsToRetry(microsCeil(-s.level, b.ratePerMicro()))
 		case s.sharedTakes(op.Server, now, ttl):
 			// Taken through other servers lately: owning it would refuse
 			// their takes. Ask again a TTL later.

@@ -82,6 +82,15 @@ type LeaseEntry struct {
 	// reserves shares for the classes above it grants the lease only from
 	// what lies beyond their reserve.
 	Priority string `json:"priority,omitempty"`
+	// MaxDelayMillis, when positive, accepts a deferred grant: where a
+	// token bucket would refuse the lease now (the bucket, or on a shared
+	// key this client's fair share, does not yet hold the batch), the
+	// server may grant the whole batch at once with DelayMillis the wait
+	// before any of it may be spent, at most MaxDelayMillis and half the
+	// lease's TTL. The client must spend none of it before its answer
+	// arrived plus DelayMillis. 0 (the default) never defers: the lease is
+	// refused with a retry_after instead. It is 0 to MaxCount.
+	MaxDelayMillis int64 `json:"max_delay_ms,omitempty"`
 }
 
 // LeaseResponse is the body of a successful POST /v1/leases. Leases has one
@@ -128,6 +137,11 @@ type LeaseResult struct {
 	// leaky_bucket rule as a schedule of slots, not as a pool: see
 	// DelayMillis.
 	Algorithm string `json:"algorithm,omitempty"`
+	// DelayMillis, on a deferred grant of a token bucket (see
+	// LeaseEntry.MaxDelayMillis), is the wait before any granted token may
+	// be spent: the client spends none before its answer arrived plus
+	// DelayMillis.
+	//
 	// DelayMillis, for a rule that shapes (leaky_bucket), is the time from
 	// the server's decision until the first granted slot, rounded up to
 	// whole milliseconds; slot i starts i·PeriodMillis/Limit after it, and
@@ -380,6 +394,9 @@ func (r *LeaseRequest) Validate() error {
 		}
 		if e.Used < 0 || e.Used > MaxCount {
 			return NewProblem(CodeInvalidCount, fmt.Sprintf("leases[%d].used is %d; it must be 0 to %d", i, e.Used, MaxCount))
+		}
+		if e.MaxDelayMillis < 0 || e.MaxDelayMillis > MaxCount {
+			return NewProblem(CodeInvalidCount, fmt.Sprintf("leases[%d].max_delay_ms is %d; it must be 0 to %d", i, e.MaxDelayMillis, MaxCount))
 		}
 		if err := ValidatePriority(e.Priority); err != nil {
 			return NewProblem(CodeInvalidPriority, fmt.Sprintf("leases[%d].priority: %v", i, err))

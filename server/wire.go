@@ -15,7 +15,7 @@ import (
 func leaseAsks(entries []protocol.LeaseEntry) []leases.LeaseAsk {
 	asks := make([]leases.LeaseAsk, len(entries))
 	for i, e := range entries {
-		asks[i] = leases.LeaseAsk{Key: e.Key, Want: e.Want, LeaseID: e.LeaseID, Used: e.Used, Slot: e.Slot, Priority: e.Priority}
+		asks[i] = leases.LeaseAsk{Key: e.Key, Want: e.Want, LeaseID: e.LeaseID, Used: e.Used, Slot: e.Slot, Priority: e.Priority, MaxDelay: time.Duration(e.MaxDelayMillis) * time.Millisecond}
 	}
 	return asks
 }

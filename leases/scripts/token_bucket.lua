@@ -56,7 +56,10 @@
 --          known to evict nothing (the check for a lost hash is skipped),
 --          17 the floor: the part of the capacity a grant or take must
 --          leave free for higher priority classes (LeaseOp.Floor; "" or
---          absent: 0)
+--          absent: 0), 18 the µs a lease may defer a grant it would
+--          refuse (LeaseOp.MaxDelay; "" or absent: 0, never); the lease
+--          reply's delay ms is then the wait before its tokens may be
+--          spent, and the level may be below zero (in debt) meanwhile
 --
 -- The three keys carry the bucket key's hash tag, so they live in one slot.
 -- O lives in H with the leases it sums, written by the same script, so the
@@ -87,6 +90,7 @@ local period = tonumber(ARGV[4])
 local burst = tonumber(ARGV[5])
 local ttl = tonumber(ARGV[6])
 local pfloor = tonumber(ARGV[17]) or 0 -- the priority floor (LeaseOp.Floor)
+local maxdelay = tonumber(ARGV[18]) or 0 -- µs a grant may be deferred (LeaseOp.MaxDelay)
 local rate = limit / period
 local eps = 1e-9
 local RETRY_WALK = 64
@@ -279,13 +283,26 @@ local function adj(c, d)
   pdirty[c] = true
 end
 
+-- cap_level returns lv capped at c, the burst less what is outstanding,
+-- where prev is the level before the refill or credit that made lv
+-- (capLevel): never below zero, nor below prev when prev was in debt (a
+-- deferred grant).
+local function cap_level(lv, c, prev)
+  local l = lv
+  if l > c then l = c end
+  local fl = 0
+  if prev < 0 then fl = prev end
+  if l < fl then l = fl end
+  return l
+end
+
 local function refill_to(t)
+  local prev = level
   if t > last then
     level = level + rate * (t - last)
     last = t
   end
-  if level > burst - out then level = burst - out end
-  if level < 0 then level = 0 end
+  level = cap_level(level, burst - out, prev)
 end
 
 -- close_lease closes the lease in field f of grant g; the caller credits
@@ -464,9 +481,7 @@ end
 -- reset_ms is the time, in whole ms rounded up, until the bucket is full
 -- again if nothing else happens: its refill from the level to the burst.
 local function reset_ms()
-  local lv = level
-  if lv < 0 then lv = 0 end
-  return refill_ms(burst - lv)
+  return refill_ms(burst - level)
 end
 
 -- retry_after returns the time (ms) until the bucket holds target tokens if
@@ -678,6 +693,11 @@ if mode == 'own' then
     if w > ttl then w = ttl end
     return { 0, 0, '0', now, 0, us_ms(w) }
   end
+  if level < 0 then
+    -- In debt (a deferred grant): ask again once the refill has paid it.
+    if changed then save() end
+    return { 0, 0, '0', now, 0, us_ms(microsceil(-level)) }
+  end
   if tk and (tkmix > now - ttl or (tk ~= ARGV[7] and tkat > now - ttl)) then
     -- Taken through other servers lately (sharedTakes): not owned; ask
     -- again a TTL later.
@@ -732,9 +752,7 @@ end
 
 if mode == 'refund' then
   local cost = tonumber(ARGV[9])
-  level = level + cost
-  if level > burst - out then level = burst - out end
-  if level < 0 then level = 0 end
+  level = cap_level(level + cost, burst - out, level)
   save()
   return {}
 end
@@ -763,9 +781,7 @@ if settle_id ~= '' then
   -- What comes back never lifts the level above burst − O: after a rule
   -- shrank, an old lease returned unused must not bring back the old
   -- burst.
-  level = level + (g - used)
-  if level > burst - out then level = burst - out end
-  if level < 0 then level = 0 end
+  level = cap_level(level + (g - used), burst - out, level)
   pend[field] = false
   if inl then inline_remove(field) else redis.call('ZREM', Z, field) end
   settled = 1
@@ -816,9 +832,32 @@ local function index_add(f, e)
   redis.call('ZADD', Z, string.format('%d', e), f)
 end
 
-local granted, retry = 0, 0
+-- deferral returns the wait (ms) after which a batch of g tokens, refused
+-- now, could be granted whole, or -1 (tbState.deferral).
+local function deferral(g, h, capf, shared)
+  if g > burst - out then return -1 end -- only once other leases end
+  local wait = retry_after(g)
+  if wait < 0 then return -1 end
+  if shared and capf < g then
+    -- The share comes later than the level: only if the refill until then
+    -- stays under the cap (tbState.deferral).
+    local ws = us_ms(math.ceil((g - capf) * h / rate))
+    if ws > wait then
+      local lim = burst - out
+      if burst / 4 < lim then lim = burst / 4 end
+      if level + rate * (ws * 1000) > lim then return -1 end
+      wait = ws
+    end
+  end
+  if wait * 1000 > maxdelay or wait * 1000 * 2 > ttl then return -1 end
+  return wait
+end
+
+local granted, retry, delay = 0, 0, 0
 if want > 0 then
   local g = want
+  local batch = g
+  local capf = 0
   local share, base = 0, 0
   local share_wait = 0
   local shared = false
@@ -835,11 +874,12 @@ if want > 0 then
     local fair = math.floor(burst / h)
     if fair < 1 then fair = 1 end
     if fair < g then g = fair end
+    batch = g
     need = math.floor((g + 1) / 2)
     share = rate * (now - base) / h
     local spare = 0
     if level > burst / 4 then spare = math.floor(level - burst / 4) end
-    local capf = share + spare
+    capf = share + spare
     local cap = math.floor(capf)
     if cap < g then g = cap end
     if g < need then
@@ -857,6 +897,16 @@ if want > 0 then
   if avail < g then
     g = avail
     if g < need then g = 0 end -- half a batch at least, or nothing until the bucket holds it
+  end
+  if g == 0 and maxdelay > 0 and pfloor == 0 then
+    -- Deferred: the whole batch, spendable once both the level and the
+    -- owner's share cover it (tbState.deferral).
+    local d = deferral(batch, h, capf, shared)
+    if d >= 0 then
+      g, delay = batch, d
+      -- The share as it will stand when the batch may be spent.
+      share = share + rate * (d * 1000) / h
+    end
   end
   if g > 0 then
     level = level - g
@@ -902,4 +952,4 @@ if want > 0 then
   end
 end
 save()
-return { 0, granted, retry, remaining(), h, settled, expired, reset_ms(), 0 }
+return { 0, granted, retry, remaining(), h, settled, expired, reset_ms(), delay }

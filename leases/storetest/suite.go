@@ -127,6 +127,10 @@ func Run(t *testing.T, newStore Factory, opts Options) {
 		testPrioritySaturation(t, newFixture(t, newStore), min(opts.ConcurrentTicks, 3000))
 	})
 	t.Run("Own", func(t *testing.T) { runOwn(t, newStore, opts) })
+	t.Run("Deferred", func(t *testing.T) { runDeferred(t, newStore) })
+	t.Run("ConcurrentBoundDeferred", func(t *testing.T) {
+		testConcurrentBoundOpts(t, newFixture(t, newStore), opts.ConcurrentTicks, true)
+	})
 }
 
 func testGrantSettleReturn(t *testing.T, f *fixture) {
@@ -525,6 +529,13 @@ type grantEvent struct {
 }
 
 func testConcurrentBound(t *testing.T, f *fixture, ticks int) {
+	testConcurrentBoundOpts(t, f, ticks, false)
+}
+
+// testConcurrentBoundOpts is testConcurrentBound; with deferred, half the
+// grants accept a deferral (LeaseOp.MaxDelay) and their tokens are spent
+// at the grant's instant plus its Delay, the earliest the owner may.
+func testConcurrentBoundOpts(t *testing.T, f *fixture, ticks int, deferred bool) {
 	const (
 		workers = 8
 		limit   = 1000 // per second: 1 token per 1 ms tick
@@ -532,13 +543,14 @@ func testConcurrentBound(t *testing.T, f *fixture, ticks int) {
 	)
 	b := bucket(limit, time.Second, burst, 20*time.Millisecond)
 	var (
-		mu     sync.Mutex
-		events []grantEvent
-		tick   atomic.Int64
-		done   atomic.Bool
-		ops    atomic.Int64
-		wg     sync.WaitGroup
-		failed atomic.Value
+		mu        sync.Mutex
+		events    []grantEvent
+		tick      atomic.Int64
+		done      atomic.Bool
+		ops       atomic.Int64
+		wg        sync.WaitGroup
+		failed    atomic.Value
+		deferrals atomic.Int64
 	)
 	// Tokens are attributed to the instant of their grant: the bound
 	// speaks of tokens taken from the bucket in a window.
@@ -560,6 +572,10 @@ func testConcurrentBound(t *testing.T, f *fixture, ticks int) {
 			var leaseTick int
 			for !done.Load() {
 				want := rng.Int64N(20)
+				var maxDelay time.Duration
+				if deferred && rng.IntN(2) == 0 {
+					maxDelay = time.Duration(rng.Int64N(int64(20*time.Millisecond))) + time.Millisecond
+				}
 				var used int64
 				if granted > 0 {
 					used = rng.Int64N(granted + 1)
@@ -572,7 +588,7 @@ func testConcurrentBound(t *testing.T, f *fixture, ticks int) {
 					// The tick of now, not of the counter: the main loop
 					// moves the counter just before the clock.
 					tk := int(now.Sub(epoch) / time.Millisecond)
-					out, err := f.store.Lease(f.ctx, own(owner), []leases.LeaseOp{{Key: "hot", Bucket: b, Want: want, LeaseID: id, Used: used, NewLeaseID: leases.NewLeaseID()}})
+					out, err := f.store.Lease(f.ctx, own(owner), []leases.LeaseOp{{Key: "hot", Bucket: b, Want: want, LeaseID: id, Used: used, NewLeaseID: leases.NewLeaseID(), MaxDelay: maxDelay}})
 					ops.Add(1)
 					if err != nil {
 						failed.Store(err)
@@ -597,7 +613,10 @@ func testConcurrentBound(t *testing.T, f *fixture, ticks int) {
 						leaseID, granted = "", 0
 						return
 					}
-					leaseID, granted, leaseTick = o.LeaseID, o.Granted, tk
+					leaseID, granted, leaseTick = o.LeaseID, o.Granted, tk+int(o.Delay/time.Millisecond)
+					if o.Delay > 0 {
+						deferrals.Add(1)
+					}
 				})
 			}
 			record(leaseTick, granted)
@@ -618,7 +637,11 @@ func testConcurrentBound(t *testing.T, f *fixture, ticks int) {
 		t.Fatalf("store failed: %v", err)
 	}
 
-	spent := make([]int64, ticks+1)
+	if deferred {
+		t.Logf("%d grants deferred", deferrals.Load())
+		require.Positive(t, deferrals.Load(), "the test must defer grants")
+	}
+	spent := make([]int64, ticks+1+int(b.LeaseTTL/time.Millisecond))
 	var total int64
 	for _, e := range events {
 		spent[e.tick] += e.spent
@@ -636,7 +659,7 @@ func testConcurrentBound(t *testing.T, f *fixture, ticks int) {
 		}
 		bound := int64(burst) + int64(limit)*int64(w)/1000
 		worst := int64(0)
-		for a := 0; a+w <= ticks; a++ {
+		for a := 0; a+w+1 < len(prefix); a++ {
 			worst = max(worst, prefix[a+w+1]-prefix[a])
 		}
 		assert.LessOrEqual(t, worst, bound, "window %d ms", w)
