@@ -863,7 +863,16 @@ if want > 0 then
   local shared = false
   local need = 1
   local floor = now - burst / rate
-  if h > 1 then
+  local fair0 = math.floor(burst / h)
+  if fair0 < 1 then fair0 = 1 end
+  local gg = g
+  if fair0 < gg then gg = fair0 end
+  if h > 1 and level - gg >= burst / 2 then
+    -- Roomy: no share binds; the share clock is neither read nor moved.
+    g = gg
+    batch = g
+    need = math.floor((g + 1) / 2)
+  elseif h > 1 then
     -- Fair share: a batch of at most burst/h per lease, once the owner's
     -- share of the refill since its share clock, plus whatever the bucket
     -- holds above a quarter full, covers it; until then nothing, and a
