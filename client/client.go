@@ -291,8 +291,10 @@ func (c *Client) Allow(ctx context.Context, keys ...string) Decision {
 // class is ctx's (WithPriority), else Config.Priority; a class other than
 // the default is decided by a direct take (see WithPriority).
 //
-// A key with a live lease is decided locally, without a lock. Any other key
-// is decided by a direct take at a lease server (Source SourceDirect): one
+// A key with a live lease is decided locally, without a lock; a key just
+// moved to leases waits for its first lease (at most
+// Config.RequestTimeout). Any other key is decided by a direct take at a
+// lease server (Source SourceDirect): one
 // call, sent at once and coalesced with the process's other decisions in
 // flight, so the decision waits about one round trip (at most until ctx
 // ends). A key a server denied is denied locally until its bucket can serve
@@ -454,6 +456,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 	d := Decision{Allowed: true, Source: SourceLease, Remaining: -1}
 	prio, foreign := c.callPriority(ctx)
 	var now int64
+	waited := false // a decision waits for at most one key's first lease
 	for i, ks := range states {
 		if ks.dead.Load() {
 			ks = c.state(ks.key)
@@ -496,11 +499,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 		}
 		if l := ks.active.Load(); l != nil && l.spend(n, c) {
 			done = append(done, spent{l: l, ks: ks})
-			d.Source = SourceLease
-			if r := l.left(); d.Remaining < 0 || r < d.Remaining {
-				d.Remaining = r
-				d.Limits = ks.limitsView()
-			}
+			d.leased(l, ks)
 			continue
 		}
 		// No live lease can serve this key.
@@ -561,10 +560,25 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			return Decision{Source: SourceLease, RetryAfter: c.cfg.SettleInterval, Limits: ks.limitsView()}
 		}
 		if ks.leasing.Load() {
-			// Promoted, its first lease not in yet: decided directly
-			// meanwhile.
+			// Promoted, its first lease not in yet: the loop asks for it
+			// at once, and the decision waits for it rather than take
+			// directly, which would cost a call and Redis work per
+			// decision for the round trip the lease takes, on the keys
+			// hot enough to be leased. If no lease comes (refused, none
+			// granted, the call failed or is slower than
+			// RequestTimeout), the decision goes on as it would have:
+			// directly, or by the fallback when no server answers.
 			ks.need.Store(true)
 			c.wake()
+			if !waited && ks.deadline.Load() == 0 && c.online.Load() {
+				waited = true
+				if l := c.awaitFirstLease(ctx, ks); l != nil && l.spend(n, c) {
+					ks.unserved.Add(-n) // served after all
+					done = append(done, spent{l: l, ks: ks})
+					d.leased(l, ks)
+					continue
+				}
+			}
 		}
 		direct = append(direct, ks)
 	}
@@ -608,6 +622,39 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 		d.Remaining = 0
 	}
 	return d
+}
+
+// leased records in d that lease l of key ks served its share: d's
+// Remaining is the least left over the keys, with that key's limits.
+func (d *Decision) leased(l *lease, ks *keyState) {
+	d.Source = SourceLease
+	if r := l.left(); d.Remaining < 0 || r < d.Remaining {
+		d.Remaining = r
+		d.Limits = ks.limitsView()
+	}
+}
+
+// awaitFirstLease waits until the state of ks, a key promoted to leases
+// whose first lease is not in yet, changes (the loop installs its lease,
+// or applies another answer, or its call failed), for at most
+// Config.RequestTimeout on the client's clock, or until ctx ends or the
+// client closes. It returns the key's active lease then, if any.
+func (c *Client) awaitFirstLease(ctx context.Context, ks *keyState) *lease {
+	changed := ks.waitCh()
+	// Checked after taking the channel: a change between the caller's
+	// look and now closed an older channel, and is seen here.
+	if l := ks.active.Load(); l != nil || ks.deadline.Load() != 0 || !ks.leasing.Load() {
+		return l
+	}
+	timeout, stop := c.after(c.cfg.RequestTimeout)
+	defer stop()
+	select {
+	case <-changed:
+	case <-timeout:
+	case <-ctx.Done():
+	case <-c.stopped:
+	}
+	return ks.active.Load()
 }
 
 // probe reports whether this decision, made while no server answers, may

@@ -55,8 +55,19 @@
 // leases.OwningStore: the server decides the key's direct takes from
 // memory, and hands the bucket back once told a lease was wanted), which
 // is not leased again for a lease TTL. An idle key costs no call and holds
-// no token. While a leased key's lease has run out and its
-// next one is not in yet, its decisions are direct takes.
+// no token.
+//
+// Once promoted, a key's decisions wait for its first lease, which the
+// loop asks for at once (about one round trip; each decision waits at most
+// Config.RequestTimeout), and are served from it: taking directly
+// meanwhile would cost a call and the store's work per decision on exactly
+// the keys hot enough to lease (at the benchmark's hot key, a few dozen
+// takes per process start, most of the Redis work of the whole run). If
+// no lease comes — refused, none granted, the call failed or is slower —
+// the decisions go on as they would have: by direct takes, or by the
+// fallback when no server answers, never denied for want of the lease.
+// While a leased key's lease has run out and its next one is not in yet,
+// its decisions are denied (they count as demand for the next batch).
 //
 // The fallback (Config.Fallback) decides only while no server answers: a
 // slow answer is waited for, because a fallback decision made while the

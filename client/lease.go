@@ -125,8 +125,9 @@ func (l *lease) left() int64 {
 //	unlimited   unlimited: no rule limits it; allowed locally until
 //	            unlimitedExp (0: until the loop learns otherwise).
 //	leasing     leasing set, no lease in yet: the settle loop owns it (it is
-//	            in loopState.leased) and asks for a batch; decided directly
-//	            meanwhile.
+//	            in loopState.leased) and asks for a batch; a decision waits
+//	            for the first one (at most Config.RequestTimeout), and is
+//	            decided directly if none comes.
 //	leased      leasing set, active lease live: decided locally from the
 //	            lease; when it runs out, denied until the next batch.
 //	demoting    the loop returns its leases (run.demote), then sets
