@@ -291,8 +291,10 @@ func (c *Client) Allow(ctx context.Context, keys ...string) Decision {
 // class is ctx's (WithPriority), else Config.Priority; a class other than
 // the default is decided by a direct take (see WithPriority).
 //
-// A key with a live lease is decided locally, without a lock. Any other key
-// is decided by a direct take at a lease server (Source SourceDirect): one
+// A key with a live lease is decided locally, without a lock; a key just
+// moved to leases waits for its first lease (at most
+// Config.RequestTimeout). Any other key is decided by a direct take at a
+// lease server (Source SourceDirect): one
 // call, sent at once and coalesced with the process's other decisions in
 // flight, so the decision waits about one round trip (at most until ctx
 // ends). A key a server denied is denied locally until its bucket can serve
@@ -454,7 +456,11 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 	d := Decision{Allowed: true, Source: SourceLease, Remaining: -1}
 	prio, foreign := c.callPriority(ctx)
 	var now int64
-	for i, ks := range states {
+	// A decision waits at most once for a cold key's first answer, and
+	// once for a promoted key's first lease.
+	waitedAnswer, waitedLease := false, false
+	for i := 0; i < len(states); i++ {
+		ks := states[i]
 		if ks.dead.Load() {
 			ks = c.state(ks.key)
 			states[i] = ks
@@ -496,11 +502,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 		}
 		if l := ks.active.Load(); l != nil && l.spend(n, c) {
 			done = append(done, spent{l: l, ks: ks})
-			d.Source = SourceLease
-			if r := l.left(); d.Remaining < 0 || r < d.Remaining {
-				d.Remaining = r
-				d.Limits = ks.limitsView()
-			}
+			d.leased(l, ks)
 			continue
 		}
 		// No live lease can serve this key.
@@ -560,11 +562,44 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			c.denied.Add(1)
 			return Decision{Source: SourceLease, RetryAfter: c.cfg.SettleInterval, Limits: ks.limitsView()}
 		}
+		if !waitedAnswer && ks.firstTake.Load() && ks.leaseTTL.Load() == 0 && c.online.Load() {
+			// A cold key whose first direct take is in flight: wait for
+			// its answer rather than send a take of its own. The answer
+			// teaches the key's rule, and the decisions waiting for it
+			// count as demand (see admitted): a key that just became hot
+			// is promoted at its first answer, and they are then served
+			// from its first lease instead of each costing a take. A key
+			// that stays direct costs them a round trip more, once in the
+			// key's life in this process. Then the key is decided again.
+			waitedAnswer = true
+			ks.unserved.Add(-n)
+			c.awaitChange(ctx, ks, func() bool { return ks.firstTake.Load() && ks.leaseTTL.Load() == 0 }, n)
+			i--
+			continue
+		}
 		if ks.leasing.Load() {
-			// Promoted, its first lease not in yet: decided directly
-			// meanwhile.
+			// Promoted, its first lease not in yet: the loop asks for it
+			// at once, and the decision waits for it rather than take
+			// directly, which would cost a call and Redis work per
+			// decision for the round trip the lease takes, on the keys
+			// hot enough to be leased. If no lease comes (refused, none
+			// granted, the call failed or is slower than
+			// RequestTimeout), the decision goes on as it would have:
+			// directly, or by the fallback when no server answers.
 			ks.need.Store(true)
 			c.wake()
+			if !waitedLease && ks.deadline.Load() == 0 && c.online.Load() {
+				waitedLease = true
+				c.awaitChange(ctx, ks, func() bool {
+					return ks.active.Load() == nil && ks.deadline.Load() == 0 && ks.leasing.Load()
+				}, 0)
+				if l := ks.active.Load(); l != nil && l.spend(n, c) {
+					ks.unserved.Add(-n) // served after all
+					done = append(done, spent{l: l, ks: ks})
+					d.leased(l, ks)
+					continue
+				}
+			}
 		}
 		direct = append(direct, ks)
 	}
@@ -572,7 +607,9 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 		var dd Decision
 		if c.online.Load() || c.probe(now) {
 			c.directs.Add(1)
+			first := c.claimFirstTakes(direct, foreign)
 			dd = c.takeDirect(ctx, n, direct, maxDelay, prio, foreign)
+			c.releaseFirstTakes(direct, first)
 		} else {
 			dd = c.offline(n, direct, now)
 		}
@@ -608,6 +645,69 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 		d.Remaining = 0
 	}
 	return d
+}
+
+// leased records in d that lease l of key ks served its share: d's
+// Remaining is the least left over the keys, with that key's limits.
+func (d *Decision) leased(l *lease, ks *keyState) {
+	d.Source = SourceLease
+	if r := l.left(); d.Remaining < 0 || r < d.Remaining {
+		d.Remaining = r
+		d.Limits = ks.limitsView()
+	}
+}
+
+// awaitChange waits until the state of ks changes (see keyState.notify),
+// for at most Config.RequestTimeout on the client's clock, or until ctx
+// ends or the client closes; not at all when waiting no longer holds once
+// the key's change channel is taken (a change just before is seen so).
+// The decisions that wait for a key's change are waiting tokens of the
+// key's demand meanwhile (coldWaiting, see admitted).
+func (c *Client) awaitChange(ctx context.Context, ks *keyState, waiting func() bool, tokens int64) {
+	changed := ks.waitCh()
+	if !waiting() {
+		return
+	}
+	if tokens > 0 {
+		ks.coldWaiting.Add(tokens)
+		defer ks.coldWaiting.Add(-tokens)
+	}
+	timeout, stop := c.after(c.cfg.RequestTimeout)
+	defer stop()
+	select {
+	case <-changed:
+	case <-timeout:
+	case <-ctx.Done():
+	case <-c.stopped:
+	}
+}
+
+// claimFirstTakes marks the cold keys of a direct take (no rule learned
+// yet) whose first take this is, so that their other decisions wait for
+// its answer (see decide), and returns them as a bit set over states (the
+// first 64; a take of another priority class claims none).
+func (c *Client) claimFirstTakes(states []*keyState, foreign bool) uint64 {
+	var first uint64
+	if foreign {
+		return 0
+	}
+	for i, ks := range states[:min(len(states), 64)] {
+		if ks.leaseTTL.Load() == 0 && ks.firstTake.CompareAndSwap(false, true) {
+			first |= 1 << i
+		}
+	}
+	return first
+}
+
+// releaseFirstTakes ends the first takes claimed by claimFirstTakes, their
+// answer applied: the decisions waiting for it are woken.
+func (c *Client) releaseFirstTakes(states []*keyState, first uint64) {
+	for i := 0; first != 0; i, first = i+1, first>>1 {
+		if first&1 != 0 {
+			states[i].firstTake.Store(false)
+			states[i].notify()
+		}
+	}
 }
 
 // probe reports whether this decision, made while no server answers, may

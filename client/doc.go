@@ -36,7 +36,11 @@
 // any key correctly.
 // The answer teaches the client the key's rule; a denial comes with the
 // time the key's bucket needs to serve again, and the key is denied
-// locally until then, without a call. This is the right mode for the keys
+// locally until then, without a call. Until a key's first answer has
+// come, its other decisions wait for that answer (once, at most
+// Config.RequestTimeout) rather than each send a take: the key may be hot
+// (see Leased), and then they are served from its first lease. This is
+// the right mode for the keys
 // the mission cares most about — per-user limits whose requests a load
 // balancer spreads over many processes, so that each process sees a few per
 // second of each user: a lease there would hold tokens the other processes
@@ -45,7 +49,10 @@
 // Leased: once this process is admitted at least Config.LeaseMinTokens
 // (default 8) of a key over one lease TTL, or half as many at twice that
 // pace — admitted, not asked: a process
-// whose share of a saturated key is small gains nothing from a lease — the
+// whose share of a saturated key is small gains nothing from a lease; the
+// decisions waiting for the key's first answer count with the admitted
+// tokens, as far as the bucket still had room for them, so that a key hot
+// from its first request is promoted at its first answer — the
 // settle loop takes the key over and leases it batches sized to its demand
 // (below). A lease not spent from by its renewal point is returned, not
 // renewed, and the key goes back to direct decisions; so does a key whose
@@ -55,8 +62,21 @@
 // leases.OwningStore: the server decides the key's direct takes from
 // memory, and hands the bucket back once told a lease was wanted), which
 // is not leased again for a lease TTL. An idle key costs no call and holds
-// no token. While a leased key's lease has run out and its
-// next one is not in yet, its decisions are direct takes.
+// no token.
+//
+// Once promoted, a key's decisions wait for its first lease, which the
+// loop asks for at once (about one round trip; each decision waits at most
+// Config.RequestTimeout), and are served from it: taking directly
+// meanwhile would cost a call and the store's work per decision on exactly
+// the keys hot enough to lease (at the benchmark's hot key, before the
+// first answer and the first lease were waited for, about a dozen takes
+// per process start, a third of the Redis work of the whole run; now
+// one). If
+// no lease comes — refused, none granted, the call failed or is slower —
+// the decisions go on as they would have: by direct takes, or by the
+// fallback when no server answers, never denied for want of the lease.
+// While a leased key's lease has run out and its next one is not in yet,
+// its decisions are denied (they count as demand for the next batch).
 //
 // The fallback (Config.Fallback) decides only while no server answers: a
 // slow answer is waited for, because a fallback decision made while the

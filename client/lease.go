@@ -113,6 +113,9 @@ func (l *lease) left() int64 {
 // A key is in one of these states; the fields that make it so are named:
 //
 //	cold        not in Client.keys: its first decision creates it, direct.
+//	            Until an answer teaches it its rule (leaseTTL), a decision
+//	            that finds its first take in flight (firstTake) waits for
+//	            that answer, once, and is then decided again.
 //	direct      decided by direct takes (leasing false). Its demand is
 //	            averaged on each admission (mu.rate); at
 //	            Config.LeaseMinTokens per lease TTL it is promoted.
@@ -125,8 +128,9 @@ func (l *lease) left() int64 {
 //	unlimited   unlimited: no rule limits it; allowed locally until
 //	            unlimitedExp (0: until the loop learns otherwise).
 //	leasing     leasing set, no lease in yet: the settle loop owns it (it is
-//	            in loopState.leased) and asks for a batch; decided directly
-//	            meanwhile.
+//	            in loopState.leased) and asks for a batch; a decision waits
+//	            for the first one (at most Config.RequestTimeout), and is
+//	            decided directly if none comes.
 //	leased      leasing set, active lease live: decided locally from the
 //	            lease; when it runs out, denied until the next batch. A
 //	            deferred batch (the server's answer to a key whose bucket
@@ -170,6 +174,8 @@ type keyState struct {
 	ruleBurst    atomic.Int64                 // the rule's burst, from any answer
 	ruleFill     atomic.Int64                 // ns the rule's bucket takes to fill, from any answer
 	directUntil  atomic.Int64                 // client clock: not promoted before this (a server refused it more leases)
+	firstTake    atomic.Bool                  // cold (no rule learned), its first direct take in flight: other decisions wait for its answer
+	coldWaiting  atomic.Int64                 // tokens of the decisions waiting for that answer (demand, see admitted)
 	limits       atomic.Pointer[[]LimitState] // the rule's limits as of the latest answer (see LimitState)
 	shaped       atomic.Bool                  // the key's rule shapes (leaky_bucket), from any answer
 
@@ -182,6 +188,7 @@ type keyState struct {
 		rate     float64         // tokens admitted directly per ns (an average over a lease TTL)
 		rateAt   int64           // client clock of rate
 		admitted int64           // tokens admitted directly since since
+		seen     int64           // at most admitted plus the tokens then waiting for the first answer (see admitted)
 		since    int64           // client clock of the first of them
 	}
 

@@ -67,3 +67,18 @@ func (ks *keyState) limitsView() []LimitState {
 	}
 	return nil
 }
+
+// room returns the least Remaining over the key's limits at the latest
+// answer about it: what the bucket could still admit then, fleet-wide. 0
+// before any answer carried them.
+func (ks *keyState) room() int64 {
+	ls := ks.limitsView()
+	if len(ls) == 0 {
+		return 0
+	}
+	r := ls[0].Remaining
+	for _, l := range ls[1:] {
+		r = min(r, l.Remaining)
+	}
+	return max(r, 0)
+}

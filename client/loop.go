@@ -458,7 +458,7 @@ func (c *Client) demoted(ks *keyState) {
 	ks.deadline.Store(0) // promoted again, it waits for no lease: direct
 	ks.run.ewma = 0
 	ks.mu.Lock()
-	ks.mu.rate, ks.mu.rateAt, ks.mu.admitted, ks.mu.since = 0, 0, 0, 0
+	ks.mu.rate, ks.mu.rateAt, ks.mu.admitted, ks.mu.seen, ks.mu.since = 0, 0, 0, 0, 0
 	ks.mu.Unlock()
 	ks.lastDirect.Store(c.nanos())
 	delete(c.run.leased, ks)

@@ -100,8 +100,8 @@ func (k *testClock) advance(t *testing.T, d time.Duration) {
 // TestLoopOnChosenTimes drives the settle loop's clock: a key promoted to
 // leases gets its lease, which, spent from by nobody, is kept until its
 // renewal point (half its TTL), returned then, not renewed; the key costs
-// no call afterwards, and asked again it is decided directly until its
-// new lease comes. The server runs on real time; only the
+// no call afterwards, and asked again it is decided directly, then from
+// its new lease. The server runs on real time; only the
 // client's is driven.
 func TestLoopOnChosenTimes(t *testing.T) {
 	const rules = `
@@ -157,8 +157,8 @@ rules:
 	assert.Equal(t, calls, c.Stats().ServerCalls, "an idle key costs no call")
 
 	// Asked again, the key is decided directly and promoted again; until its
-	// new lease is in, it is still decided directly, never denied for want
-	// of the lease it returned.
+	// new lease is in, its decisions wait for it (or are decided directly),
+	// never denied for want of the lease it returned.
 	d = c.Allow(ctx, "s:k")
 	require.True(t, d.Allowed)
 	require.Equal(t, SourceDirect, d.Source)

@@ -201,8 +201,9 @@
 // topK): each count is at most total/100 over the key's true count, and
 // every key above that is listed. Servers sharing a Redis store record
 // themselves in the sorted set rl:servers every PeerInterval (2s;
-// Options.Peers, NewRedisPeers; the daemon sets it with -redis) and publish
-// a status snapshot at the same time, a JSON string key
+// Options.Peers, NewRedisPeers; the daemon sets it with -redis; one ZADD,
+// the record's upkeep once a minute) and publish a status snapshot at the
+// same time when it changed, at least every 4s, a JSON string key
 // {rl:status}:<server name> that lives SnapshotTTL (6s): one hash tag, so
 // one MGET reads them all on Redis Cluster too. A page lists the servers
 // seen in the last PeerWindow and sums their snapshots with its own live

@@ -1,18 +1,22 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"time"
 )
 
 // The fleet on the status page. Every PeerInterval each server records
 // itself in Options.Peers (Beat) and publishes there a status snapshot
-// (Publish): its per-rule decision counts and rates, its two top-K
-// summaries (every counter, with the summary's total and floor) and its
+// (Publish) when it changed, or when the one published is snapshotRefresh
+// old: its per-rule decision counts and rates, its two top-K summaries
+// (every counter, with the summary's total and floor) and its
 // ratelease_open_leases, as JSON (statusSnapshot), which lives for
-// SnapshotTTL. In Redis (NewRedisPeers) a snapshot is one string key,
+// SnapshotTTL. Skipping unchanged snapshots halves what an idle fleet
+// costs the store (it runs whatever the traffic: see RedisPeers). In Redis (NewRedisPeers) a snapshot is one string key,
 // RedisSnapshotPrefix + the server's name, so all of them share one hash tag
 // and one MGET reads them, on Redis Cluster too. A snapshot is a few
 // hundred bytes plus its keys: at most about 60 KB, with both summaries
@@ -70,9 +74,25 @@ func (s *Server) snapshot(name string, now time.Time) statusSnapshot {
 	}
 }
 
+// published is the status snapshot a server last published: under which
+// name, when, and its figures (the snapshot encoded without its time and
+// window, which change at every heartbeat whatever else does).
+type published struct {
+	mu      sync.Mutex
+	name    string
+	at      time.Time
+	figures []byte
+}
+
 // heartbeat records this server in Options.Peers and publishes its status
 // snapshot there, under its name now, which it returns. The operator's
 // loop calls it every PeerInterval; it does nothing without Options.Peers.
+//
+// The snapshot is published only when its figures changed since the last
+// one published under this name, or that one is snapshotRefresh old (it
+// must not expire): a server without traffic costs the store one command
+// per interval (Beat's), not two, and the status page shows the same
+// figures either way.
 func (s *Server) heartbeat() (string, error) {
 	name := selfName(*s.listenAddr.Load())
 	if s.ops.peers == nil {
@@ -84,11 +104,28 @@ func (s *Server) heartbeat() (string, error) {
 	if err := s.ops.peers.Beat(ctx, name, now); err != nil {
 		return name, err
 	}
-	doc, err := json.Marshal(s.snapshot(name, now))
+	snap := s.snapshot(name, now)
+	doc, err := json.Marshal(snap)
 	if err != nil {
 		return name, fmt.Errorf("server: encode the status snapshot: %w", err)
 	}
-	return name, s.ops.peers.Publish(ctx, name, doc, SnapshotTTL)
+	snap.At, snap.Window = 0, 0
+	figures, err := json.Marshal(snap)
+	if err != nil {
+		return name, fmt.Errorf("server: encode the status snapshot: %w", err)
+	}
+	last := &s.ops.published
+	last.mu.Lock()
+	defer last.mu.Unlock()
+	if last.name == name && bytes.Equal(last.figures, figures) && now.Sub(last.at) < snapshotRefresh && !now.Before(last.at) {
+		return name, nil
+	}
+	if err := s.ops.peers.Publish(ctx, name, doc, SnapshotTTL); err != nil {
+		last.name = "" // published again at the next heartbeat
+		return name, err
+	}
+	last.name, last.at, last.figures = name, now, figures
+	return name, nil
 }
 
 // fleetView is what the status page shows of the fleet.
@@ -157,8 +194,8 @@ func (s *Server) fleet(ctx context.Context, self string, now time.Time) fleetVie
 		rows = append(rows, selfRow)
 	}
 	return merged(snaps, rows, true, fmt.Sprintf(
-		"Figures of %d servers, summed: this server's as they are now, the others' as they published them (every %s, kept %s).",
-		len(snaps), PeerInterval, SnapshotTTL))
+		"Figures of %d servers, summed: this server's as they are now, the others' as they published them (every %s when they change, at least every %s; kept %s).",
+		len(snaps), PeerInterval, snapshotRefresh, SnapshotTTL))
 }
 
 // merged sums snaps into a fleetView with the servers rows.

@@ -1,12 +1,18 @@
 package server
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"regexp"
+	"strconv"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -103,6 +109,123 @@ func TestStatusPageFleet(t *testing.T) {
 	assert.Contains(t, find(t, page, `id="fleet" data-fleet="false" data-counted="1">(.*?)</p>`), "the store did not answer")
 	assert.Equal(t, "1", ruleCell(t, page, "tiny", "denied"))
 	assert.Equal(t, "1", keyCount(t, page, "denied-keys", "tiny:7"))
+}
+
+// commandCalls returns the calls of each command Redis counted so far
+// (INFO commandstats).
+func commandCalls(t *testing.T, rdb *redis.Client) map[string]int64 {
+	t.Helper()
+	txt, err := rdb.Info(context.Background(), "commandstats").Result()
+	require.NoError(t, err)
+	out := map[string]int64{}
+	for _, m := range regexp.MustCompile(`cmdstat_([^:]+):calls=(\d+)`).FindAllStringSubmatch(txt, -1) {
+		n, err := strconv.ParseInt(m[2], 10, 64)
+		require.NoError(t, err)
+		out[m[1]] = n
+	}
+	return out
+}
+
+// TestRedisPeersBeat: a heartbeat is one ZADD; the first, and then one
+// every peerTidy, also removes the servers silent for peerForget and
+// renews the record's time to live.
+func TestRedisPeersBeat(t *testing.T) {
+	rs := redistest.Start(t)
+	rdb := rs.Client(t)
+	ctx := context.Background()
+	p := NewRedisPeers(rdb)
+	t0 := time.UnixMilli(1_700_000_000_000)
+	for i, step := range []struct {
+		name string
+		at   time.Duration
+		tidy bool
+	}{
+		{"the first beat tidies", 0, true},
+		{"a beat an interval later is one ZADD", PeerInterval, false},
+		{"so is one just before peerTidy", peerTidy - time.Millisecond, false},
+		{"a beat peerTidy after the last upkeep tidies", peerTidy, true},
+		{"the next one does not", peerTidy + PeerInterval, false},
+	} {
+		now := t0.Add(step.at)
+		// A server silent for longer than peerForget, and one silent
+		// for less.
+		gone, quiet := fmt.Sprintf("gone-%d", i), fmt.Sprintf("quiet-%d", i)
+		require.NoError(t, rdb.ZAdd(ctx, RedisPeersKey,
+			redis.Z{Score: float64(now.Add(-peerForget - time.Second).UnixMilli()), Member: gone},
+			redis.Z{Score: float64(now.Add(-peerForget + time.Second).UnixMilli()), Member: quiet}).Err())
+		require.NoError(t, rdb.Persist(ctx, RedisPeersKey).Err())
+		before := commandCalls(t, rdb)
+		require.NoError(t, p.Beat(ctx, "self", now), step.name)
+		after := commandCalls(t, rdb)
+		upkeep := int64(0)
+		if step.tidy {
+			upkeep = 1
+		}
+		assert.Equal(t, int64(1), after["zadd"]-before["zadd"], step.name)
+		assert.Equal(t, upkeep, after["zremrangebyscore"]-before["zremrangebyscore"], step.name)
+		assert.Equal(t, upkeep, after["pexpire"]-before["pexpire"], step.name)
+		_, err := rdb.ZScore(ctx, RedisPeersKey, gone).Result()
+		if step.tidy {
+			assert.ErrorIs(t, err, redis.Nil, "%s: a server silent for peerForget is removed", step.name)
+			ttl, err := rdb.PTTL(ctx, RedisPeersKey).Result()
+			require.NoError(t, err)
+			assert.InDelta(t, float64(peerForget), float64(ttl), float64(time.Minute), step.name)
+		} else {
+			assert.NoError(t, err, "%s: no upkeep, nothing removed", step.name)
+		}
+		score, err := rdb.ZScore(ctx, RedisPeersKey, quiet).Result()
+		require.NoError(t, err, "%s: a server silent for less is kept", step.name)
+		assert.Equal(t, float64(now.Add(-peerForget+time.Second).UnixMilli()), score)
+		seen, err := rdb.ZScore(ctx, RedisPeersKey, "self").Result()
+		require.NoError(t, err)
+		assert.Equal(t, float64(now.UnixMilli()), seen, step.name)
+	}
+}
+
+// TestHeartbeatPublishesChanges: a heartbeat publishes the status snapshot
+// when its figures changed, or when the one published is snapshotRefresh
+// old; otherwise it leaves the published one alone and costs the store its
+// ZADD only.
+func TestHeartbeatPublishesChanges(t *testing.T) {
+	rs := redistest.Start(t)
+	rdb := rs.Client(t)
+	ctx := context.Background()
+	t0 := time.UnixMilli(1_700_000_000_000)
+	var clock atomic.Int64
+	clock.Store(int64(t0.Sub(time.Unix(0, 0))))
+	at := func() time.Time { return time.Unix(0, clock.Load()) }
+	f := newFixture(t, rulesYAML, nil, Options{Peers: NewRedisPeers(rdb), Now: at})
+	f.statusPage() // Run serves: the server's name has its address
+
+	published := func() statusSnapshot {
+		t.Helper()
+		name, err := f.srv.heartbeat()
+		require.NoError(t, err)
+		doc, err := rdb.Get(ctx, RedisSnapshotPrefix+name).Bytes()
+		require.NoError(t, err)
+		var snap statusSnapshot
+		require.NoError(t, json.Unmarshal(doc, &snap))
+		return snap
+	}
+	assert.Equal(t, t0.UnixMilli(), published().At, "the first heartbeat publishes")
+
+	clock.Add(int64(PeerInterval))
+	before := commandCalls(t, rdb)
+	assert.Equal(t, t0.UnixMilli(), published().At, "nothing changed: not published again")
+	after := commandCalls(t, rdb)
+	assert.Equal(t, int64(0), after["set"]-before["set"])
+	assert.Equal(t, int64(1), after["zadd"]-before["zadd"])
+
+	clock.Add(int64(snapshotRefresh - PeerInterval - time.Millisecond))
+	assert.Equal(t, t0.UnixMilli(), published().At, "unchanged and younger than snapshotRefresh")
+	clock.Add(int64(time.Millisecond))
+	assert.Equal(t, t0.Add(snapshotRefresh).UnixMilli(), published().At, "unchanged but snapshotRefresh old: published again before it expires")
+
+	clock.Add(int64(time.Millisecond))
+	f.check("", "tiny:1")
+	snap := published()
+	assert.Equal(t, at().UnixMilli(), snap.At, "a decision: published at once")
+	assert.Equal(t, int64(1), snap.Rules["tiny"].Granted)
 }
 
 // TestStatusPageAlone: a server without peers (the memory store) shows its

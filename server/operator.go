@@ -43,10 +43,11 @@ const (
 // safe for concurrent use.
 type operator struct {
 	decisions *prometheus.CounterVec
-	rules     sync.Map // rule name -> *ruleCounters
-	busiest   *topK    // decisions per key
-	denied    *topK    // denials per key
-	peers     Peers    // nil: the server is alone as far as it knows
+	rules     sync.Map  // rule name -> *ruleCounters
+	busiest   *topK     // decisions per key
+	denied    *topK     // denials per key
+	peers     Peers     // nil: the server is alone as far as it knows
+	published published // the status snapshot last published to peers
 	open      *openLeases
 	now       func() time.Time // Options.Now
 	started   time.Time

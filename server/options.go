@@ -161,7 +161,8 @@ type Options struct {
 	MetricsTokenSHA256 string
 
 	// Peers, when set, is where the servers sharing the store record
-	// themselves and publish their status snapshots every PeerInterval, so
+	// themselves every PeerInterval and publish their status snapshots
+	// (when they changed, and before they expire; see fleet.go), so
 	// that the status page (/status) lists those seen in the last
 	// PeerWindow and shows the figures of them all: NewRedisPeers over the
 	// Redis client of the store. Nil shows this server alone.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -12,12 +13,17 @@ import (
 // Peer timings of the status page.
 const (
 	// PeerInterval is how often a server records itself in Options.Peers
-	// and publishes its status snapshot there (see fleet.go).
+	// and publishes its status snapshot there when it changed (see
+	// fleet.go).
 	PeerInterval = 2 * time.Second
 	// SnapshotTTL is how long a published status snapshot lives: a server
 	// that stops publishing drops out of the fleet's figures after at
-	// most this long.
+	// most this long. A server publishes a snapshot that did not change
+	// again once it is snapshotRefresh old, so that it does not expire.
 	SnapshotTTL = 3 * PeerInterval
+	// snapshotRefresh is the age at which an unchanged status snapshot is
+	// published again: two intervals, a whole interval before it expires.
+	snapshotRefresh = SnapshotTTL - PeerInterval
 	// PeerWindow is how recently a server must have recorded itself to be
 	// listed as sharing the store.
 	PeerWindow = 30 * time.Second
@@ -25,6 +31,12 @@ const (
 	// heartbeat of any server removes it, and the lifetime of the whole
 	// record once every server is silent.
 	peerForget = 10 * time.Minute
+	// peerTidy is how often a server's heartbeat, besides recording it,
+	// removes the entries silent for peerForget and renews the record's
+	// time to live: a tenth of peerForget, so an entry goes at most that
+	// much after peerForget, and the record lives at least nine tenths
+	// of peerForget once every server is silent.
+	peerTidy = peerForget / 10
 )
 
 // Peer is a lease server seen sharing the store.
@@ -69,11 +81,22 @@ const RedisPeersKey = "rl:servers"
 const RedisSnapshotPrefix = "{rl:status}:"
 
 // RedisPeers is Peers in Redis: the sorted set RedisPeersKey, with a
-// time to live refreshed by every heartbeat, and a key per server's
-// snapshot (RedisSnapshotPrefix). Create it with NewRedisPeers.
+// time to live, and a key per server's snapshot (RedisSnapshotPrefix).
+// Create it with NewRedisPeers.
+//
+// A heartbeat costs Redis one command (ZADD) most of the time: the
+// record's upkeep, removing the silent servers' entries and renewing its
+// time to live, is done by a server's first heartbeat and then every
+// peerTidy, not by every one. Every server's heartbeats run all the time
+// (a ticker per server, whatever the traffic), so at a hot key's rate of
+// decisions they would otherwise be a visible part of the Redis commands
+// per decision.
 type RedisPeers struct {
 	rdb redis.UniversalClient
 	key string
+
+	mu     sync.Mutex
+	tidied time.Time // when Beat last did the record's upkeep; zero: never
 }
 
 // NewRedisPeers returns Peers kept in rdb under RedisPeersKey and
@@ -83,18 +106,35 @@ func NewRedisPeers(rdb redis.UniversalClient) *RedisPeers {
 	return &RedisPeers{rdb: rdb, key: RedisPeersKey}
 }
 
-// Beat implements Peers: it sets name's score to now, removes the entries
-// of servers silent for ten minutes and keeps the key alive for ten more.
+// Beat implements Peers: it sets name's score to now (one ZADD). At the
+// first beat, and then every peerTidy, it also removes the entries of
+// servers silent for peerForget and keeps the record alive for peerForget
+// more, in the same round trip. The three commands need no transaction:
+// each is right on its own, whatever runs between them.
 func (p *RedisPeers) Beat(ctx context.Context, name string, now time.Time) error {
 	ms := now.UnixMilli()
-	_, err := p.rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-		pipe.ZAdd(ctx, p.key, redis.Z{Score: float64(ms), Member: name})
-		pipe.ZRemRangeByScore(ctx, p.key, "-inf", "("+strconv.FormatInt(ms-peerForget.Milliseconds(), 10))
-		pipe.PExpire(ctx, p.key, peerForget)
-		return nil
-	})
+	z := redis.Z{Score: float64(ms), Member: name}
+	p.mu.Lock()
+	tidy := p.tidied.IsZero() || now.Sub(p.tidied) >= peerTidy || now.Before(p.tidied)
+	p.mu.Unlock()
+	var err error
+	if !tidy {
+		err = p.rdb.ZAdd(ctx, p.key, z).Err()
+	} else {
+		_, err = p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			pipe.ZAdd(ctx, p.key, z)
+			pipe.ZRemRangeByScore(ctx, p.key, "-inf", "("+strconv.FormatInt(ms-peerForget.Milliseconds(), 10))
+			pipe.PExpire(ctx, p.key, peerForget)
+			return nil
+		})
+	}
 	if err != nil {
 		return fmt.Errorf("server: record this server in redis key %s: %w", p.key, err)
+	}
+	if tidy {
+		p.mu.Lock()
+		p.tidied = now
+		p.mu.Unlock()
 	}
 	return nil
 }

@@ -26,7 +26,7 @@ var panels = []panel{
 		label: fmtPct,
 	},
 	{
-		title: "Redis commands per decision (log scale; lower is better)",
+		title: "Redis commands per decision, gross (log scale; lower is better)",
 		log:   true,
 		value: func(r result) float64 { return r.RedisCmds },
 		label: fmtPerDecision,

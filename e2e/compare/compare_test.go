@@ -112,6 +112,7 @@ func BenchmarkCompare(b *testing.B) {
 // decisions against the exact ones.
 func runOpen(b *testing.B, e *env, sys *system, wl *workload, arr []arrival, exact []bool, d time.Duration) {
 	keys := wl.keyNames(currentTag(sys.tag))
+	bg := e.measureBackground(b, sys)
 	r := sys.setup(b, e, wl)
 	closed := false
 	defer func() {
@@ -168,7 +169,7 @@ func runOpen(b *testing.B, e *env, sys *system, wl *workload, arr []arrival, exa
 		res.WorstKey = keys[sc.worst.key]
 		res.HasWorst = true
 	}
-	res.setCosts(before, after, float64(r.calls()-calls0), n)
+	res.setCosts(before, after, bg, float64(r.calls()-calls0), n)
 	if r.sdk != nil {
 		res.SDK = sdkResultOf(r.sdk(), rep.decisions)
 	}
@@ -177,13 +178,18 @@ func runOpen(b *testing.B, e *env, sys *system, wl *workload, arr []arrival, exa
 }
 
 // setCosts fills the per-decision costs from the snapshots around the run,
-// and the cores other processes kept busy between them.
-func (r *result) setCosts(before, after snap, calls, n float64) {
+// and the cores other processes kept busy between them. The net Redis
+// commands are the gross less the background bg, at its rate, over the
+// time between the snapshots.
+func (r *result) setCosts(before, after snap, bg background, calls, n float64) {
 	if n == 0 {
 		return
 	}
 	r.Calls = calls / n
-	r.RedisCmds = float64(after.redisCmds-before.redisCmds) / n
+	gross := float64(after.redisCmds - before.redisCmds)
+	r.RedisCmds = gross / n
+	r.RedisBackground = bg.perSecond()
+	r.RedisNet = max(0, gross-r.RedisBackground*after.at.Sub(before.at).Seconds()) / n
 	r.RedisByCmd = make(map[string]float64)
 	for name, c := range after.redisBy {
 		if d := c - before.redisBy[name]; d > 0 {
@@ -230,6 +236,9 @@ func reportMetrics(b *testing.B, r *result) {
 	b.ReportMetric(r.P99, "p99-ns")
 	b.ReportMetric(r.Calls, "calls/decision")
 	b.ReportMetric(r.RedisCmds, "redis-cmds/decision")
+	if r.UsesRedis {
+		b.ReportMetric(r.RedisNet, "redis-cmds-net/decision")
+	}
 	if r.Workers > 0 {
 		b.ReportMetric(float64(r.Workers), "workers")
 	}
@@ -245,6 +254,7 @@ func reportMetrics(b *testing.B, r *result) {
 func runCapacity(b *testing.B, e *env, sys *system, wl *workload, d time.Duration) {
 	d = min(d, maxCapacityRun)
 	key := wl.key(currentTag(sys.tag), 0)
+	bg := e.measureBackground(b, sys)
 	r := sys.setup(b, e, wl)
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -308,7 +318,7 @@ func runCapacity(b *testing.B, e *env, sys *system, wl *workload, d time.Duratio
 	if elapsed > 0 {
 		res.PerSecond = n / elapsed.Seconds()
 	}
-	res.setCosts(before, after, calls, n)
+	res.setCosts(before, after, bg, calls, n)
 	if r.sdk != nil {
 		res.SDK = &sdkResult{BySource: make(map[string]int64)}
 		cs := r.sdk()

@@ -81,7 +81,16 @@
 //     (b) (a go-redis hook), HTTP calls for (c); and Redis commands per
 //     decision: the delta of INFO commandstats over the run, every
 //     command's calls summed (EVALSHA and the commands its script ran each
-//     count), INFO's own excluded, whoever sent them. Both include closing
+//     count), INFO's own excluded, whoever sent them: the gross figure.
+//     The net figure subtracts the background: before each run of a
+//     system that uses Redis, before it is set up, the commands are
+//     counted over one server.PeerInterval with no system running
+//     (idleWindow: the rateleased processes' periodic work, recording
+//     themselves among the peers and publishing their status snapshots,
+//     has that period), and that rate times the run's length is taken off.
+//     The tables show both; the Redis targets use the net figures, of (a)
+//     and (b) alike, since on a hot key the daemons' own periodic work
+//     would otherwise be much of what (a) is charged. Both include closing
 //     the run's clients (for (a), returning its leases).
 //   - for (a), its decisions by Decision.Source and its Stats counters
 //     (server calls, failed calls, fallback decisions, keys held).

@@ -3,7 +3,6 @@ package compare
 import (
 	"flag"
 	"fmt"
-	"github.com/ratelease/ratelease/leases/storetest"
 	"math"
 	"os"
 	"path/filepath"
@@ -14,6 +13,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ratelease/ratelease/leases/storetest"
+	"github.com/ratelease/ratelease/server"
 )
 
 // reportEnv names the directory (the repository root) where TestMain
@@ -51,7 +53,9 @@ type result struct {
 	Samples                 uint64 // capacity runs: decisions timed
 	SampleEvery             int    // capacity runs: 1 in SampleEvery timed
 	Calls                   float64
-	RedisCmds               float64            // per decision
+	RedisCmds               float64            // per decision, gross: every command Redis counted during the run
+	RedisNet                float64            // per decision, net: RedisCmds less the idle background over the run
+	RedisBackground         float64            // commands per second Redis counted while idle, before the run
 	RedisByCmd              map[string]float64 // per decision, by command
 	ClientCPU, ServerCPU    float64            // per decision
 	RedisCPU, DaemonCPU     float64            // per decision, each server whether used or not
@@ -198,7 +202,7 @@ func writeReport(dir string) error {
 
 	for _, wl := range workloads {
 		if rs := resultsOf(d.Results, wl.name); len(rs) > 0 {
-			fmt.Printf("\n%s\n%s%s", wl.name, workloadTable(rs), paceText(rs))
+			fmt.Printf("\n%s\n%s%s%s%s", wl.name, workloadTable(rs), paceText(rs), redisByText(rs), backgroundText(rs))
 			for _, r := range rs {
 				if t := sdkText(r); t != "" {
 					fmt.Println(t)
@@ -349,10 +353,14 @@ func evalTargets(rs []result) []target {
 			})
 		}
 		if f, ok := redisFactor[wl.name]; ok && okB {
+			// On the net figures: the rateleased processes' periodic work
+			// is no decision's cost, and on a hot key it would be most of
+			// what is left. The gross stays in the tables and here.
 			out = append(out, target{
-				Name: "(a) Redis commands per decision at most " + fmtFactor(f) + " (b)'s", Workload: wl.name,
-				Want: "≤ " + fmtPerDecision(f*b.RedisCmds), Got: fmtPerDecision(a.RedisCmds),
-				Pass: a.RedisCmds <= f*b.RedisCmds,
+				Name: "(a) Redis commands per decision, net of idle background, at most " + fmtFactor(f) + " (b)'s", Workload: wl.name,
+				Want: "≤ " + fmtPerDecision(f*b.RedisNet),
+				Got:  fmtPerDecision(a.RedisNet) + " net (" + fmtPerDecision(a.RedisCmds) + " gross)",
+				Pass: a.RedisNet <= f*b.RedisNet,
 			})
 		}
 		if slices.Contains(p99VsB, wl.name) && okB {
@@ -421,7 +429,7 @@ func resultsOf(rs []result, workload string) []result {
 func workloadTable(rs []result) string {
 	var s strings.Builder
 	if len(rs) > 0 && rs[0].Capacity {
-		s.WriteString("| system | decisions/s | vs (b) | goroutines | denied | p50 | p99 | p99.9 | calls / decision | Redis cmds / decision | CPU / decision: client, servers | other load (cores) |\n")
+		s.WriteString("| system | decisions/s | vs (b) | goroutines | denied | p50 | p99 | p99.9 | calls / decision | Redis cmds / decision: gross, net of idle background | CPU / decision: client, servers | other load (cores) |\n")
 		s.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 		for _, r := range rs {
 			vs := "—"
@@ -434,7 +442,7 @@ func workloadTable(rs []result) string {
 		}
 		return s.String()
 	}
-	s.WriteString("| system | decisions/s | pacer lag p99 | admitted | lost | extra | worst window: excess (admitted over length, key) | bound held | p50 | p99 | p99.9 | calls / decision | Redis cmds / decision | CPU / decision: client, servers | other load (cores) |\n")
+	s.WriteString("| system | decisions/s | pacer lag p99 | admitted | lost | extra | worst window: excess (admitted over length, key) | bound held | p50 | p99 | p99.9 | calls / decision | Redis cmds / decision: gross, net of idle background | CPU / decision: client, servers | other load (cores) |\n")
 	s.WriteString("|---|--:|--:|--:|--:|--:|--:|:-:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, r := range rs {
 		admitted := fmtInt(r.Admitted)
@@ -553,13 +561,29 @@ func cmpFloat(x, y float64) int {
 	return 0
 }
 
-// redisText is the Redis commands per decision, or a dash for a system
-// that does not use Redis.
+// redisText is the Redis commands per decision, gross and net of the idle
+// background, or a dash for a system that does not use Redis.
 func redisText(r result) string {
 	if !r.UsesRedis {
 		return "—"
 	}
-	return fmtPerDecision(r.RedisCmds)
+	return fmtPerDecision(r.RedisCmds) + ", " + fmtPerDecision(r.RedisNet)
+}
+
+// backgroundText gives, for a workload, the idle background each system's
+// net Redis figure had subtracted.
+func backgroundText(rs []result) string {
+	var parts []string
+	for _, r := range rs {
+		if !r.UsesRedis {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %s/s (%s per decision)", r.System[:1], fmtNum(r.RedisBackground), fmtPerDecision(r.RedisCmds-r.RedisNet)))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "Idle background subtracted for the net figures (Redis commands per second with no system running, before each run): " + strings.Join(parts, ", ") + ".\n"
 }
 
 func cpuText(r result) string {
@@ -691,6 +715,9 @@ func renderMarkdown(d reportData) string {
 		if t := redisByText(rs); t != "" {
 			p("%s\n", t)
 		}
+		if t := backgroundText(rs); t != "" {
+			p("%s\n", t)
+		}
 		for _, r := range rs {
 			if t := sdkText(r); t != "" {
 				p("%s\n", t)
@@ -715,8 +742,10 @@ func renderMarkdown(d reportData) string {
 	p("An admission made by a round trip happened somewhere between the decision's start and end, so a window is never charged one it may not have held.\n")
 	p("- **latency**: of each decision, from the goroutine's first clock read to the decision's return; p50, p99, p99.9 over every decision of the run.\n")
 	p("- **calls / decision**: calls that left the benchmark process per decision: lease-server calls for (a) (`Stats().ServerCalls`, summed over the instances), Redis round trips for (b) (a go-redis hook), HTTP calls for (c). ")
-	p("**Redis cmds / decision**: what redis-server counted in `INFO commandstats` during the run, every command's `calls` summed (a script's EVALSHA and each command it ran inside), the INFO calls excluded, whoever sent them. ")
-	p("Both count the closing of the run's clients too: for (a), returning its leases.\n")
+	p("**Redis cmds / decision**, gross: what redis-server counted in `INFO commandstats` during the run, every command's `calls` summed (a script's EVALSHA and each command it ran inside), the INFO calls excluded, whoever sent them. ")
+	p("Net of idle background: the gross less what Redis counts with no system running, at the rate counted over %s just before the run (before the system is set up), times the run's length: the `rateleased` processes' own periodic work (each records itself among the peers and publishes its status snapshot every %s) and whatever the previous run left behind. ", fmtDur(idleWindow), fmtDur(server.PeerInterval))
+	p("Work that only load brings (a server publishing a status snapshot that changed, a connection pool growing) stays in the net figure. The Redis targets are evaluated on the net figures, of (a) and of (b) alike. ")
+	p("Calls and commands both count the closing of the run's clients too: for (a), returning its leases.\n")
 	p("- **CPU / decision**: this process (user + sys, `getrusage`: the instances, the pacer and the GC), and the servers the system uses (`redis-server` from `INFO cpu`, `rateleased` from `/proc/<pid>/stat` at 10 ms ticks). ")
 	p("**other load**: cores busy with other processes, or stolen by the host, on average during the run (`/proc/stat`).\n")
 	p("- (a) runs with the SDK's defaults, as a new user would write it, each instance a `client.Client` with its own `client_id` and HTTP pool, instance i listing `rateleased` i mod %d first. (b) has one go-redis client per instance, (c) alternates between the `rateleased` processes by instance. ", daemons)

@@ -27,6 +27,7 @@ import (
 	"github.com/ratelease/ratelease/e2e/e2eproc"
 	"github.com/ratelease/ratelease/e2e/redistest"
 	"github.com/ratelease/ratelease/protocol"
+	"github.com/ratelease/ratelease/server"
 )
 
 // ---------------------------------------------------------------------------
@@ -109,6 +110,46 @@ func (e *env) urls(first int) []string {
 		out[i] = e.daemons[(first+i)%len(e.daemons)].URL()
 	}
 	return out
+}
+
+// idleWindow is how long the Redis commands are counted with no system
+// running, before each run of a system that uses Redis: one
+// server.PeerInterval, the period of the rateleased processes' own
+// periodic work (each records itself among the peers and publishes its
+// status snapshot once per interval), so that the window holds one round of
+// it whatever its phase.
+const idleWindow = server.PeerInterval
+
+// background is what Redis counted over an idle window before a run: the
+// rateleased processes' periodic work, and anything else still reaching
+// Redis then (what the previous run left behind). A run's net Redis
+// commands are its gross less this rate over the run's length.
+type background struct {
+	cmds   int64
+	length time.Duration
+}
+
+// perSecond returns the background's commands per second.
+func (bg background) perSecond() float64 {
+	if bg.length <= 0 {
+		return 0
+	}
+	return float64(bg.cmds) / bg.length.Seconds()
+}
+
+// measureBackground counts the Redis commands over idleWindow, before sys
+// is set up (setting it up opens its connections); it measures nothing
+// for a system that does not use Redis. The wait is the measurement, not
+// a synchronisation.
+func (e *env) measureBackground(b *testing.B, sys *system) background {
+	b.Helper()
+	if !sys.usesRdb {
+		return background{}
+	}
+	before := e.snapshot(b)
+	time.Sleep(idleWindow)
+	after := e.snapshot(b)
+	return background{cmds: after.redisCmds - before.redisCmds, length: after.at.Sub(before.at)}
 }
 
 // snap is what a run is measured against.
