@@ -105,13 +105,14 @@ clients:
 // BenchmarkLeaseHandler does:
 //
 //   - store=memory: the handler's own work, without I/O;
+//
 //   - store=redis: over the store rateleased runs (an OwningStore over a
 //     RedisStore) on a real redis-server, one take at a time; ns/op is
 //     then mostly the round trip to Redis, and cpu-ns/op is the CPU this
 //     process spent per take (user + system: the handler and the Redis
 //     client, syscalls included; not redis-server's).
 //
-//	go test -run '^$' -bench DirectTake -benchtime 20000x ./server/
+//     go test -run '^$' -bench DirectTake -benchtime 20000x ./server/
 func BenchmarkDirectTake(b *testing.B) {
 	rules := `
 default: deny
