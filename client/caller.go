@@ -324,7 +324,9 @@ func (h *caller) post(ctx context.Context, i int, req *protocol.LeaseRequest) (*
 	resp, err := h.rc.Do(r)
 	if err != nil {
 		if ctx.Err() != nil {
-			h.failures.Add(1)
+			if !errors.Is(context.Cause(ctx), errCallerGone) { // not a failure (see Client.callOwn)
+				h.failures.Add(1)
+			}
 			return nil, ctx.Err()
 		}
 		if errors.Is(err, ErrServerRefused) {
