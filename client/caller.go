@@ -106,11 +106,17 @@ func (e *RefusedError) Is(target error) bool {
 // backoff (lease); or one attempt at a chosen server (leaseAt), for the
 // direct takes the client routes by key (see pick).
 type caller struct {
-	cfg      *Config
-	urls     []*url.URL
-	rc       *retryablehttp.Client
-	one      *retryablehttp.Client // rc's settings, without retries: leaseAt
-	hc       *http.Client
+	cfg  *Config
+	urls []*url.URL
+	// rawURLs are urls as strings, for the requests of leaseAt.
+	rawURLs []string
+	rc      *retryablehttp.Client
+	hc      *http.Client
+	// once makes the single attempts of leaseAt: hc without its Timeout,
+	// which net/http enforces with a timer and contexts of its own for
+	// every request (some twenty allocations); the attempt's context
+	// carries Config.RequestTimeout instead.
+	once     *http.Client
 	cur      atomic.Int64
 	calls    atomic.Int64
 	failures atomic.Int64
@@ -126,6 +132,7 @@ func newCaller(cfg *Config) *caller {
 	for _, s := range cfg.Servers {
 		u, _ := url.Parse(s + protocol.PathLeases) // validated by withDefaults
 		h.urls = append(h.urls, u)
+		h.rawURLs = append(h.rawURLs, u.String())
 		h.seeds = append(h.seeds, mix64(hashString(s)))
 	}
 	h.health = make([]serverHealth, len(h.urls))
@@ -133,9 +140,12 @@ func newCaller(cfg *Config) *caller {
 		hc := *cfg.HTTPClient
 		h.hc = &hc
 	} else {
-		h.hc = cleanhttp.DefaultPooledClient()
+		h.hc = defaultHTTPClient()
 	}
 	h.hc.Timeout = cfg.RequestTimeout
+	once := *h.hc
+	once.Timeout = 0
+	h.once = &once
 	n := len(h.urls)
 	h.rc = &retryablehttp.Client{
 		HTTPClient:   h.hc,
@@ -162,14 +172,20 @@ func newCaller(cfg *Config) *caller {
 			return nil
 		},
 	}
-	h.one = &retryablehttp.Client{
-		HTTPClient:     h.hc,
-		RetryMax:       0,
-		RequestLogHook: h.rc.RequestLogHook,
-		CheckRetry:     checkRetry,
-		Backoff:        h.rc.Backoff, // never called: no retry
-	}
 	return h
+}
+
+// defaultHTTPClient is the client of the calls when Config.HTTPClient is
+// nil: go-cleanhttp's pooled client, keeping enough idle connections per
+// server for the direct calls a process may have in flight to one server
+// (maxDirectCalls) beside a lease call, so that a burst of them does not
+// close and dial connections again (its default keeps GOMAXPROCS+1).
+func defaultHTTPClient() *http.Client {
+	hc := cleanhttp.DefaultPooledClient()
+	if tr, ok := hc.Transport.(*http.Transport); ok {
+		tr.MaxIdleConnsPerHost = max(tr.MaxIdleConnsPerHost, maxDirectCalls+2)
+	}
+	return hc
 }
 
 // capWait bounds a backoff by max, whatever Retry-After said.
@@ -197,17 +213,21 @@ func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, erro
 		}
 		return true, nil
 	}
+	return failedStatus(resp), nil
+}
+
+// failedStatus reports whether resp's status says the server failed the
+// call, which another server, or a later try, may not: a 5xx, or a 429
+// that is not rateleased's own.
+func failedStatus(resp *http.Response) bool {
 	if resp.StatusCode == http.StatusTooManyRequests && isProblem(resp) {
 		// rateleased's own 429s are answers, per entry (too_many_keys,
 		// too_many_leases: every entry was refused by a cap), which a retry
 		// would only repeat; a denial by a rule is a 200. A 429 without a
 		// problem body comes from something in between: retried.
-		return false, nil
+		return false
 	}
-	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500 {
-		return true, nil
-	}
-	return false, nil
+	return resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500
 }
 
 // isProblem reports whether resp carries an RFC 9457 problem body.
@@ -222,14 +242,58 @@ func isProblem(resp *http.Response) bool {
 // after a capped backoff. It fails with a *RefusedError, ErrServerResponse,
 // a transport error or ctx's error; a failure is counted in failures.
 func (h *caller) lease(ctx context.Context, req *protocol.LeaseRequest) (*protocol.LeaseResponse, error) {
-	return h.post(ctx, h.rc, int(h.cur.Load()%int64(len(h.urls))), req)
+	return h.post(ctx, int(h.cur.Load()%int64(len(h.urls))), req)
 }
 
 // leaseAt is lease with one attempt, at server i, and no failure counted:
 // the caller moves on to another server, and counts a call that failed on
-// every one.
+// every one. It is the call of the direct takes routed by key, so it goes
+// straight to net/http: a go-retryablehttp client that makes no retry only
+// cost allocations and CPU. It fails as lease does.
 func (h *caller) leaseAt(ctx context.Context, i int, req *protocol.LeaseRequest) (*protocol.LeaseResponse, error) {
-	return h.post(ctx, h.one, i, req)
+	h.calls.Add(1)
+	host := h.urls[i].Host
+	actx, cancel := context.WithTimeout(ctx, h.cfg.RequestTimeout)
+	defer cancel()
+	r, err := http.NewRequestWithContext(actx, http.MethodPost, h.rawURLs[i], bytes.NewReader(protocol.AppendLeaseRequest(make([]byte, 0, 256), req)))
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	h.setHeaders(r.Header)
+	resp, err := h.once.Do(r)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("client: lease server %s: %w", host, err)
+	}
+	defer resp.Body.Close()
+	if failedStatus(resp) {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10)) // so that the connection serves again
+		return nil, fmt.Errorf("client: lease server %s: %w: HTTP %d", host, ErrServerResponse, resp.StatusCode)
+	}
+	out, err := decodeLeaseResponse(resp, req)
+	if err != nil {
+		if p, ok := errors.AsType[permanent](err); ok {
+			// A refusal, counted by the client, not a failure of the
+			// server; a RefusedError names its server.
+			return nil, fmt.Errorf("client: %w", p.err)
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("client: lease server %s: %w", host, err)
+	}
+	return out, nil
+}
+
+// setHeaders sets the headers of a lease call.
+func (h *caller) setHeaders(hd http.Header) {
+	hd.Set("Content-Type", "application/json")
+	hd.Set("Accept", "application/json")
+	if h.cfg.Token != "" {
+		hd.Set("Authorization", "Bearer "+h.cfg.Token)
+	}
 }
 
 // roundWait is how long lease waits once every server failed before trying
@@ -239,21 +303,12 @@ func (h *caller) roundWait() time.Duration {
 }
 
 // post sends req through rc, starting at server i.
-func (h *caller) post(ctx context.Context, rc *retryablehttp.Client, i int, req *protocol.LeaseRequest) (*protocol.LeaseResponse, error) {
-	body, err := json.Marshal(req)
-	if err != nil {
-		return nil, fmt.Errorf("client: encode lease request: %w", err)
-	}
-	u := h.urls[i]
-	r, err := retryablehttp.NewRequestWithContext(ctx, http.MethodPost, u.String(), body)
+func (h *caller) post(ctx context.Context, i int, req *protocol.LeaseRequest) (*protocol.LeaseResponse, error) {
+	r, err := retryablehttp.NewRequestWithContext(ctx, http.MethodPost, h.rawURLs[i], protocol.AppendLeaseRequest(make([]byte, 0, 256), req))
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
-	r.Header.Set("Content-Type", "application/json")
-	r.Header.Set("Accept", "application/json")
-	if h.cfg.Token != "" {
-		r.Header.Set("Authorization", "Bearer "+h.cfg.Token)
-	}
+	h.setHeaders(r.Header)
 	var results *protocol.LeaseResponse
 	r.SetResponseHandler(func(resp *http.Response) error {
 		res, err := decodeLeaseResponse(resp, req)
@@ -266,11 +321,10 @@ func (h *caller) post(ctx context.Context, rc *retryablehttp.Client, i int, req 
 		results = res
 		return nil
 	})
-	resp, err := rc.Do(r)
+	resp, err := h.rc.Do(r)
 	if err != nil {
-		all := rc == h.rc // every server tried
 		if ctx.Err() != nil {
-			if all {
+			if !errors.Is(context.Cause(ctx), errCallerGone) { // not a failure (see Client.callOwn)
 				h.failures.Add(1)
 			}
 			return nil, ctx.Err()
@@ -279,9 +333,6 @@ func (h *caller) post(ctx context.Context, rc *retryablehttp.Client, i int, req 
 			// A server answered: a refusal, counted by the client, not a
 			// failure of every server.
 			return nil, fmt.Errorf("client: %w", err)
-		}
-		if !all {
-			return nil, fmt.Errorf("client: lease server %s: %w", u.Host, err)
 		}
 		h.failures.Add(1)
 		return nil, fmt.Errorf("client: lease servers %v: %w", h.cfg.Servers, err)
@@ -311,7 +362,7 @@ func decodeLeaseResponse(resp *http.Response, req *protocol.LeaseRequest) (*prot
 	var out protocol.LeaseResponse
 	switch {
 	case resp.StatusCode == http.StatusOK:
-		if err := json.Unmarshal(data, &out); err != nil {
+		if err := protocol.UnmarshalLeaseResponse(data, &out); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrServerResponse, err)
 		}
 	case resp.StatusCode >= 400 && resp.StatusCode < 500:

@@ -1,11 +1,16 @@
 package client_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -74,4 +79,127 @@ func TestKeyCapRefusalIsAnAnswer(t *testing.T) {
 		time.Sleep(5 * time.Millisecond) // spread the decisions over ticks: the time is what is under test
 	}
 	assert.LessOrEqual(t, c.Stats().ServerCalls-calls, int64(10+1), "one call per direct decision, no lease asked again")
+}
+
+// heldProxy forwards to target, holding each call that hold says to hold
+// until the test ends; arrived receives a value when a held call has
+// reached it.
+func heldProxy(t *testing.T, target string, hold func(*http.Request) bool) (proxy string, arrived <-chan struct{}) {
+	t.Helper()
+	u, err := url.Parse(target)
+	require.NoError(t, err)
+	rp := httputil.NewSingleHostReverseProxy(u)
+	release := make(chan struct{})
+	in := make(chan struct{}, 16)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hold(r) {
+			in <- struct{}{}
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+			http.Error(w, "held", http.StatusServiceUnavailable)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) }) // first: srv.Close waits for the handlers
+	return srv.URL, in
+}
+
+// holdKey holds the direct takes of key (found in the body) and nothing
+// else.
+func holdKey(key string) func(*http.Request) bool {
+	return func(r *http.Request) bool {
+		if r.Body == nil || r.Method != http.MethodPost {
+			return false
+		}
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			return false
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		return bytes.Contains(body, []byte(`"`+key+`"`))
+	}
+}
+
+// TestDirectDecisionCallerGone: a decision alone in its call makes the
+// call itself; when its context ends first, it returns at once, and the
+// client counts no failure: it stays online, logs and reports no server
+// error, and the next decision goes to the server. With one server (the
+// retrying call) and with two (a take routed by key).
+func TestDirectDecisionCallerGone(t *testing.T) {
+	for _, servers := range []int{1, 2} {
+		t.Run(fmt.Sprintf("servers=%d", servers), func(t *testing.T) {
+			srv := leasetest.Start(t, rules, leasetest.Options{})
+			var urls []string
+			var arrived <-chan struct{}
+			for range servers {
+				u, in := heldProxy(t, srv.URL(), holdKey("tiny:held"))
+				urls = append(urls, u)
+				if arrived == nil {
+					arrived = in
+				} else {
+					arrived = mergeSignals(arrived, in)
+				}
+			}
+			logs := &recordingHandler{}
+			var serverErrors atomic.Int64
+			c := newClient(t, client.Config{
+				Servers: urls, Fallback: client.FallbackOpen, Logger: slog.New(logs),
+				OnServerError: func(error) { serverErrors.Add(1) },
+			})
+			ctx, cancel := context.WithCancel(context.Background())
+			go func() {
+				<-arrived
+				cancel()
+			}()
+			d := c.Allow(ctx, "tiny:held")
+			assert.False(t, d.Allowed)
+			assert.Equal(t, client.SourceDirect, d.Source)
+			assert.Positive(t, d.RetryAfter)
+
+			st := c.Stats()
+			assert.Zero(t, st.ServerErrors)
+			assert.Zero(t, st.FallbackDecisions)
+			assert.True(t, st.Online)
+			assert.Zero(t, serverErrors.Load(), "OnServerError is not called")
+			assert.Zero(t, logs.count(slog.LevelWarn, ""), "no warning")
+			d = c.Allow(context.Background(), "tiny:next")
+			assert.True(t, d.Allowed)
+			assert.Equal(t, client.SourceDirect, d.Source, "decided by a server, not the fallback")
+		})
+	}
+}
+
+// TestDirectDecisionClose: Close ends a direct call in flight; its
+// decision returns SourceClosed.
+func TestDirectDecisionClose(t *testing.T) {
+	srv := leasetest.Start(t, rules, leasetest.Options{})
+	u, arrived := heldProxy(t, srv.URL(), holdKey("tiny:held"))
+	c, err := client.New(client.Config{Servers: []string{u}})
+	require.NoError(t, err)
+	closed := make(chan error, 1)
+	go func() {
+		<-arrived
+		closed <- c.Close(context.Background())
+	}()
+	d := c.Allow(context.Background(), "tiny:held")
+	assert.False(t, d.Allowed)
+	assert.Equal(t, client.SourceClosed, d.Source)
+	require.NoError(t, <-closed)
+}
+
+// mergeSignals returns a channel that receives every value of a and b.
+func mergeSignals(a, b <-chan struct{}) <-chan struct{} {
+	out := make(chan struct{}, 16)
+	for _, in := range []<-chan struct{}{a, b} {
+		go func() {
+			for v := range in {
+				out <- v
+			}
+		}()
+	}
+	return out
 }

@@ -169,6 +169,21 @@ func (s *RedisStore) run(ctx context.Context, algs []Algorithm, keys [][]string,
 		}
 	}
 	cmds := make([]*redis.Cmd, len(args))
+	if len(args) == 1 {
+		// One call, the common direct take: a command of its own costs
+		// less than a pipeline of one (go-redis's pipelines have their
+		// own pool and bookkeeping).
+		cmds[0] = scripts[0].EvalSha(ctx, s.rdb, keys[0], args[0]...)
+		err := cmds[0].Err()
+		if redis.HasErrorPrefix(err, "NOSCRIPT") {
+			cmds[0] = scripts[0].Eval(ctx, s.rdb, keys[0], args[0]...)
+			err = cmds[0].Err()
+		}
+		if err != nil {
+			return nil, unavailable(err)
+		}
+		return cmds, nil
+	}
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range args {
 			cmds[i] = scripts[i].EvalSha(ctx, p, keys[i], args[i]...)

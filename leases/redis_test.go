@@ -388,24 +388,36 @@ func TestRedisStoreRealTime(t *testing.T) {
 }
 
 // TestRedisStoreScriptFlush: after SCRIPT FLUSH (or a Redis restart) the
-// store reloads its script by itself.
+// store reloads its script by itself, for a call of one op (a command of
+// its own) as for a pipeline.
 func TestRedisStoreScriptFlush(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	ctx := context.Background()
-	s := leases.NewRedisStore(rdb, leases.RedisOptions{})
-	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 10, Period: time.Second, Burst: 10, LeaseTTL: time.Second}
-	op := []leases.LeaseOp{{Key: "k1", Bucket: b, Want: 1, NewLeaseID: "x"}, {Key: "k2", Bucket: b, Want: 1, NewLeaseID: "y"}}
-	_, err := s.Lease(ctx, own("a/1"), op)
-	require.NoError(t, err)
-	require.NoError(t, rdb.ScriptFlush(ctx).Err())
-	out, err := s.Lease(ctx, own("b/1"), op)
-	require.NoError(t, err)
-	require.EqualValues(t, 1, out[0].Granted)
-	require.EqualValues(t, 1, out[1].Granted)
-	st, err := s.State(ctx, "k1", b)
-	require.NoError(t, err)
-	require.EqualValues(t, 2, st.Outstanding, "each op ran exactly once")
+	for _, n := range []int{1, 2} {
+		t.Run(fmt.Sprintf("ops=%d", n), func(t *testing.T) {
+			srv := redistest.Start(t)
+			rdb := srv.Client(t)
+			ctx := context.Background()
+			s := leases.NewRedisStore(rdb, leases.RedisOptions{})
+			b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 10, Period: time.Second, Burst: 10, LeaseTTL: time.Second}
+			op := []leases.LeaseOp{{Key: "k1", Bucket: b, Want: 1, NewLeaseID: "x"}, {Key: "k2", Bucket: b, Want: 1, NewLeaseID: "y"}}[:n]
+			_, err := s.Lease(ctx, own("a/1"), op)
+			require.NoError(t, err)
+			require.NoError(t, rdb.ScriptFlush(ctx).Err())
+			out, err := s.Lease(ctx, own("b/1"), op)
+			require.NoError(t, err)
+			for i := range out {
+				require.EqualValues(t, 1, out[i].Granted)
+			}
+			st, err := s.State(ctx, "k1", b)
+			require.NoError(t, err)
+			require.EqualValues(t, 2, st.Outstanding, "each op ran exactly once")
+
+			require.NoError(t, rdb.ScriptFlush(ctx).Err())
+			taken, err := s.Take(ctx, []leases.TakeOp{{Key: "k3", Bucket: b, Cost: 1}})
+			require.NoError(t, err)
+			require.True(t, taken[0].Taken)
+			require.EqualValues(t, 9, taken[0].Remaining, "the take ran exactly once")
+		})
+	}
 }
 
 // TestRedisStoreUnavailable: a dead Redis fails the call with

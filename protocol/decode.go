@@ -2,7 +2,6 @@ package protocol
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -60,8 +59,9 @@ func decodeStrict(body []byte, v any) error {
 		return NewProblem(CodeInvalidJSON, "body is empty: send a JSON object")
 	}
 	// json.Unmarshal checks that the whole body is one JSON value, so data
-	// after it is a syntax error.
-	if err := json.Unmarshal(body, v); err != nil {
+	// after it is a syntax error; so does the hand-written decoder, which
+	// leaves any body outside its plain form to json.Unmarshal.
+	if err := unmarshalRequest(body, v); err != nil {
 		return NewProblem(CodeInvalidJSON, "body is not valid JSON for this endpoint: "+err.Error())
 	}
 	// The body is valid JSON now, which loneSurrogate relies on. A body

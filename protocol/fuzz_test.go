@@ -151,3 +151,118 @@ func FuzzDecodeCheckRequest(f *testing.F) {
 		}
 	})
 }
+
+// codecSeeds are bodies for the hand-written codecs' fuzz tests: the plain
+// form they take, and near misses that must go the slow way.
+var codecSeeds = []string{
+	`{"client_id":"bench-1","leases":null,"takes":[{"keys":["user:1"],"cost":1,"max_delay_ms":0}]}`,
+	`{"client_id":"c","leases":[{"key":"a","want":3,"lease_id":"L1","used":2,"slot":1,"priority":"high"}],"takes":[{"keys":["x","y"],"cost":null,"priority":"low"}]}`,
+	`{"leases":[],"takes":[{"allowed":true,"retry_after_ms":0,"keys":[{"key":"user:1","allowed":true,"retry_after_ms":0,"remaining":4,"limit":2,"period_ms":1000,"burst":5,"rule":"users","lease_ttl_ms":2000,"algorithm":"token_bucket","limits":[{"algorithm":"token_bucket","limit":2,"period_ms":1000,"burst":5,"remaining":4,"reset_ms":500}]}]}]}`,
+	`{"leases":[{"key":"k","slot":1,"lease_id":"id","granted":5,"ttl_ms":2000,"retry_after_ms":0,"limit":10,"period_ms":1000,"burst":10,"remaining":5,"safe_rate":2.5,"rule":"r","algorithm":"leaky_bucket","delay_ms":3,"limits":[],"shadow_denied":true,"borrowed":2,"unlimited":false,"owned":true}]}`,
+	`{"leases":[{"key":"k","granted":0,"ttl_ms":0,"retry_after_ms":0,"limit":0,"period_ms":0,"burst":0,"remaining":0,"safe_rate":1e-7,"error":{"title":"t","status":403,"code":"forbidden"}}]}`,
+	`{"takes":[{"allowed":false,"retry_after_ms":250,"delay_ms":1,"keys":null,"shadow_denied":false,"borrowed":true}]}`,
+	`{"keys":["a","b"],"cost":2,"max_delay_ms":100}`,
+	` { "keys" : [ "a" ] , "cost" : -0 } `,
+	`{"keys":["a"],"Cost":2}`,
+	`{"keys":["a"],"cost":1,"cost":2}`,
+	`{"keys":["a"],"cost":1.0}`,
+	`{"keys":["a"],"cost":1e2}`,
+	`{"keys":["a"],"cost":01}`,
+	`{"keys":["a"],"cost":9223372036854775807}`,
+	`{"keys":["a"],"cost":-9223372036854775808}`,
+	`{"keys":["a"],"cost":9223372036854775808}`,
+	`{"keys":["a\u0041"]}`,
+	"{\"keys\":[\"a\xffb\"]}",
+	`{"keys":[null,"b"]}`,
+	`{"leases":[{"key":"k","safe_rate":1e999}]}`,
+	`{"leases":[{"key":"k","safe_rate":-0.0}]}`,
+	`{"leases":[{"key":"k","granted":true}]}`,
+	`{"leases":null}trailing`,
+	`null`,
+}
+
+// FuzzUnmarshalFast holds the hand-written decoders to encoding/json: a
+// body they decode, json.Unmarshal decodes too, into the same value.
+func FuzzUnmarshalFast(f *testing.F) {
+	for _, s := range append(append([]string(nil), fuzzSeeds...), codecSeeds...) {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		check := func(name string, fast, slow any, ok bool) {
+			t.Helper()
+			if !ok {
+				return
+			}
+			if err := json.Unmarshal(body, slow); err != nil {
+				t.Fatalf("%s: the fast decoder took %q, which encoding/json refuses: %v", name, body, err)
+			}
+			if !reflect.DeepEqual(fast, slow) {
+				t.Fatalf("%s: %q decodes as\n%+v\nnot as encoding/json's\n%+v", name, body, fast, slow)
+			}
+		}
+		var lr, lrSlow LeaseRequest
+		r := reader{b: body}
+		check("LeaseRequest", &lr, &lrSlow, r.leaseRequest(&lr) && r.end())
+		var cr, crSlow CheckRequest
+		r = reader{b: body}
+		check("CheckRequest", &cr, &crSlow, r.checkRequest(&cr) && r.end())
+		var resp, respSlow LeaseResponse
+		r = reader{b: body}
+		check("LeaseResponse", &resp, &respSlow, r.leaseResponse(&resp) && r.end())
+
+		// The exported entry points agree with encoding/json whichever way
+		// they go.
+		var got, want LeaseResponse
+		errGot, errWant := UnmarshalLeaseResponse(body, &got), json.Unmarshal(body, &want)
+		if (errGot == nil) != (errWant == nil) || (errGot == nil && !reflect.DeepEqual(got, want)) {
+			t.Fatalf("UnmarshalLeaseResponse(%q) = %+v, %v; encoding/json: %+v, %v", body, got, errGot, want, errWant)
+		}
+	})
+}
+
+// FuzzAppendFast holds the hand-written encoders to encoding/json: any
+// value (here, whatever encoding/json decodes from the input) encodes to
+// the bytes json.Marshal gives.
+func FuzzAppendFast(f *testing.F) {
+	for _, s := range append(append([]string(nil), fuzzSeeds...), codecSeeds...) {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		same := func(name string, v any, got []byte, err error) {
+			t.Helper()
+			want, wantErr := json.Marshal(v)
+			if (err == nil) != (wantErr == nil) || (err == nil && !bytes.Equal(got, want)) {
+				t.Fatalf("%s of %+v:\n%s (%v)\nencoding/json:\n%s (%v)", name, v, got, err, want, wantErr)
+			}
+		}
+		var lr LeaseRequest
+		if json.Unmarshal(body, &lr) == nil {
+			same("AppendLeaseRequest", &lr, AppendLeaseRequest([]byte{}, &lr), nil)
+		}
+		var cr CheckRequest
+		if json.Unmarshal(body, &cr) == nil {
+			same("AppendCheckRequest", &cr, AppendCheckRequest([]byte{}, &cr), nil)
+		}
+		var resp LeaseResponse
+		if json.Unmarshal(body, &resp) == nil {
+			got, err := AppendLeaseResponse([]byte{}, &resp)
+			same("AppendLeaseResponse", &resp, got, err)
+		}
+		var cs CheckResponse
+		if json.Unmarshal(body, &cs) == nil {
+			got, err := AppendCheckResponse([]byte{}, &cs)
+			same("AppendCheckResponse", &cs, got, err)
+		}
+		var p Problem
+		if json.Unmarshal(body, &p) == nil {
+			got, err := AppendProblem([]byte{}, &p)
+			same("AppendProblem", &p, got, err)
+		}
+		// Strings as they are, invalid UTF-8 included, which decoding
+		// never yields.
+		s := string(body)
+		same("appendString", s, appendString(nil, s), nil)
+		req := LeaseRequest{ClientID: s, Leases: []LeaseEntry{{Key: s, LeaseID: s, Priority: s}}, Takes: []CheckRequest{{Keys: []string{s, s}, Priority: s}}}
+		same("AppendLeaseRequest", &req, AppendLeaseRequest(nil, &req), nil)
+	})
+}

@@ -3,6 +3,7 @@ package protocol
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -369,7 +370,7 @@ func (r *LeaseRequest) Validate() error {
 		return NewProblem(CodeTooManyEntries, fmt.Sprintf("%d entries in one call (leases and the keys of takes); the most is %d: split the call", n, MaxEntries))
 	}
 	for i := range r.Takes {
-		if err := r.Takes[i].validate(fmt.Sprintf("takes[%d].", i)); err != nil {
+		if err := r.Takes[i].validate(i); err != nil {
 			return err
 		}
 	}
@@ -414,32 +415,41 @@ func (r *LeaseRequest) Validate() error {
 
 // Validate checks the request against the protocol's limits. It returns nil
 // or a *Problem whose Detail names the offending key or field.
-func (r *CheckRequest) Validate() error { return r.validate("") }
+func (r *CheckRequest) Validate() error { return r.validate(-1) }
 
-// validate is Validate with prefix before the field names of its details.
-func (r *CheckRequest) validate(prefix string) error {
+// validate is Validate for the take at index take of a lease call, whose
+// details then name it ("takes[2].cost ..."); take < 0 names none.
+func (r *CheckRequest) validate(take int) error {
+	// prefix is formatted only for a failure: a valid take costs no
+	// allocation.
+	prefix := func() string {
+		if take < 0 {
+			return ""
+		}
+		return "takes[" + strconv.Itoa(take) + "]."
+	}
 	if len(r.Keys) == 0 {
-		return NewProblem(CodeInvalidRequest, prefix+"keys is empty: send at least one key")
+		return NewProblem(CodeInvalidRequest, prefix()+"keys is empty: send at least one key")
 	}
 	if len(r.Keys) > MaxEntries {
 		return NewProblem(CodeTooManyEntries, fmt.Sprintf("%d keys in one call; the most is %d", len(r.Keys), MaxEntries))
 	}
 	if c := r.CostOrDefault(); c < 0 || c > MaxCount {
-		return NewProblem(CodeInvalidCount, fmt.Sprintf("%scost is %d; it must be 0 to %d", prefix, c, MaxCount))
+		return NewProblem(CodeInvalidCount, fmt.Sprintf("%scost is %d; it must be 0 to %d", prefix(), c, MaxCount))
 	}
 	if m := r.MaxDelayMillis; m != nil && (*m < 0 || *m > MaxCount) {
-		return NewProblem(CodeInvalidCount, fmt.Sprintf("%smax_delay_ms is %d; it must be 0 to %d", prefix, *m, MaxCount))
+		return NewProblem(CodeInvalidCount, fmt.Sprintf("%smax_delay_ms is %d; it must be 0 to %d", prefix(), *m, MaxCount))
 	}
 	if err := ValidatePriority(r.Priority); err != nil {
-		return NewProblem(CodeInvalidPriority, fmt.Sprintf("%spriority: %v", prefix, err))
+		return NewProblem(CodeInvalidPriority, fmt.Sprintf("%spriority: %v", prefix(), err))
 	}
 	seen := make(map[string]struct{}, len(r.Keys))
 	for i, k := range r.Keys {
 		if err := ValidateKey(k); err != nil {
-			return NewProblem(CodeInvalidKey, fmt.Sprintf("%skeys[%d]: %v", prefix, i, err))
+			return NewProblem(CodeInvalidKey, fmt.Sprintf("%skeys[%d]: %v", prefix(), i, err))
 		}
 		if _, dup := seen[k]; dup {
-			return NewProblem(CodeDuplicateKey, fmt.Sprintf("%skeys[%d] %q appears more than once in the take", prefix, i, k))
+			return NewProblem(CodeDuplicateKey, fmt.Sprintf("%skeys[%d] %q appears more than once in the take", prefix(), i, k))
 		}
 		seen[k] = struct{}{}
 	}

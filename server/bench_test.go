@@ -7,10 +7,14 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ratelease/ratelease/e2e/redistest"
 	"github.com/ratelease/ratelease/leases"
 	"github.com/ratelease/ratelease/protocol"
 )
@@ -93,4 +97,100 @@ clients:
 			}
 		})
 	}
+}
+
+// BenchmarkDirectTake measures a direct take as the SDK sends it for a key
+// it rarely uses (POST /v1/leases with one take of one key, a key never
+// seen before, on a per-user rule), through the whole handler as
+// BenchmarkLeaseHandler does:
+//
+//   - store=memory: the handler's own work, without I/O;
+//
+//   - store=redis: over the store rateleased runs (an OwningStore over a
+//     RedisStore) on a real redis-server, one take at a time; ns/op is
+//     then mostly the round trip to Redis, and cpu-ns/op is the CPU this
+//     process spent per take (user + system: the handler and the Redis
+//     client, syscalls included; not redis-server's).
+//
+//     go test -run '^$' -bench DirectTake -benchtime 20000x ./server/
+func BenchmarkDirectTake(b *testing.B) {
+	rules := `
+default: deny
+rules:
+  - {name: users, match: "user:*", algorithm: token_bucket, limit: 2, period: 1s, burst: 5}
+`
+	stores := []struct {
+		name string
+		open func(b *testing.B) leases.Store
+	}{
+		{"memory", func(b *testing.B) leases.Store {
+			s := leases.NewMemoryStore(leases.MemoryOptions{})
+			b.Cleanup(func() { _ = s.Close() })
+			return s
+		}},
+		{"redis", func(b *testing.B) leases.Store {
+			rdb := redistest.Start(b).Client(b)
+			s, err := leases.NewOwningStore(leases.NewRedisStore(rdb, leases.RedisOptions{NoEviction: true}), leases.OwningOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = s.Close() })
+			return s
+		}},
+	}
+	for _, st := range stores {
+		b.Run("store="+st.name, func(b *testing.B) {
+			srv, err := New(Options{Store: st.open(b), RulesPath: writeTemp(b, rules), ReloadInterval: -1, Registry: prometheus.NewRegistry()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = srv.Close() })
+			h := srv.Handler()
+			u, err := url.Parse("http://127.0.0.1" + protocol.PathLeases)
+			if err != nil {
+				b.Fatal(err)
+			}
+			tmpl := http.Request{
+				Method: http.MethodPost, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+				Host: u.Host, RequestURI: u.Path,
+				Header: http.Header{"Content-Type": {"application/json"}},
+			}
+			tmpl = *tmpl.WithContext(b.Context())
+			// The body the SDK sends (see client.sendTakes), on key user:<i>.
+			const prefix, suffix = `{"client_id":"bench-1","leases":null,"takes":[{"keys":["user:`, `"],"cost":1,"max_delay_ms":0}]}`
+			var body []byte
+			rd := bytes.NewReader(nil)
+			w := &discardWriter{h: http.Header{}}
+			var cpu0 time.Duration
+			i := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				if i == 0 {
+					cpu0 = processCPU(b)
+				}
+				i++
+				body = append(strconv.AppendInt(append(body[:0], prefix...), int64(i), 10), suffix...)
+				rd.Reset(body)
+				r := tmpl
+				r.ContentLength = int64(len(body))
+				r.Body = io.NopCloser(rd)
+				clear(w.h)
+				w.status = 0
+				h.ServeHTTP(w, &r)
+				if w.status != http.StatusOK {
+					b.Fatalf("status %d", w.status)
+				}
+			}
+			b.ReportMetric(float64(processCPU(b)-cpu0)/float64(i), "cpu-ns/op")
+		})
+	}
+}
+
+// processCPU is the CPU time (user + system) this process has used.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/ratelease/ratelease/leases"
 	"github.com/ratelease/ratelease/protocol"
@@ -25,12 +27,59 @@ func writeProblem(w http.ResponseWriter, p *protocol.Problem) {
 
 // writeJSON writes v as an application/json response with status.
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	h := w.Header()
+	jsonHeaders(w.Header())
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func jsonHeaders(h http.Header) {
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+}
+
+// respBufs recycles the buffers of the answers to lease calls and checks.
+// A buffer that grew beyond maxPooledResp (an answer for many entries) is
+// left to the collector.
+type respBufs struct{ pool sync.Pool }
+
+const maxPooledResp = 16 << 10
+
+// writeEncoded answers 200 with the JSON that encode appends to a pooled
+// buffer (a hand-written encoder of package protocol), followed by a
+// newline as json.Encoder writes it, with its Content-Length. Should
+// encode fail (a value encoding/json refuses too), the answer is a 500
+// problem.
+func (b *respBufs) writeEncoded(w http.ResponseWriter, encode func([]byte) ([]byte, error)) {
+	bp, _ := b.pool.Get().(*[]byte)
+	if bp == nil {
+		bp = new([]byte)
+	}
+	body, err := encode((*bp)[:0])
+	if err != nil {
+		writeProblem(w, protocol.NewProblem(protocol.CodeInternal, "the server failed to encode its answer: "+err.Error()))
+		return
+	}
+	body = append(body, '\n')
+	h := w.Header()
+	jsonHeaders(h)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)
+	if cap(body) <= maxPooledResp {
+		*bp = body
+		b.pool.Put(bp)
+	}
+}
+
+// writeLeaseResponse answers a lease call with r.
+func (b *respBufs) writeLeaseResponse(w http.ResponseWriter, r *protocol.LeaseResponse) {
+	b.writeEncoded(w, func(dst []byte) ([]byte, error) { return protocol.AppendLeaseResponse(dst, r) })
+}
+
+// writeCheckResponse answers a check with r.
+func (b *respBufs) writeCheckResponse(w http.ResponseWriter, r *protocol.CheckResponse) {
+	b.writeEncoded(w, func(dst []byte) ([]byte, error) { return protocol.AppendCheckResponse(dst, r) })
 }
 
 // readBody checks the content type and reads the body, at most

@@ -117,13 +117,13 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 		results = []protocol.LeaseResult{}
 	}
 	if len(req.Takes) > 0 {
-		writeJSON(w, http.StatusOK, protocol.LeaseResponse{Leases: results, Takes: takes})
+		s.resp.writeLeaseResponse(w, &protocol.LeaseResponse{Leases: results, Takes: takes})
 		return
 	}
 	var first *protocol.Problem
 	for i := range results {
 		if results[i].Error == nil {
-			writeJSON(w, http.StatusOK, protocol.LeaseResponse{Leases: results})
+			s.resp.writeLeaseResponse(w, &protocol.LeaseResponse{Leases: results})
 			return
 		}
 		if first == nil {
@@ -254,7 +254,7 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request, st *state, 
 	if !resp.Allowed {
 		w.Header().Set("Retry-After", retryAfterSeconds(resp.RetryAfterMillis))
 	}
-	writeJSON(w, http.StatusOK, resp)
+	s.resp.writeCheckResponse(w, &resp)
 }
 
 // retryAfterSeconds formats a wait for the Retry-After header: whole

@@ -26,6 +26,7 @@ type Server struct {
 	metrics *metrics
 	ops     *operator // the operator's view: rule counters, top keys, peers
 	handler http.Handler
+	resp    respBufs // buffers of the answers to lease calls and checks
 
 	// state holds the rules in force and an engine running them, swapped
 	// together so that one request sees one version of both.

@@ -26,6 +26,7 @@
 //	-metrics-token-sha256 RATELEASED_METRICS_TOKEN_SHA256 hex SHA-256 of the bearer token GET /metrics requires; empty: open
 //	-admin-token-sha256   RATELEASED_ADMIN_TOKEN_SHA256   hex SHA-256 of the bootstrap admin's token; needs -redis
 //	-admin-name           RATELEASED_ADMIN_NAME           the bootstrap admin's name in the change log (default admin)
+//	-debug-addr           RATELEASED_DEBUG_ADDR           loopback address serving net/http/pprof (/debug/pprof/); empty: none
 //
 // Where the rules come from: with -rules, the file (file mode), reloaded
 // when it changes; with -redis and no -rules, the rule database in that
@@ -71,6 +72,15 @@
 // AOF are on (a restart forgets them all): either can let one extra burst
 // through. When CONFIG is refused, as managed Redis services do, it logs at
 // level info that it could not check. It never fails the start for this.
+//
+// With -debug-addr, rateleased serves the net/http/pprof profiles
+// (/debug/pprof/profile, heap, goroutine, trace, ...) on a listener of its
+// own, apart from the API and its authentication; it refuses an address
+// that is not loopback, since profiles show the process's internals. For
+// example, a 30-second CPU profile:
+//
+//	rateleased -debug-addr 127.0.0.1:6060 ...
+//	go tool pprof http://127.0.0.1:6060/debug/pprof/profile?seconds=30
 //
 // For a cluster URL, list every seed node as an addr parameter:
 // redis://host1:6379?addr=host2:6379&addr=host3:6379.

@@ -123,6 +123,7 @@ type config struct {
 	tlsCert         string
 	tlsKey          string
 	metricsToken    string // hex SHA-256
+	debugAddr       string // net/http/pprof listener; empty: none
 	adminToken      string // hex SHA-256
 	adminName       string // the bootstrap admin's name in the change log
 	check           bool   // validate the rules file and exit
@@ -237,6 +238,24 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	ln, err := lc.Listen(ctx, "tcp", cfg.listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w (set -listen or RATELEASED_LISTEN to a free address)", cfg.listen, err)
+	}
+	if cfg.debugAddr != "" {
+		dln, err := listenDebug(ctx, cfg.debugAddr)
+		if err != nil {
+			_ = ln.Close()
+			return err
+		}
+		dctx, stopDebug := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			serveDebug(dctx, dln, log)
+		}()
+		defer func() {
+			stopDebug()
+			<-done
+		}()
+		log.Info("rateleased debug listening", "addr", dln.Addr().String(), "paths", "/debug/pprof/")
 	}
 	rules := srv.Rules()
 	attrs := append([]any{
@@ -410,6 +429,8 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 		"hex SHA-256 of the bootstrap admin's bearer `token`, which the admin API (/v1/admin/...) accepts besides the tokens of admin clients (admin: true); needs -redis (the rule database); empty: admin clients only (env RATELEASED_ADMIN_TOKEN_SHA256)")
 	fs.StringVar(&cfg.adminName, "admin-name", str("RATELEASED_ADMIN_NAME", server.AdminPrincipal),
 		"`name` of the bootstrap admin in the change log and the logs; no admin client may take it (env RATELEASED_ADMIN_NAME)")
+	fs.StringVar(&cfg.debugAddr, "debug-addr", str("RATELEASED_DEBUG_ADDR", ""),
+		"loopback `address` (such as 127.0.0.1:6060) to serve net/http/pprof on, under /debug/pprof/, apart from the API; empty: none (env RATELEASED_DEBUG_ADDR)")
 	fs.BoolVar(&cfg.check, "check", false,
 		"validate the -rules file and exit: 0 with a summary, 1 with the rule and field at fault; starts no server and needs no Redis")
 	fs.BoolVar(&cfg.version, "version", false,

@@ -418,11 +418,11 @@ func TestParseFlags(t *testing.T) {
 				"RATELEASED_LOG_FORMAT": "json", "RATELEASED_SHUTDOWN_TIMEOUT": "3s",
 				"RATELEASED_DRAIN_DELAY": "5s", "RATELEASED_STORE_TIMEOUT": "300ms",
 				"RATELEASED_MAX_KEYS_PER_CLIENT": "500", "RATELEASED_ADMIN_NAME": "ops-root",
-				"RATELEASED_OWN_KEYS": "false",
+				"RATELEASED_OWN_KEYS": "false", "RATELEASED_DEBUG_ADDR": "127.0.0.1:6060",
 			},
 			want: config{listen: "127.0.0.1:9999", rules: "r.yaml", redisURL: "redis://h:1/0", redisCluster: true,
 				insecure: true, logLevel: slog.LevelDebug, logFormat: "json", drainDelay: 5 * time.Second, shutdownTimeout: 3 * time.Second,
-				storeTimeout: 300 * time.Millisecond, maxKeys: 500, adminName: "ops-root"},
+				storeTimeout: 300 * time.Millisecond, maxKeys: 500, adminName: "ops-root", debugAddr: "127.0.0.1:6060"},
 		},
 		{
 			name: "flags override the environment",
