@@ -378,6 +378,8 @@ func (r *reader) leaseEntry(e *LeaseEntry) bool {
 			return seen(&mask, 16) && r.int(&e.Slot)
 		case "priority":
 			return seen(&mask, 32) && r.str(&e.Priority)
+		case "max_delay_ms":
+			return seen(&mask, 64) && r.int64(&e.MaxDelayMillis)
 		}
 		return false
 	})

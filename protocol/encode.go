@@ -65,6 +65,9 @@ func appendLeaseEntry(dst []byte, e *LeaseEntry) []byte {
 		dst = append(dst, `,"priority":`...)
 		dst = appendString(dst, e.Priority)
 	}
+	if e.MaxDelayMillis != 0 {
+		dst = appendIntField(dst, `,"max_delay_ms":`, e.MaxDelayMillis)
+	}
 	return append(dst, '}')
 }
 
