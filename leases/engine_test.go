@@ -576,3 +576,68 @@ func TestEnginePriorityFloors(t *testing.T) {
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, res[0].Granted)
 }
+
+// TestEngineDeferred: a lease that accepts a deferral (LeaseAsk.MaxDelay)
+// of a rule with several limits waits for the slowest of them, and gets
+// the least of their grants; a limit that refuses gives the others'
+// deferred grants back, paying their debt; shadow and elastic rules never
+// defer.
+func TestEngineDeferred(t *testing.T) {
+	rs := leases.RuleSet{Rules: []leases.Rule{
+		{Name: "two", Match: "k:*", LeaseTTL: 2 * time.Second, Limits: []leases.Limit{
+			{Limit: 100, Period: time.Second, Burst: 10},       // a token every 10 ms
+			{Limit: 1000, Period: 10 * time.Second, Burst: 20}, // a token every 10 ms, deeper
+		}},
+		{Name: "shadow", Match: "sh:*", Limit: 100, Period: time.Second, Burst: 10, LeaseTTL: 2 * time.Second, Shadow: true},
+		{Name: "elastic", Match: "el:*", Limit: 100, Period: time.Second, Burst: 10, LeaseTTL: 2 * time.Second, Elastic: "pool:x"},
+		{Name: "pool", Match: "pool:*", Limit: 1, Period: time.Minute, Burst: 1},
+	}}
+	e, _, store := newEngine(t, rs)
+	ctx := context.Background()
+	r, _ := e.Policy().Match("k:1")
+	b := r.Buckets()
+	lease := func(key string, want int64, id string, used int64) leases.LeaseResult {
+		t.Helper()
+		res, _, err := e.Lease(ctx, own("a/1"), []leases.LeaseAsk{{Key: key, Want: want, LeaseID: id, Used: used, MaxDelay: time.Second}})
+		require.NoError(t, err)
+		require.NoError(t, res[0].Err)
+		return res[0]
+	}
+	level := func(key string, b leases.Bucket) float64 {
+		st, err := store.State(ctx, key, b)
+		require.NoError(t, err)
+		return st.Level
+	}
+
+	// 10 from both; the first limit is then empty, the second holds 10.
+	first := lease("k:1", 10, "", 0)
+	require.EqualValues(t, 10, first.Granted)
+	assert.Zero(t, first.Delay)
+	// 10 more: the first limit defers them 100 ms, the second grants at
+	// once; the lease waits for the first.
+	next := lease("k:1", 10, first.LeaseID, 10)
+	assert.EqualValues(t, 10, next.Granted)
+	assert.Equal(t, 100*time.Millisecond, next.Delay)
+	assert.InDelta(t, -10, level("k:1", b[0]), 1e-9, "the first limit in debt")
+	assert.InDelta(t, 0, level("k:1\x1f1", b[1]), 1e-9)
+	// b asks for 20: the second limit cannot hold 20 while a's 10 are
+	// outstanding (burst 20), so the entry is refused, and whatever the
+	// first limit deferred for b is given back: only a's debt is left.
+	res, _, err := e.Lease(ctx, own("b/1"), []leases.LeaseAsk{{Key: "k:1", Want: 20, MaxDelay: time.Second}})
+	require.NoError(t, err)
+	assert.Zero(t, res[0].Granted)
+	assert.Zero(t, res[0].Delay)
+	assert.Positive(t, res[0].RetryAfter)
+	assert.InDelta(t, -10, level("k:1", b[0]), 1e-9, "only a's debt is left")
+
+	// Shadow and elastic rules grant at once whatever their limits say
+	// (elastic: what the pool lends), never deferred.
+	for _, key := range []string{"sh:1", "el:1"} {
+		r, _ := e.Policy().Match(key)
+		o := lease(key, 10, "", 0)
+		require.EqualValues(t, 10, o.Granted, key)
+		o = lease(key, 10, o.LeaseID, 10)
+		assert.Zero(t, o.Delay, key)
+		assert.GreaterOrEqual(t, level(key, r.Buckets()[0]), 0.0, "%s: no debt", key)
+	}
+}

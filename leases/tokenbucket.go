@@ -560,8 +560,11 @@ func (s *tbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 			// the owner's share cover it (see deferral).
 			if d := s.deferral(b, op, batch, h, capf, shared, now); d >= 0 {
 				g, o.Delay = batch, d
-				// The share as it will stand when the batch may be spent.
-				share += float64(b.ratePerMicro()*float64(d.Microseconds())) / float64(h)
+				if shared {
+					// The share as it will stand when the batch may be
+					// spent.
+					share += float64(b.ratePerMicro()*float64(d.Microseconds())) / float64(h)
+				}
 			}
 		}
 		if g > 0 {

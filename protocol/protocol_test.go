@@ -68,6 +68,8 @@ func TestLeaseRequestValidate(t *testing.T) {
 		{"huge want", LeaseRequest{ClientID: "c", Leases: []LeaseEntry{{Key: "k", Want: MaxCount + 1}}}, CodeInvalidCount},
 		{"negative used", LeaseRequest{ClientID: "c", Leases: []LeaseEntry{{Key: "k", LeaseID: "x", Used: -1}}}, CodeInvalidCount},
 		{"used without lease", LeaseRequest{ClientID: "c", Leases: []LeaseEntry{{Key: "k", Used: 1}}}, CodeInvalidCount},
+		{"negative max_delay_ms", LeaseRequest{ClientID: "c", Leases: []LeaseEntry{{Key: "k", Want: 1, MaxDelayMillis: -1}}}, CodeInvalidCount},
+		{"huge max_delay_ms", LeaseRequest{ClientID: "c", Leases: []LeaseEntry{{Key: "k", Want: 1, MaxDelayMillis: MaxCount + 1}}}, CodeInvalidCount},
 		{"bad lease id", LeaseRequest{ClientID: "c", Leases: []LeaseEntry{{Key: "k", LeaseID: "a\nb"}}}, CodeInvalidLeaseID},
 	}
 	for _, tt := range tests {

@@ -914,7 +914,7 @@ if want > 0 then
     if d >= 0 then
       g, delay = batch, d
       -- The share as it will stand when the batch may be spent.
-      share = share + rate * (d * 1000) / h
+      if shared then share = share + rate * (d * 1000) / h end
     end
   end
   if g > 0 then
