@@ -308,12 +308,14 @@ func readArray[T any](r *reader, dst *[]T, elem func(*reader, *T) bool) bool {
 	if r.next(']') {
 		return true
 	}
+	var zero T
 	for {
-		var v T
-		if !elem(r, &v) {
+		// Decoded in place: a pointer to a local would escape through
+		// elem, an allocation per element.
+		*dst = append(*dst, zero)
+		if !elem(r, &(*dst)[len(*dst)-1]) {
 			return false
 		}
-		*dst = append(*dst, v)
 		if r.next(',') {
 			continue
 		}
