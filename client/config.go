@@ -144,13 +144,15 @@ type Config struct {
 	// answers within ProbeTimeout. Default 2s; negative skips the probe.
 	ProbeTimeout time.Duration
 	// HTTPClient makes the calls to the lease servers; nil means a pooled
-	// client of its own. Its Timeout is replaced by RequestTimeout.
+	// client of its own (go-cleanhttp's, keeping at least six idle
+	// connections per server). Its Timeout is replaced by RequestTimeout,
+	// which bounds each attempt.
 	HTTPClient *http.Client
 	// Logger receives the client's logs; nil discards them.
 	Logger *slog.Logger
 	// OnServerError, when set, is called after a call to the lease servers
-	// failed on every server, from the settle loop or from a direct call's
-	// goroutine; it must not block.
+	// failed on every server, from the settle loop or from the goroutine
+	// of a direct call (which may be a deciding one); it must not block.
 	OnServerError func(err error)
 }
 

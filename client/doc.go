@@ -24,6 +24,11 @@
 // flight at that moment: at most four calls carrying takes are in flight,
 // and a decision that finds them busy goes in the next call with every
 // decision that arrived meanwhile. A decision waits about one round trip.
+// A decision that finds no other waiting makes its call in its own
+// goroutine, without a hand-off; when its context ends first it returns at
+// once, and its call is canceled (the take may still have happened at the
+// server: lost to utilization, never to accuracy), which is no failure of
+// the server.
 // With several servers, each take goes to the server its first key prefers
 // (rendezvous hashing over Config.Servers, the same in every process that
 // lists the same URLs, in any order; Config.NoKeyRouting turns it off), so

@@ -294,27 +294,42 @@ func (r *reader) object(field func(name []byte) bool) bool {
 	}
 }
 
-// array reads an array of elements, calling elem for each; null reads as
-// no array at all (nil), [] as an empty one.
-func (r *reader) array(elem func() bool) (isNull, ok bool) {
+// readArray reads an array into *dst, each element by elem, which gives
+// up on a null element (encoding/json would decode it as a zero value);
+// null leaves *dst nil, [] makes it empty, not nil, as encoding/json does.
+func readArray[T any](r *reader, dst *[]T, elem func(*reader, *T) bool) bool {
 	if r.null() {
-		return true, true
+		return true
 	}
 	if !r.next('[') {
-		return false, false
+		return false
 	}
+	*dst = []T{}
 	if r.next(']') {
-		return false, true
+		return true
 	}
+	var zero T
 	for {
-		if !elem() {
-			return false, false
+		// Decoded in place: a pointer to a local would escape through
+		// elem, an allocation per element.
+		*dst = append(*dst, zero)
+		if !elem(r, &(*dst)[len(*dst)-1]) {
+			return false
 		}
 		if r.next(',') {
 			continue
 		}
-		return false, r.next(']')
+		return r.next(']')
 	}
+}
+
+// element decodes a string element of an array; null gives up.
+func (r *reader) element(dst *string) bool {
+	s, ok := r.raw()
+	if ok {
+		*dst = string(s)
+	}
+	return ok
 }
 
 // seen records field bit in *mask, and reports false when it was there
@@ -334,29 +349,9 @@ func (r *reader) leaseRequest(req *LeaseRequest) bool {
 		case "client_id":
 			return seen(&mask, 1) && r.str(&req.ClientID)
 		case "leases":
-			if !seen(&mask, 2) {
-				return false
-			}
-			isNull, ok := r.array(func() bool {
-				req.Leases = append(req.Leases, LeaseEntry{})
-				return r.leaseEntry(&req.Leases[len(req.Leases)-1])
-			})
-			if ok && !isNull && req.Leases == nil {
-				req.Leases = []LeaseEntry{}
-			}
-			return ok
+			return seen(&mask, 2) && readArray(r, &req.Leases, (*reader).leaseEntry)
 		case "takes":
-			if !seen(&mask, 4) {
-				return false
-			}
-			isNull, ok := r.array(func() bool {
-				req.Takes = append(req.Takes, CheckRequest{})
-				return r.checkRequest(&req.Takes[len(req.Takes)-1])
-			})
-			if ok && !isNull && req.Takes == nil {
-				req.Takes = []CheckRequest{}
-			}
-			return ok
+			return seen(&mask, 4) && readArray(r, &req.Takes, (*reader).checkRequest)
 		}
 		return false
 	})
@@ -390,20 +385,7 @@ func (r *reader) checkRequest(c *CheckRequest) bool {
 	return r.object(func(name []byte) bool {
 		switch string(name) {
 		case "keys":
-			if !seen(&mask, 1) {
-				return false
-			}
-			isNull, ok := r.array(func() bool {
-				s, ok := r.raw()
-				if ok {
-					c.Keys = append(c.Keys, string(s))
-				}
-				return ok
-			})
-			if ok && !isNull && c.Keys == nil {
-				c.Keys = []string{}
-			}
-			return ok
+			return seen(&mask, 1) && readArray(r, &c.Keys, (*reader).element)
 		case "cost":
 			return seen(&mask, 2) && r.ptrInt64(&c.Cost)
 		case "max_delay_ms":
@@ -420,29 +402,9 @@ func (r *reader) leaseResponse(resp *LeaseResponse) bool {
 	return r.object(func(name []byte) bool {
 		switch string(name) {
 		case "leases":
-			if !seen(&mask, 1) {
-				return false
-			}
-			isNull, ok := r.array(func() bool {
-				resp.Leases = append(resp.Leases, LeaseResult{})
-				return r.leaseResult(&resp.Leases[len(resp.Leases)-1])
-			})
-			if ok && !isNull && resp.Leases == nil {
-				resp.Leases = []LeaseResult{}
-			}
-			return ok
+			return seen(&mask, 1) && readArray(r, &resp.Leases, (*reader).leaseResult)
 		case "takes":
-			if !seen(&mask, 2) {
-				return false
-			}
-			isNull, ok := r.array(func() bool {
-				resp.Takes = append(resp.Takes, CheckResponse{})
-				return r.checkResponse(&resp.Takes[len(resp.Takes)-1])
-			})
-			if ok && !isNull && resp.Takes == nil {
-				resp.Takes = []CheckResponse{}
-			}
-			return ok
+			return seen(&mask, 2) && readArray(r, &resp.Takes, (*reader).checkResponse)
 		}
 		return false
 	})
@@ -481,7 +443,7 @@ func (r *reader) leaseResult(l *LeaseResult) bool {
 		case "delay_ms":
 			return seen(&mask, 1<<13) && r.int64(&l.DelayMillis)
 		case "limits":
-			return seen(&mask, 1<<14) && r.limits(&l.Limits)
+			return seen(&mask, 1<<14) && readArray(r, &l.Limits, (*reader).limitStatus)
 		case "shadow_denied":
 			return seen(&mask, 1<<15) && r.bool(&l.ShadowDenied)
 		case "borrowed":
@@ -493,17 +455,6 @@ func (r *reader) leaseResult(l *LeaseResult) bool {
 		}
 		return false // "error" too: a problem goes the slow way
 	})
-}
-
-func (r *reader) limits(dst *[]LimitStatus) bool {
-	isNull, ok := r.array(func() bool {
-		*dst = append(*dst, LimitStatus{})
-		return r.limitStatus(&(*dst)[len(*dst)-1])
-	})
-	if ok && !isNull && *dst == nil {
-		*dst = []LimitStatus{}
-	}
-	return ok
 }
 
 func (r *reader) limitStatus(l *LimitStatus) bool {
@@ -540,17 +491,7 @@ func (r *reader) checkResponse(c *CheckResponse) bool {
 		case "delay_ms":
 			return seen(&mask, 1<<2) && r.int64(&c.DelayMillis)
 		case "keys":
-			if !seen(&mask, 1<<3) {
-				return false
-			}
-			isNull, ok := r.array(func() bool {
-				c.Keys = append(c.Keys, CheckResult{})
-				return r.checkResult(&c.Keys[len(c.Keys)-1])
-			})
-			if ok && !isNull && c.Keys == nil {
-				c.Keys = []CheckResult{}
-			}
-			return ok
+			return seen(&mask, 1<<3) && readArray(r, &c.Keys, (*reader).checkResult)
 		case "shadow_denied":
 			return seen(&mask, 1<<4) && r.bool(&c.ShadowDenied)
 		case "borrowed":
@@ -589,7 +530,7 @@ func (r *reader) checkResult(k *CheckResult) bool {
 		case "delay_ms":
 			return seen(&mask, 1<<11) && r.int64(&k.DelayMillis)
 		case "limits":
-			return seen(&mask, 1<<12) && r.limits(&k.Limits)
+			return seen(&mask, 1<<12) && readArray(r, &k.Limits, (*reader).limitStatus)
 		case "shadow_denied":
 			return seen(&mask, 1<<13) && r.bool(&k.ShadowDenied)
 		case "borrowed":

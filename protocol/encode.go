@@ -21,28 +21,9 @@ import (
 func AppendLeaseRequest(dst []byte, r *LeaseRequest) []byte {
 	dst = append(dst, `{"client_id":`...)
 	dst = appendString(dst, r.ClientID)
-	dst = append(dst, `,"leases":`...)
-	if r.Leases == nil {
-		dst = append(dst, "null"...)
-	} else {
-		dst = append(dst, '[')
-		for i := range r.Leases {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			dst = appendLeaseEntry(dst, &r.Leases[i])
-		}
-		dst = append(dst, ']')
-	}
+	dst = appendArray(append(dst, `,"leases":`...), r.Leases, appendLeaseEntry)
 	if len(r.Takes) > 0 {
-		dst = append(dst, `,"takes":[`...)
-		for i := range r.Takes {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			dst = AppendCheckRequest(dst, &r.Takes[i])
-		}
-		dst = append(dst, ']')
+		dst = appendArray(append(dst, `,"takes":`...), r.Takes, AppendCheckRequest)
 	}
 	return append(dst, '}')
 }
@@ -51,41 +32,25 @@ func appendLeaseEntry(dst []byte, e *LeaseEntry) []byte {
 	dst = append(dst, `{"key":`...)
 	dst = appendString(dst, e.Key)
 	dst = appendIntField(dst, `,"want":`, e.Want)
-	if e.LeaseID != "" {
-		dst = append(dst, `,"lease_id":`...)
-		dst = appendString(dst, e.LeaseID)
-	}
-	if e.Used != 0 {
-		dst = appendIntField(dst, `,"used":`, e.Used)
-	}
-	if e.Slot != 0 {
-		dst = appendIntField(dst, `,"slot":`, int64(e.Slot))
-	}
-	if e.Priority != "" {
-		dst = append(dst, `,"priority":`...)
-		dst = appendString(dst, e.Priority)
-	}
-	if e.MaxDelayMillis != 0 {
-		dst = appendIntField(dst, `,"max_delay_ms":`, e.MaxDelayMillis)
-	}
+	dst = appendOmitString(dst, `,"lease_id":`, e.LeaseID)
+	dst = appendOmitInt(dst, `,"used":`, e.Used)
+	dst = appendOmitInt(dst, `,"slot":`, int64(e.Slot))
+	dst = appendOmitString(dst, `,"priority":`, e.Priority)
+	dst = appendOmitInt(dst, `,"max_delay_ms":`, e.MaxDelayMillis)
 	return append(dst, '}')
 }
 
 // AppendCheckRequest appends the JSON encoding of r to dst, the bytes
 // json.Marshal(r) returns, and returns the extended buffer.
 func AppendCheckRequest(dst []byte, r *CheckRequest) []byte {
-	dst = append(dst, `{"keys":`...)
-	dst = appendStrings(dst, r.Keys)
+	dst = appendArray(append(dst, `{"keys":`...), r.Keys, func(dst []byte, k *string) []byte { return appendString(dst, *k) })
 	if r.Cost != nil {
 		dst = appendIntField(dst, `,"cost":`, *r.Cost)
 	}
 	if r.MaxDelayMillis != nil {
 		dst = appendIntField(dst, `,"max_delay_ms":`, *r.MaxDelayMillis)
 	}
-	if r.Priority != "" {
-		dst = append(dst, `,"priority":`...)
-		dst = appendString(dst, r.Priority)
-	}
+	dst = appendOmitString(dst, `,"priority":`, r.Priority)
 	return append(dst, '}')
 }
 
@@ -94,54 +59,23 @@ func AppendCheckRequest(dst []byte, r *CheckRequest) []byte {
 // json.Marshal it fails, with a *json.UnsupportedValueError, when a
 // safe_rate is not finite.
 func AppendLeaseResponse(dst []byte, r *LeaseResponse) ([]byte, error) {
-	dst = append(dst, `{"leases":`...)
-	dst, err := appendLeaseResults(dst, r.Leases)
+	dst, err := appendArrayErr(append(dst, `{"leases":`...), r.Leases, appendLeaseResult)
 	if err != nil {
 		return dst, err
 	}
 	if len(r.Takes) > 0 {
-		dst = append(dst, `,"takes":[`...)
-		for i := range r.Takes {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			if dst, err = AppendCheckResponse(dst, &r.Takes[i]); err != nil {
-				return dst, err
-			}
-		}
-		dst = append(dst, ']')
-	}
-	return append(dst, '}'), nil
-}
-
-// appendLeaseResults appends a []LeaseResult, null when nil.
-func appendLeaseResults(dst []byte, rs []LeaseResult) ([]byte, error) {
-	if rs == nil {
-		return append(dst, "null"...), nil
-	}
-	dst = append(dst, '[')
-	for i := range rs {
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		var err error
-		if dst, err = appendLeaseResult(dst, &rs[i]); err != nil {
+		if dst, err = appendArrayErr(append(dst, `,"takes":`...), r.Takes, AppendCheckResponse); err != nil {
 			return dst, err
 		}
 	}
-	return append(dst, ']'), nil
+	return append(dst, '}'), nil
 }
 
 func appendLeaseResult(dst []byte, r *LeaseResult) ([]byte, error) {
 	dst = append(dst, `{"key":`...)
 	dst = appendString(dst, r.Key)
-	if r.Slot != 0 {
-		dst = appendIntField(dst, `,"slot":`, int64(r.Slot))
-	}
-	if r.LeaseID != "" {
-		dst = append(dst, `,"lease_id":`...)
-		dst = appendString(dst, r.LeaseID)
-	}
+	dst = appendOmitInt(dst, `,"slot":`, int64(r.Slot))
+	dst = appendOmitString(dst, `,"lease_id":`, r.LeaseID)
 	dst = appendIntField(dst, `,"granted":`, r.Granted)
 	dst = appendIntField(dst, `,"ttl_ms":`, r.TTLMillis)
 	dst = appendIntField(dst, `,"retry_after_ms":`, r.RetryAfterMillis)
@@ -154,32 +88,16 @@ func appendLeaseResult(dst []byte, r *LeaseResult) ([]byte, error) {
 	if err != nil {
 		return dst, err
 	}
-	if r.Rule != "" {
-		dst = append(dst, `,"rule":`...)
-		dst = appendString(dst, r.Rule)
-	}
-	if r.Algorithm != "" {
-		dst = append(dst, `,"algorithm":`...)
-		dst = appendString(dst, r.Algorithm)
-	}
-	if r.DelayMillis != 0 {
-		dst = appendIntField(dst, `,"delay_ms":`, r.DelayMillis)
-	}
+	dst = appendOmitString(dst, `,"rule":`, r.Rule)
+	dst = appendOmitString(dst, `,"algorithm":`, r.Algorithm)
+	dst = appendOmitInt(dst, `,"delay_ms":`, r.DelayMillis)
 	if len(r.Limits) > 0 {
 		dst = appendLimits(dst, r.Limits)
 	}
-	if r.ShadowDenied {
-		dst = append(dst, `,"shadow_denied":true`...)
-	}
-	if r.Borrowed != 0 {
-		dst = appendIntField(dst, `,"borrowed":`, r.Borrowed)
-	}
-	if r.Unlimited {
-		dst = append(dst, `,"unlimited":true`...)
-	}
-	if r.Owned {
-		dst = append(dst, `,"owned":true`...)
-	}
+	dst = appendOmitTrue(dst, `,"shadow_denied":`, r.ShadowDenied)
+	dst = appendOmitInt(dst, `,"borrowed":`, r.Borrowed)
+	dst = appendOmitTrue(dst, `,"unlimited":`, r.Unlimited)
+	dst = appendOmitTrue(dst, `,"owned":`, r.Owned)
 	if r.Error != nil {
 		dst = append(dst, `,"error":`...)
 		if dst, err = AppendProblem(dst, r.Error); err != nil {
@@ -190,25 +108,19 @@ func appendLeaseResult(dst []byte, r *LeaseResult) ([]byte, error) {
 }
 
 func appendLimits(dst []byte, ls []LimitStatus) []byte {
-	dst = append(dst, `,"limits":[`...)
-	for i := range ls {
-		l := &ls[i]
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = append(dst, `{"algorithm":`...)
-		dst = appendString(dst, l.Algorithm)
-		dst = appendIntField(dst, `,"limit":`, l.Limit)
-		dst = appendIntField(dst, `,"period_ms":`, l.PeriodMillis)
-		dst = appendIntField(dst, `,"burst":`, l.Burst)
-		dst = appendIntField(dst, `,"remaining":`, l.Remaining)
-		dst = appendIntField(dst, `,"reset_ms":`, l.ResetMillis)
-		if l.Overage != 0 {
-			dst = appendIntField(dst, `,"overage":`, l.Overage)
-		}
-		dst = append(dst, '}')
-	}
-	return append(dst, ']')
+	return appendArray(append(dst, `,"limits":`...), ls, appendLimitStatus)
+}
+
+func appendLimitStatus(dst []byte, l *LimitStatus) []byte {
+	dst = append(dst, `{"algorithm":`...)
+	dst = appendString(dst, l.Algorithm)
+	dst = appendIntField(dst, `,"limit":`, l.Limit)
+	dst = appendIntField(dst, `,"period_ms":`, l.PeriodMillis)
+	dst = appendIntField(dst, `,"burst":`, l.Burst)
+	dst = appendIntField(dst, `,"remaining":`, l.Remaining)
+	dst = appendIntField(dst, `,"reset_ms":`, l.ResetMillis)
+	dst = appendOmitInt(dst, `,"overage":`, l.Overage)
+	return append(dst, '}')
 }
 
 // AppendCheckResponse appends the JSON encoding of r to dst, the bytes
@@ -218,28 +130,10 @@ func AppendCheckResponse(dst []byte, r *CheckResponse) ([]byte, error) {
 	dst = append(dst, `{"allowed":`...)
 	dst = strconv.AppendBool(dst, r.Allowed)
 	dst = appendIntField(dst, `,"retry_after_ms":`, r.RetryAfterMillis)
-	if r.DelayMillis != 0 {
-		dst = appendIntField(dst, `,"delay_ms":`, r.DelayMillis)
-	}
-	dst = append(dst, `,"keys":`...)
-	if r.Keys == nil {
-		dst = append(dst, "null"...)
-	} else {
-		dst = append(dst, '[')
-		for i := range r.Keys {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			dst = appendCheckResult(dst, &r.Keys[i])
-		}
-		dst = append(dst, ']')
-	}
-	if r.ShadowDenied {
-		dst = append(dst, `,"shadow_denied":true`...)
-	}
-	if r.Borrowed {
-		dst = append(dst, `,"borrowed":true`...)
-	}
+	dst = appendOmitInt(dst, `,"delay_ms":`, r.DelayMillis)
+	dst = appendArray(append(dst, `,"keys":`...), r.Keys, appendCheckResult)
+	dst = appendOmitTrue(dst, `,"shadow_denied":`, r.ShadowDenied)
+	dst = appendOmitTrue(dst, `,"borrowed":`, r.Borrowed)
 	if r.Error != nil {
 		dst = append(dst, `,"error":`...)
 		var err error
@@ -260,32 +154,16 @@ func appendCheckResult(dst []byte, k *CheckResult) []byte {
 	dst = appendIntField(dst, `,"limit":`, k.Limit)
 	dst = appendIntField(dst, `,"period_ms":`, k.PeriodMillis)
 	dst = appendIntField(dst, `,"burst":`, k.Burst)
-	if k.Rule != "" {
-		dst = append(dst, `,"rule":`...)
-		dst = appendString(dst, k.Rule)
-	}
-	if k.Unlimited {
-		dst = append(dst, `,"unlimited":true`...)
-	}
-	if k.LeaseTTLMillis != 0 {
-		dst = appendIntField(dst, `,"lease_ttl_ms":`, k.LeaseTTLMillis)
-	}
-	if k.Algorithm != "" {
-		dst = append(dst, `,"algorithm":`...)
-		dst = appendString(dst, k.Algorithm)
-	}
-	if k.DelayMillis != 0 {
-		dst = appendIntField(dst, `,"delay_ms":`, k.DelayMillis)
-	}
+	dst = appendOmitString(dst, `,"rule":`, k.Rule)
+	dst = appendOmitTrue(dst, `,"unlimited":`, k.Unlimited)
+	dst = appendOmitInt(dst, `,"lease_ttl_ms":`, k.LeaseTTLMillis)
+	dst = appendOmitString(dst, `,"algorithm":`, k.Algorithm)
+	dst = appendOmitInt(dst, `,"delay_ms":`, k.DelayMillis)
 	if len(k.Limits) > 0 {
 		dst = appendLimits(dst, k.Limits)
 	}
-	if k.ShadowDenied {
-		dst = append(dst, `,"shadow_denied":true`...)
-	}
-	if k.Borrowed {
-		dst = append(dst, `,"borrowed":true`...)
-	}
+	dst = appendOmitTrue(dst, `,"shadow_denied":`, k.ShadowDenied)
+	dst = appendOmitTrue(dst, `,"borrowed":`, k.Borrowed)
 	return append(dst, '}')
 }
 
@@ -302,16 +180,12 @@ func AppendProblem(dst []byte, p *Problem) ([]byte, error) {
 	dst = append(dst, `"title":`...)
 	dst = appendString(dst, p.Title)
 	dst = appendIntField(dst, `,"status":`, int64(p.Status))
-	if p.Detail != "" {
-		dst = append(dst, `,"detail":`...)
-		dst = appendString(dst, p.Detail)
-	}
+	dst = appendOmitString(dst, `,"detail":`, p.Detail)
 	dst = append(dst, `,"code":`...)
 	dst = appendString(dst, string(p.Code))
 	if len(p.Leases) > 0 {
-		dst = append(dst, `,"leases":`...)
 		var err error
-		if dst, err = appendLeaseResults(dst, p.Leases); err != nil {
+		if dst, err = appendArrayErr(append(dst, `,"leases":`...), p.Leases, appendLeaseResult); err != nil {
 			return dst, err
 		}
 	}
@@ -322,18 +196,61 @@ func appendIntField(dst []byte, name string, v int64) []byte {
 	return strconv.AppendInt(append(dst, name...), v, 10)
 }
 
-func appendStrings(dst []byte, ss []string) []byte {
-	if ss == nil {
+// appendOmitInt, appendOmitString and appendOmitTrue append a field
+// tagged omitempty: nothing for the zero value.
+func appendOmitInt(dst []byte, name string, v int64) []byte {
+	if v == 0 {
+		return dst
+	}
+	return appendIntField(dst, name, v)
+}
+
+func appendOmitString(dst []byte, name, v string) []byte {
+	if v == "" {
+		return dst
+	}
+	return appendString(append(dst, name...), v)
+}
+
+func appendOmitTrue(dst []byte, name string, v bool) []byte {
+	if !v {
+		return dst
+	}
+	return append(append(dst, name...), "true"...)
+}
+
+// appendArray appends s as a JSON array, each element by elem; null when s
+// is nil.
+func appendArray[T any](dst []byte, s []T, elem func([]byte, *T) []byte) []byte {
+	if s == nil {
 		return append(dst, "null"...)
 	}
 	dst = append(dst, '[')
-	for i, s := range ss {
+	for i := range s {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = appendString(dst, s)
+		dst = elem(dst, &s[i])
 	}
 	return append(dst, ']')
+}
+
+// appendArrayErr is appendArray for elements whose encoding can fail.
+func appendArrayErr[T any](dst []byte, s []T, elem func([]byte, *T) ([]byte, error)) ([]byte, error) {
+	if s == nil {
+		return append(dst, "null"...), nil
+	}
+	dst = append(dst, '[')
+	for i := range s {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		var err error
+		if dst, err = elem(dst, &s[i]); err != nil {
+			return dst, err
+		}
+	}
+	return append(dst, ']'), nil
 }
 
 // appendFloat formats f as encoding/json does a float64: the shortest

@@ -67,35 +67,53 @@ clients:
 			if err != nil {
 				b.Fatal(err)
 			}
-			u, err := url.Parse("http://127.0.0.1" + protocol.PathLeases)
-			if err != nil {
-				b.Fatal(err)
-			}
-			tmpl := http.Request{
-				Method: http.MethodPost, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-				Host: u.Host, RequestURI: u.Path, ContentLength: int64(len(body)),
-				Header: http.Header{
-					"Content-Type":  {"application/json"},
-					"Authorization": {"Bearer " + token},
-				},
-			}
-			tmpl = *tmpl.WithContext(b.Context())
-			rd := bytes.NewReader(body)
-			w := &discardWriter{h: http.Header{}}
+			lc := newLeaseCaller(b, h, http.Header{
+				"Content-Type":  {"application/json"},
+				"Authorization": {"Bearer " + token},
+			})
 			b.ReportAllocs()
 			b.SetBytes(int64(len(body)))
 			for b.Loop() {
-				rd.Reset(body)
-				r := tmpl
-				r.Body = io.NopCloser(rd)
-				clear(w.h)
-				w.status = 0
-				h.ServeHTTP(w, &r)
-				if w.status != http.StatusOK {
-					b.Fatalf("status %d", w.status)
-				}
+				lc.post(b, body)
 			}
 		})
+	}
+}
+
+// leaseCaller posts bodies to POST /v1/leases through a handler, in this
+// process, into a discardWriter.
+type leaseCaller struct {
+	h    http.Handler
+	tmpl http.Request
+	rd   *bytes.Reader
+	w    discardWriter
+}
+
+func newLeaseCaller(b *testing.B, h http.Handler, header http.Header) *leaseCaller {
+	u, err := url.Parse("http://127.0.0.1" + protocol.PathLeases)
+	if err != nil {
+		b.Fatal(err)
+	}
+	lc := &leaseCaller{h: h, rd: bytes.NewReader(nil), w: discardWriter{h: http.Header{}}}
+	lc.tmpl = http.Request{
+		Method: http.MethodPost, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Host: u.Host, RequestURI: u.Path, Header: header,
+	}
+	lc.tmpl = *lc.tmpl.WithContext(b.Context())
+	return lc
+}
+
+// post serves body, and fails b unless the answer is 200.
+func (lc *leaseCaller) post(b *testing.B, body []byte) {
+	lc.rd.Reset(body)
+	r := lc.tmpl
+	r.ContentLength = int64(len(body))
+	r.Body = io.NopCloser(lc.rd)
+	clear(lc.w.h)
+	lc.w.status = 0
+	lc.h.ServeHTTP(&lc.w, &r)
+	if lc.w.status != http.StatusOK {
+		b.Fatalf("status %d", lc.w.status)
 	}
 }
 
@@ -145,22 +163,10 @@ rules:
 				b.Fatal(err)
 			}
 			b.Cleanup(func() { _ = srv.Close() })
-			h := srv.Handler()
-			u, err := url.Parse("http://127.0.0.1" + protocol.PathLeases)
-			if err != nil {
-				b.Fatal(err)
-			}
-			tmpl := http.Request{
-				Method: http.MethodPost, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-				Host: u.Host, RequestURI: u.Path,
-				Header: http.Header{"Content-Type": {"application/json"}},
-			}
-			tmpl = *tmpl.WithContext(b.Context())
+			lc := newLeaseCaller(b, srv.Handler(), http.Header{"Content-Type": {"application/json"}})
 			// The body the SDK sends (see client.sendTakes), on key user:<i>.
 			const prefix, suffix = `{"client_id":"bench-1","leases":null,"takes":[{"keys":["user:`, `"],"cost":1,"max_delay_ms":0}]}`
 			var body []byte
-			rd := bytes.NewReader(nil)
-			w := &discardWriter{h: http.Header{}}
 			var cpu0 time.Duration
 			i := 0
 			b.ReportAllocs()
@@ -170,16 +176,7 @@ rules:
 				}
 				i++
 				body = append(strconv.AppendInt(append(body[:0], prefix...), int64(i), 10), suffix...)
-				rd.Reset(body)
-				r := tmpl
-				r.ContentLength = int64(len(body))
-				r.Body = io.NopCloser(rd)
-				clear(w.h)
-				w.status = 0
-				h.ServeHTTP(w, &r)
-				if w.status != http.StatusOK {
-					b.Fatalf("status %d", w.status)
-				}
+				lc.post(b, body)
 			}
 			b.ReportMetric(float64(processCPU(b)-cpu0)/float64(i), "cpu-ns/op")
 		})
