@@ -95,8 +95,8 @@ type Config struct {
 	// LeaseMinTokens moves a key to leases once this process is admitted at
 	// least this many of its tokens over one lease TTL (an average of its
 	// direct decisions), or half as many at a pace of twice as many per
-	// TTL (a key that just became hot; the decisions waiting for the key's
-	// first answer count, as far as the bucket has room for them); below
+	// TTL (a key that just became hot; the decisions waiting for a young
+	// key's answer count, as far as the bucket has room for them); below
 	// that each decision is a direct take. A
 	// leased key returns to direct takes when a lease is not spent from by
 	// its renewal point, or its demand over a lease TTL falls below half

@@ -36,11 +36,14 @@
 // any key correctly.
 // The answer teaches the client the key's rule; a denial comes with the
 // time the key's bucket needs to serve again, and the key is denied
-// locally until then, without a call. Until a key's first answer has
-// come, its other decisions wait for that answer (once, at most
-// Config.RequestTimeout) rather than each send a take: the key may be hot
-// (see Leased), and then they are served from its first lease. This is
-// the right mode for the keys
+// locally until then, without a call. While a key is young — its rule
+// not learned yet, or, on a bucket big enough to lease, fewer than half of
+// Config.LeaseMinTokens admitted in its first quarter of a lease TTL — a
+// decision that finds a take of it in flight waits for that answer (once,
+// at most Config.RequestTimeout) rather than send a take of its own: the
+// key may be hot (see Leased), and then they are served from its first
+// lease; otherwise they pay a round trip more, during its first few
+// answers only. This is the right mode for the keys
 // the mission cares most about — per-user limits whose requests a load
 // balancer spreads over many processes, so that each process sees a few per
 // second of each user: a lease there would hold tokens the other processes
@@ -50,9 +53,9 @@
 // (default 8) of a key over one lease TTL, or half as many at twice that
 // pace — admitted, not asked: a process
 // whose share of a saturated key is small gains nothing from a lease; the
-// decisions waiting for the key's first answer count with the admitted
+// decisions waiting for an answer of a young key count with the admitted
 // tokens, as far as the bucket still had room for them, so that a key hot
-// from its first request is promoted at its first answer — the
+// from its first request is promoted at its first answers — the
 // settle loop takes the key over and leases it batches sized to its demand
 // (below). A lease not spent from by its renewal point is returned, not
 // renewed, and the key goes back to direct decisions; so does a key whose
@@ -68,10 +71,10 @@
 // loop asks for at once (about one round trip; each decision waits at most
 // Config.RequestTimeout), and are served from it: taking directly
 // meanwhile would cost a call and the store's work per decision on exactly
-// the keys hot enough to lease (at the benchmark's hot key, before the
-// first answer and the first lease were waited for, about a dozen takes
-// per process start, a third of the Redis work of the whole run; now
-// one). If
+// the keys hot enough to lease (at the benchmark's hot key, before a
+// young key's answers and the first lease were waited for, about a dozen
+// takes per process start, a third of the Redis work of the whole run;
+// now one or two). If
 // no lease comes — refused, none granted, the call failed or is slower —
 // the decisions go on as they would have: by direct takes, or by the
 // fallback when no server answers, never denied for want of the lease.

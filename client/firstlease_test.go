@@ -269,3 +269,29 @@ rules:
 		})
 	}
 }
+
+// TestYoungKeyOnly: a key's decisions wait for a take in flight only while
+// the key may still be promoted by its first admissions (see young): not
+// once its answer showed a bucket too small to lease.
+func TestYoungKeyOnly(t *testing.T) {
+	srv := leasetest.Start(t, `
+rules:
+  - {name: s, match: "s:*", limit: 20, period: 1h, burst: 20, lease_ttl: 2s}
+`, leasetest.Options{})
+	var calls atomic.Int64
+	g := newGate(t, srv.URL(), func(req *protocol.LeaseRequest) bool {
+		return len(req.Takes) > 0 && calls.Add(1) > 1 // all but the first
+	})
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{g.url}, LeaseMinTokens: 8}, clk)
+	ctx := context.Background()
+	require.True(t, c.Allow(ctx, "s:k").Allowed, "the first answer: a bucket of 20, a quarter of it under 8")
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() { assert.True(t, c.Allow(ctx, "s:k").Allowed) })
+	}
+	require.Eventually(t, func() bool { return g.takes.Load() == 3 }, 5*time.Second, time.Millisecond, "each decision sent its take")
+	assert.Zero(t, clk.waiting(), "none waited")
+	g.open(g.pass)
+	wg.Wait()
+}
