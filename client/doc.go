@@ -57,7 +57,7 @@
 // tokens, as far as the bucket still had room for them, so that a key hot
 // from its first request is promoted at its first answers — the
 // settle loop takes the key over and leases it batches sized to its demand
-// (below). A lease not spent from by its renewal point is returned, not
+// (below). A lease not spent from by half its TTL is returned, not
 // renewed, and the key goes back to direct decisions; so does a key whose
 // demand over a lease TTL falls below half the threshold, and a key the
 // server refuses more leases on (too_many_leases), and a key whose lease
@@ -156,6 +156,15 @@
 // idle, and the first process to come must not take a small bucket whole.
 // A key asks at most once per tick.
 //
+// A roomy key (its latest grant was all it asked for and left the bucket
+// at least twice that) is renewed later: with a sixteenth of its batch
+// left, or at three quarters of its TTL (at least eight ticks before its
+// deadline, never before half of it), and its batch is the rate its lease
+// was spent at over that time, so that it lasts until then. A hot key then
+// costs the store a renewal every three quarters of a TTL rather than
+// every three eighths or so. Its idle lease is still returned at half its
+// TTL, and every lease's second half is still strict.
+//
 // Renewal is double-buffered. The protocol lets a client hold one lease per
 // key in each of two slots (protocol.LeaseEntry.Slot, an addition to the
 // design's protocol). The client asks for the next lease in the free slot
@@ -168,7 +177,13 @@
 // otherwise with the key's next renewal, which goes into the frozen lease's
 // slot and settles it in the same entry, so that a hot key costs one call
 // per batch rather than two (a frozen lease near its deadline is settled on
-// its own). So requests never wait for a renewal, and
+// its own). A roomy key renewed late freezes its lease a quarter of a TTL
+// before its deadline, before its next renewal: when no more than its
+// sixteenth is left, and holding it open does not cap a small bucket (the
+// holders' leases of its size within a quarter of it), it is not settled
+// at all but expires at the server, its remainder counted as spent, toward
+// the limit; returning those few tokens would cost the store as much as
+// the renewal saved. So requests never wait for a renewal, and
 // no token is ever spent after the server closed its lease: the accuracy
 // bound of the design, burst + rate·W over any window W, holds for the
 // spending of all clients together, not just for the server's accounting.

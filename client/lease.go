@@ -42,6 +42,13 @@ type lease struct {
 	shape *slots
 }
 
+// sent returns when the lease's request was sent (client clock): its
+// deadline less its TTL.
+func (l *lease) sent() int64 { return 2*l.halfway - l.deadline }
+
+// ttl returns the lease's TTL (ns).
+func (l *lease) ttl() int64 { return 2 * (l.deadline - l.halfway) }
+
 // clockShift sets how often a spend in a lease's first half reads the
 // clock: once per 1<<clockShift tokens.
 const clockShift = 3
