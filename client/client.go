@@ -558,6 +558,21 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			// leases keep.
 			ks.need.Store(true)
 			c.wake()
+			if l := ks.active.Load(); !waitedLease && l != nil && l.shape == nil && ks.room() >= 2*l.granted {
+				// But a roomy key (the bucket held at least twice its
+				// lease at its latest answer) ran out only because its
+				// renewal came late (a paused process, a starved CPU; a
+				// roomy key renews with a sixteenth of its batch left,
+				// see lateOffset): its tokens are there, so the decision
+				// waits for the renewal, as for a first lease, rather
+				// than be denied.
+				waitedLease = true
+				if nl := c.awaitLease(ctx, ks, n, func() bool { return ks.active.Load() == l }); nl != nil {
+					done = append(done, spent{l: nl, ks: ks})
+					d.leased(nl, ks)
+					continue
+				}
+			}
 			c.undo(n, done)
 			c.denied.Add(1)
 			return Decision{Source: SourceLease, RetryAfter: c.cfg.SettleInterval, Limits: ks.limitsView()}
@@ -590,11 +605,9 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			c.wake()
 			if !waitedLease && ks.deadline.Load() == 0 && c.online.Load() {
 				waitedLease = true
-				c.awaitChange(ctx, ks, func() bool {
+				if l := c.awaitLease(ctx, ks, n, func() bool {
 					return ks.active.Load() == nil && ks.deadline.Load() == 0 && ks.leasing.Load()
-				}, 0)
-				if l := ks.active.Load(); l != nil && l.spend(n, c) {
-					ks.unserved.Add(-n) // served after all
+				}); l != nil {
 					done = append(done, spent{l: l, ks: ks})
 					d.leased(l, ks)
 					continue
@@ -704,6 +717,18 @@ func (c *Client) young(ks *keyState) bool {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
 	return ks.mu.admitted < (c.cfg.LeaseMinTokens+1)/2 && (ks.mu.admitted == 0 || now-ks.mu.since < ttl/4)
+}
+
+// awaitLease waits for a lease of ks while waiting holds (see
+// awaitChange), then spends n tokens from the key's active lease: it
+// returns that lease, or nil when none could serve.
+func (c *Client) awaitLease(ctx context.Context, ks *keyState, n int64, waiting func() bool) *lease {
+	c.awaitChange(ctx, ks, waiting, 0)
+	if l := ks.active.Load(); l != nil && l.spend(n, c) {
+		ks.unserved.Add(-n) // served after all
+		return l
+	}
+	return nil
 }
 
 // claimProbes marks the young keys of a direct take (see young) that no

@@ -79,7 +79,10 @@
 // the decisions go on as they would have: by direct takes, or by the
 // fallback when no server answers, never denied for want of the lease.
 // While a leased key's lease has run out and its next one is not in yet,
-// its decisions are denied (they count as demand for the next batch).
+// its decisions are denied (they count as demand for the next batch) —
+// but on a roomy key (see below), whose lease runs out only when its
+// renewal is late (a paused process, a starved CPU), they wait for the
+// renewal like a first lease.
 //
 // The fallback (Config.Fallback) decides only while no server answers: a
 // slow answer is waited for, because a fallback decision made while the

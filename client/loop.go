@@ -439,7 +439,9 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 // least eight ticks before its deadline, and never before half its TTL,
 // where other keys renew. Its batch is sized to last until then (see
 // roomyWant), and it is renewed earlier once no more than its cushion
-// (see cushion) is left.
+// (see cushion) is left; should it run out all the same before the
+// renewal is in (the loop was late), its decisions wait for the renewal
+// rather than be denied (see Client.decide).
 //
 // Why later: a hot key renewed at half its TTL, or with a quarter left,
 // costs the store a renewal every three eighths of a TTL or so, each a
