@@ -456,8 +456,8 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 	d := Decision{Allowed: true, Source: SourceLease, Remaining: -1}
 	prio, foreign := c.callPriority(ctx)
 	var now int64
-	// A decision waits at most once for a cold key's first answer, and
-	// once for a promoted key's first lease.
+	// A decision waits at most once for a young key's answer in flight,
+	// and once for a promoted key's first lease.
 	waitedAnswer, waitedLease := false, false
 	for i := 0; i < len(states); i++ {
 		ks := states[i]
@@ -558,22 +558,37 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			// leases keep.
 			ks.need.Store(true)
 			c.wake()
+			if l := ks.active.Load(); !waitedLease && l != nil && l.shape == nil && ks.room() >= 2*l.granted {
+				// But a roomy key (the bucket held at least twice its
+				// lease at its latest answer) ran out only because its
+				// renewal came late (a paused process, a starved CPU; a
+				// roomy key renews with a sixteenth of its batch left,
+				// see lateOffset): its tokens are there, so the decision
+				// waits for the renewal, as for a first lease, rather
+				// than be denied.
+				waitedLease = true
+				if nl := c.awaitLease(ctx, ks, n, func() bool { return ks.active.Load() == l }); nl != nil {
+					done = append(done, spent{l: nl, ks: ks})
+					d.leased(nl, ks)
+					continue
+				}
+			}
 			c.undo(n, done)
 			c.denied.Add(1)
 			return Decision{Source: SourceLease, RetryAfter: c.cfg.SettleInterval, Limits: ks.limitsView()}
 		}
-		if !waitedAnswer && ks.firstTake.Load() && ks.leaseTTL.Load() == 0 && c.online.Load() {
-			// A cold key whose first direct take is in flight: wait for
-			// its answer rather than send a take of its own. The answer
-			// teaches the key's rule, and the decisions waiting for it
+		if !waitedAnswer && ks.probing.Load() && c.online.Load() && c.young(ks) {
+			// A young key (see young) with a take in flight: wait for its
+			// answer rather than send a take of its own. The answer
+			// teaches the key its rule, and the decisions waiting for it
 			// count as demand (see admitted): a key that just became hot
-			// is promoted at its first answer, and they are then served
+			// is promoted at its first answers, and they are then served
 			// from its first lease instead of each costing a take. A key
-			// that stays direct costs them a round trip more, once in the
-			// key's life in this process. Then the key is decided again.
+			// that stays direct costs them a round trip more, during its
+			// first few answers only. Then the key is decided again.
 			waitedAnswer = true
 			ks.unserved.Add(-n)
-			c.awaitChange(ctx, ks, func() bool { return ks.firstTake.Load() && ks.leaseTTL.Load() == 0 }, n)
+			c.awaitChange(ctx, ks, func() bool { return ks.probing.Load() && c.young(ks) }, n)
 			i--
 			continue
 		}
@@ -590,11 +605,9 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			c.wake()
 			if !waitedLease && ks.deadline.Load() == 0 && c.online.Load() {
 				waitedLease = true
-				c.awaitChange(ctx, ks, func() bool {
+				if l := c.awaitLease(ctx, ks, n, func() bool {
 					return ks.active.Load() == nil && ks.deadline.Load() == 0 && ks.leasing.Load()
-				}, 0)
-				if l := ks.active.Load(); l != nil && l.spend(n, c) {
-					ks.unserved.Add(-n) // served after all
+				}); l != nil {
 					done = append(done, spent{l: l, ks: ks})
 					d.leased(l, ks)
 					continue
@@ -607,9 +620,9 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 		var dd Decision
 		if c.online.Load() || c.probe(now) {
 			c.directs.Add(1)
-			first := c.claimFirstTakes(direct, foreign)
+			probes := c.claimProbes(direct, foreign)
 			dd = c.takeDirect(ctx, n, direct, maxDelay, prio, foreign)
-			c.releaseFirstTakes(direct, first)
+			c.releaseProbes(direct, probes)
 		} else {
 			dd = c.offline(n, direct, now)
 		}
@@ -662,15 +675,15 @@ func (d *Decision) leased(l *lease, ks *keyState) {
 // ends or the client closes; not at all when waiting no longer holds once
 // the key's change channel is taken (a change just before is seen so).
 // The decisions that wait for a key's change are waiting tokens of the
-// key's demand meanwhile (coldWaiting, see admitted).
+// key's demand meanwhile (keyState.waiting, see admitted).
 func (c *Client) awaitChange(ctx context.Context, ks *keyState, waiting func() bool, tokens int64) {
 	changed := ks.waitCh()
 	if !waiting() {
 		return
 	}
 	if tokens > 0 {
-		ks.coldWaiting.Add(tokens)
-		defer ks.coldWaiting.Add(-tokens)
+		ks.waiting.Add(tokens)
+		defer ks.waiting.Add(-tokens)
 	}
 	timeout, stop := c.after(c.cfg.RequestTimeout)
 	defer stop()
@@ -682,29 +695,65 @@ func (c *Client) awaitChange(ctx context.Context, ks *keyState, waiting func() b
 	}
 }
 
-// claimFirstTakes marks the cold keys of a direct take (no rule learned
-// yet) whose first take this is, so that their other decisions wait for
-// its answer (see decide), and returns them as a bit set over states (the
+// young reports whether a key decided directly may still be promoted by
+// its first few admissions (see admitted), so that its decisions wait for
+// a take of it in flight: no answer has taught it its rule yet, or, on a
+// bucket big enough to lease (at least four times
+// Config.LeaseMinTokens), fewer than half of Config.LeaseMinTokens were
+// admitted, the first less than a quarter of a lease TTL ago (later, half
+// of them cannot show twice the threshold's pace).
+func (c *Client) young(ks *keyState) bool {
+	if ks.leasing.Load() {
+		return false
+	}
+	ttl := ks.leaseTTL.Load()
+	if ttl == 0 {
+		return true
+	}
+	now := c.nanos()
+	if ks.ruleBurst.Load()/4 < c.cfg.LeaseMinTokens || now < ks.directUntil.Load() {
+		return false
+	}
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	return ks.mu.admitted < (c.cfg.LeaseMinTokens+1)/2 && (ks.mu.admitted == 0 || now-ks.mu.since < ttl/4)
+}
+
+// awaitLease waits for a lease of ks while waiting holds (see
+// awaitChange), then spends n tokens from the key's active lease: it
+// returns that lease, or nil when none could serve.
+func (c *Client) awaitLease(ctx context.Context, ks *keyState, n int64, waiting func() bool) *lease {
+	c.awaitChange(ctx, ks, waiting, 0)
+	if l := ks.active.Load(); l != nil && l.spend(n, c) {
+		ks.unserved.Add(-n) // served after all
+		return l
+	}
+	return nil
+}
+
+// claimProbes marks the young keys of a direct take (see young) that no
+// take is in flight for, so that their other decisions wait for its
+// answer (see decide), and returns them as a bit set over states (the
 // first 64; a take of another priority class claims none).
-func (c *Client) claimFirstTakes(states []*keyState, foreign bool) uint64 {
-	var first uint64
+func (c *Client) claimProbes(states []*keyState, foreign bool) uint64 {
+	var probes uint64
 	if foreign {
 		return 0
 	}
 	for i, ks := range states[:min(len(states), 64)] {
-		if ks.leaseTTL.Load() == 0 && ks.firstTake.CompareAndSwap(false, true) {
-			first |= 1 << i
+		if c.young(ks) && ks.probing.CompareAndSwap(false, true) {
+			probes |= 1 << i
 		}
 	}
-	return first
+	return probes
 }
 
-// releaseFirstTakes ends the first takes claimed by claimFirstTakes, their
-// answer applied: the decisions waiting for it are woken.
-func (c *Client) releaseFirstTakes(states []*keyState, first uint64) {
-	for i := 0; first != 0; i, first = i+1, first>>1 {
-		if first&1 != 0 {
-			states[i].firstTake.Store(false)
+// releaseProbes ends the takes claimed by claimProbes, their answers
+// applied: the decisions waiting for them are woken.
+func (c *Client) releaseProbes(states []*keyState, probes uint64) {
+	for i := 0; probes != 0; i, probes = i+1, probes>>1 {
+		if probes&1 != 0 {
+			states[i].probing.Store(false)
 			states[i].notify()
 		}
 	}

@@ -95,11 +95,11 @@ type Config struct {
 	// LeaseMinTokens moves a key to leases once this process is admitted at
 	// least this many of its tokens over one lease TTL (an average of its
 	// direct decisions), or half as many at a pace of twice as many per
-	// TTL (a key that just became hot; the decisions waiting for the key's
-	// first answer count, as far as the bucket has room for them); below
+	// TTL (a key that just became hot; the decisions waiting for a young
+	// key's answer count, as far as the bucket has room for them); below
 	// that each decision is a direct take. A
 	// leased key returns to direct takes when a lease is not spent from by
-	// its renewal point, or its demand over a lease TTL falls below half
+	// half its TTL, or its demand over a lease TTL falls below half
 	// this. A key whose bucket is smaller than four times this is never
 	// leased: a batch is at most a quarter of the bucket, and a smaller one
 	// would run out before it saved a call. Default 8; 1 leases a key after
@@ -110,7 +110,9 @@ type Config struct {
 	SettleInterval time.Duration
 	// Horizon is how far ahead a batch should last: the client asks for
 	// its recent demand (an EWMA) times Horizon, at most half the lease
-	// TTL's worth. Default 1s.
+	// TTL's worth. Default 1s. A roomy key's renewal (see the package
+	// documentation) lasts instead until its late renewal point, three
+	// quarters of the lease TTL.
 	Horizon time.Duration
 	// InitialBatch is the least first batch of a key that moves to leases
 	// (its demand measured so far may lag). Default 10. A batch is never

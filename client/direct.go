@@ -417,22 +417,22 @@ func (c *Client) admitted(ks *keyState, n int64, now int64) bool {
 	// A key that just became hot: half the tokens, admitted at a pace
 	// that would bring twice the threshold over a TTL, are proof enough.
 	// The average over a TTL alone would decide thousands of a hot key's
-	// decisions directly before it moved. The decisions waiting for the
-	// key's first answer (see decide) count with them, as far as the
+	// decisions directly before it moved. The decisions waiting for this
+	// answer (see decide and Client.young) count with them, as far as the
 	// bucket still had room for them at this answer: they are demand
 	// already here, and on a key that just became hot they promote it at
-	// its first answer.
+	// its first answers.
 	half := (c.cfg.LeaseMinTokens + 1) / 2
 	span := max(now-ks.mu.since, int64(10*time.Millisecond))
-	seen := ks.mu.admitted + min(ks.coldWaiting.Load(), ks.room())
+	seen := ks.mu.admitted + min(ks.waiting.Load(), ks.room())
 	ks.mu.seen = max(ks.mu.seen, seen)
 	return seen >= half && float64(seen)*tau/float64(span) >= 2*float64(c.cfg.LeaseMinTokens)
 }
 
 // directRate returns the key's admitted rate, tokens per second, at now: the
 // larger of the average over a lease TTL and the tokens admitted over the
-// time they took (at least 10 ms), the decisions that waited for the key's
-// first answer counted with them. The first follows a slow key, the second
+// time they took (at least 10 ms), the decisions that waited for its
+// answers counted with them. The first follows a slow key, the second
 // a key that just became hot: the average over a TTL would start a key
 // asked 2,000 times a second with a batch of a few tokens.
 func (ks *keyState) directRate(now int64) float64 {

@@ -41,11 +41,14 @@
 // any key correctly.
 // The answer teaches the client the key's rule; a denial comes with the
 // time the key's bucket needs to serve again, and the key is denied
-// locally until then, without a call. Until a key's first answer has
-// come, its other decisions wait for that answer (once, at most
-// Config.RequestTimeout) rather than each send a take: the key may be hot
-// (see Leased), and then they are served from its first lease. This is
-// the right mode for the keys
+// locally until then, without a call. While a key is young — its rule
+// not learned yet, or, on a bucket big enough to lease, fewer than half of
+// Config.LeaseMinTokens admitted in its first quarter of a lease TTL — a
+// decision that finds a take of it in flight waits for that answer (once,
+// at most Config.RequestTimeout) rather than send a take of its own: the
+// key may be hot (see Leased), and then they are served from its first
+// lease; otherwise they pay a round trip more, during its first few
+// answers only. This is the right mode for the keys
 // the mission cares most about — per-user limits whose requests a load
 // balancer spreads over many processes, so that each process sees a few per
 // second of each user: a lease there would hold tokens the other processes
@@ -55,11 +58,11 @@
 // (default 8) of a key over one lease TTL, or half as many at twice that
 // pace — admitted, not asked: a process
 // whose share of a saturated key is small gains nothing from a lease; the
-// decisions waiting for the key's first answer count with the admitted
+// decisions waiting for an answer of a young key count with the admitted
 // tokens, as far as the bucket still had room for them, so that a key hot
-// from its first request is promoted at its first answer — the
+// from its first request is promoted at its first answers — the
 // settle loop takes the key over and leases it batches sized to its demand
-// (below). A lease not spent from by its renewal point is returned, not
+// (below). A lease not spent from by half its TTL is returned, not
 // renewed, and the key goes back to direct decisions; so does a key whose
 // demand over a lease TTL falls below half the threshold, and a key the
 // server refuses more leases on (too_many_leases), and a key whose lease
@@ -73,15 +76,18 @@
 // loop asks for at once (about one round trip; each decision waits at most
 // Config.RequestTimeout), and are served from it: taking directly
 // meanwhile would cost a call and the store's work per decision on exactly
-// the keys hot enough to lease (at the benchmark's hot key, before the
-// first answer and the first lease were waited for, about a dozen takes
-// per process start, a third of the Redis work of the whole run; now
-// one). If
+// the keys hot enough to lease (at the benchmark's hot key, before a
+// young key's answers and the first lease were waited for, about a dozen
+// takes per process start, a third of the Redis work of the whole run;
+// now one or two). If
 // no lease comes — refused, none granted, the call failed or is slower —
 // the decisions go on as they would have: by direct takes, or by the
 // fallback when no server answers, never denied for want of the lease.
 // While a leased key's lease has run out and its next one is not in yet,
-// its decisions are denied (they count as demand for the next batch).
+// its decisions are denied (they count as demand for the next batch) —
+// but on a roomy key (see below), whose lease runs out only when its
+// renewal is late (a paused process, a starved CPU), they wait for the
+// renewal like a first lease.
 //
 // The fallback (Config.Fallback) decides only while no server answers: a
 // slow answer is waited for, because a fallback decision made while the
@@ -162,6 +168,15 @@
 // idle, and the first process to come must not take a small bucket whole.
 // A key asks at most once per tick.
 //
+// A roomy key (its latest grant was all it asked for and left the bucket
+// at least twice that) is renewed later: with a sixteenth of its batch
+// left, or at three quarters of its TTL (at least eight ticks before its
+// deadline, never before half of it), and its batch is the rate its lease
+// was spent at over that time, so that it lasts until then. A hot key then
+// costs the store a renewal every three quarters of a TTL rather than
+// every three eighths or so. Its idle lease is still returned at half its
+// TTL, and every lease's second half is still strict.
+//
 // Renewal is double-buffered. The protocol lets a client hold one lease per
 // key in each of two slots (protocol.LeaseEntry.Slot, an addition to the
 // design's protocol). The client asks for the next lease in the free slot
@@ -174,7 +189,13 @@
 // otherwise with the key's next renewal, which goes into the frozen lease's
 // slot and settles it in the same entry, so that a hot key costs one call
 // per batch rather than two (a frozen lease near its deadline is settled on
-// its own). So requests never wait for a renewal, and
+// its own). A roomy key renewed late freezes its lease a quarter of a TTL
+// before its deadline, before its next renewal: when no more than its
+// sixteenth is left, and holding it open does not cap a small bucket (the
+// holders' leases of its size within a quarter of it), it is not settled
+// at all but expires at the server, its remainder counted as spent, toward
+// the limit; returning those few tokens would cost the store as much as
+// the renewal saved. So requests never wait for a renewal, and
 // no token is ever spent after the server closed its lease: the accuracy
 // bound of the design, burst + rate·W over any window W, holds for the
 // spending of all clients together, not just for the server's accounting.

@@ -269,3 +269,95 @@ rules:
 		})
 	}
 }
+
+// TestYoungKeyOnly: a key's decisions wait for a take in flight only while
+// the key may still be promoted by its first admissions (see young): not
+// once its answer showed a bucket too small to lease.
+func TestYoungKeyOnly(t *testing.T) {
+	srv := leasetest.Start(t, `
+rules:
+  - {name: s, match: "s:*", limit: 20, period: 1h, burst: 20, lease_ttl: 2s}
+`, leasetest.Options{})
+	var calls atomic.Int64
+	g := newGate(t, srv.URL(), func(req *protocol.LeaseRequest) bool {
+		return len(req.Takes) > 0 && calls.Add(1) > 1 // all but the first
+	})
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{g.url}, LeaseMinTokens: 8}, clk)
+	ctx := context.Background()
+	require.True(t, c.Allow(ctx, "s:k").Allowed, "the first answer: a bucket of 20, a quarter of it under 8")
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() { assert.True(t, c.Allow(ctx, "s:k").Allowed) })
+	}
+	require.Eventually(t, func() bool { return g.takes.Load() == 3 }, 5*time.Second, time.Millisecond, "each decision sent its take")
+	assert.Zero(t, clk.waiting(), "none waited")
+	g.open(g.pass)
+	wg.Wait()
+}
+
+// TestRanOutWaitsOnlyWhenRoomy: a key whose lease ran out before its
+// renewal came is denied until the renewal is in, unless its bucket was
+// roomy (at least twice the lease left at the latest answer): its tokens
+// are there, only the renewal was late, and the decision waits for it.
+func TestRanOutWaitsOnlyWhenRoomy(t *testing.T) {
+	const rules = `
+rules:
+  - {name: s, match: "s:*", limit: 1, period: 1h, burst: 1000, lease_ttl: 2s}
+`
+	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 1, Period: time.Hour, Burst: 1000, LeaseTTL: 2 * time.Second}
+	for _, tc := range []struct {
+		name    string
+		drained int64 // taken by another client first
+		waits   bool
+	}{
+		{"roomy: waits for the renewal", 0, true},
+		{"tight: denied at once", 900, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := leases.NewMemoryStore(leases.MemoryOptions{})
+			t.Cleanup(func() { _ = store.Close() })
+			ctx := context.Background()
+			if tc.drained > 0 {
+				res, err := store.Take(ctx, []leases.TakeOp{{Key: "s:k", Bucket: b, Cost: tc.drained}})
+				require.NoError(t, err)
+				require.True(t, res[0].Taken)
+			}
+			srv := leasetest.Start(t, rules, leasetest.Options{Store: store})
+			var hold atomic.Bool
+			g := newGate(t, srv.URL(), func(req *protocol.LeaseRequest) bool {
+				return len(req.Leases) > 0 && hold.Load()
+			})
+			clk := newTestClock()
+			c := clockedClient(t, Config{Servers: []string{g.url}, LeaseMinTokens: 1, InitialBatch: 50}, clk)
+			require.True(t, c.Allow(ctx, "s:k").Allowed)
+			ks := c.state("s:k")
+			require.Eventually(t, func() bool { return ks.active.Load() != nil }, 5*time.Second, time.Millisecond)
+			l := ks.active.Load()
+
+			// The renewal is held; the lease is spent out before any tick.
+			hold.Store(true)
+			for l.left() > 0 {
+				require.True(t, c.Allow(ctx, "s:k").Allowed)
+			}
+			var d Decision
+			done := make(chan struct{})
+			go func() { d = c.Allow(ctx, "s:k"); close(done) }()
+			if tc.waits {
+				require.Eventually(t, func() bool { return clk.waiting() == 1 }, 5*time.Second, time.Millisecond, "waiting for the renewal")
+				<-g.arrived
+				g.open(g.pass)
+				<-done
+				assert.True(t, d.Allowed)
+				assert.Equal(t, SourceLease, d.Source)
+				assert.NotSame(t, l, ks.active.Load(), "served from the renewal")
+			} else {
+				<-done
+				assert.False(t, d.Allowed)
+				assert.Equal(t, SourceLease, d.Source)
+				assert.Zero(t, clk.waiting(), "no wait")
+				g.open(g.pass) // the renewal held goes, so the client closes at once
+			}
+		})
+	}
+}

@@ -15,8 +15,10 @@ import (
 // TestFrozenLeaseReturn drives the settle loop's clock through a renewal:
 // the lease a renewal replaces (frozen) is returned by the key's next
 // renewal, in the same entry, while the bucket is roomy, and by a call of
-// its own at once when it is not, or when its deadline comes near. The
-// server runs on real time; only the client's clock is driven.
+// its own at once when it is not, or when its deadline comes near with
+// more than its cushion left; with no more than that, a roomy key's frozen
+// lease is left to expire. The server runs on real time; only the
+// client's clock is driven.
 func TestFrozenLeaseReturn(t *testing.T) {
 	const rules = `
 rules:
@@ -44,15 +46,16 @@ rules:
 		require.Eventually(t, func() bool { return c.Stats().KeysHeld == 1 && open() == 1 }, 5*time.Second, time.Millisecond, "%+v open %d", c.Stats(), open())
 		return c, clk, store, open
 	}
-	// renew spends the active lease down to its renewal point and lets
-	// the loop renew it at its next tick; it returns once the new lease
+	// renew spends the active lease down to its cushion (a roomy key's
+	// renewal point; the others renew with a quarter left) and lets the
+	// loop renew it at its next tick; it returns once the new lease
 	// decides.
 	renew := func(t *testing.T, c *Client, clk *testClock, key string) {
 		t.Helper()
 		ks := c.state(key)
 		old := ks.active.Load()
 		require.NotNil(t, old)
-		for old.left() > old.granted/4 {
+		for old.left() > cushion(old) {
 			require.True(t, c.Allow(ctx, key).Allowed)
 		}
 		clk.advance(t, c.cfg.SettleInterval)
@@ -86,18 +89,60 @@ rules:
 		require.Eventually(t, func() bool { return open() == 1 }, 5*time.Second, time.Millisecond, "the frozen lease is returned on its own")
 	})
 
-	t.Run("near its deadline: returned on its own", func(t *testing.T) {
-		// Ticks of 300 ms make the margin (four ticks, 1.2 s) longer than
-		// the time from the renewal to the new lease's own renewal point,
-		// which otherwise always comes first; a deep bucket lets a batch
-		// last longer than two such ticks of demand.
-		c, clk, _, open := setup(t, "d:k", deep, 300*time.Millisecond)
-		renew(t, c, clk, "d:k") // the first lease was sent at 0 (deadline 2 s), its successor at 0.3 s
+	t.Run("near its deadline with more than its cushion: returned on its own", func(t *testing.T) {
+		// Ticks of 100 ms: the margin is four ticks, 400 ms, and a roomy
+		// lease of a 2 s TTL is renewed at 1.2 s at the latest (eight
+		// ticks before its deadline). A deep bucket keeps the key roomy.
+		c, clk, _, open := setup(t, "d:k", deep, 100*time.Millisecond)
+		ks := c.state("d:k")
+		first := ks.active.Load()
+		for range 10 {
+			require.True(t, c.Allow(ctx, "d:k").Allowed)
+		}
+		for range 11 {
+			clk.advance(t, 100*time.Millisecond)
+		}
+		require.Same(t, first, ks.active.Load(), "at 1.1 s, past half its TTL, a roomy key's lease is not renewed yet")
+		clk.advance(t, 100*time.Millisecond)
+		require.Eventually(t, func() bool { return ks.active.Load() != first }, 5*time.Second, time.Millisecond, "renewed at its late renewal point, 1.2 s")
+		require.Greater(t, first.granted-10, cushion(first), "frozen with more than its cushion left")
 		clk.advance(t, 300*time.Millisecond)
 		clk.advance(t, 0)
-		require.Equal(t, 2, open(), "at 0.6 s the first lease's deadline is 1.4 s away: it waits")
-		clk.advance(t, 300*time.Millisecond)
-		require.Eventually(t, func() bool { return open() == 1 }, 5*time.Second, time.Millisecond, "at 0.9 s, within 1.2 s of its deadline, it is returned")
+		require.Equal(t, 2, open(), "at 1.5 s the first lease's deadline is 500 ms away: it waits")
+		clk.advance(t, 100*time.Millisecond)
+		require.Eventually(t, func() bool { return open() == 1 }, 5*time.Second, time.Millisecond, "at 1.6 s, within 400 ms of its deadline, it is returned")
 		assert.Equal(t, 1, c.Stats().KeysHeld, "its successor serves on")
+	})
+
+	t.Run("roomy, no more than its cushion left: left to expire", func(t *testing.T) {
+		c, clk, _, open := setup(t, "d:k", deep, 10*time.Millisecond)
+		ks := c.state("d:k")
+		renew(t, c, clk, "d:k") // a first small batch, renewed at once (asked for at 10 ms)
+		second := ks.active.Load()
+		// Spend the second lease at a steady pace, and its last tokens but
+		// its cushion just before its late renewal point (1.51 s): it is
+		// renewed there, and frozen with its cushion left.
+		for range 148 {
+			for range second.granted / 160 {
+				require.True(t, c.Allow(ctx, "d:k").Allowed)
+			}
+			clk.advance(t, 10*time.Millisecond)
+		}
+		for second.left() > cushion(second) {
+			require.True(t, c.Allow(ctx, "d:k").Allowed)
+		}
+		clk.advance(t, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return ks.active.Load() != second }, 5*time.Second, time.Millisecond, "renewed")
+		third := ks.active.Load()
+		require.Equal(t, 2, open(), "the renewal returned the first lease in its entry")
+		// The next renewal comes at 3 s, after the second lease's deadline
+		// (2.01 s): past it, no call returned it.
+		calls := c.Stats().ServerCalls
+		for range 60 {
+			clk.advance(t, 10*time.Millisecond)
+		}
+		assert.Equal(t, calls, c.Stats().ServerCalls, "the frozen lease cost no call of its own")
+		assert.Equal(t, 2, open(), "the server counts it until it expires")
+		assert.Same(t, third, ks.active.Load())
 	})
 }

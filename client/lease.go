@@ -42,6 +42,13 @@ type lease struct {
 	shape *slots
 }
 
+// sent returns when the lease's request was sent (client clock): its
+// deadline less its TTL.
+func (l *lease) sent() int64 { return 2*l.halfway - l.deadline }
+
+// ttl returns the lease's TTL (ns).
+func (l *lease) ttl() int64 { return 2 * (l.deadline - l.halfway) }
+
 // clockShift sets how often a spend in a lease's first half reads the
 // clock: once per 1<<clockShift tokens.
 const clockShift = 3
@@ -113,9 +120,10 @@ func (l *lease) left() int64 {
 // A key is in one of these states; the fields that make it so are named:
 //
 //	cold        not in Client.keys: its first decision creates it, direct.
-//	            Until an answer teaches it its rule (leaseTTL), a decision
-//	            that finds its first take in flight (firstTake) waits for
-//	            that answer, once, and is then decided again.
+//	            While it is young (see Client.young: its rule not learned,
+//	            or its first few admissions not in), a decision that finds
+//	            a take of it in flight (probing) waits for that answer,
+//	            once, and is then decided again.
 //	direct      decided by direct takes (leasing false). Its demand is
 //	            averaged on each admission (mu.rate); at
 //	            Config.LeaseMinTokens per lease TTL it is promoted.
@@ -174,8 +182,8 @@ type keyState struct {
 	ruleBurst    atomic.Int64                 // the rule's burst, from any answer
 	ruleFill     atomic.Int64                 // ns the rule's bucket takes to fill, from any answer
 	directUntil  atomic.Int64                 // client clock: not promoted before this (a server refused it more leases)
-	firstTake    atomic.Bool                  // cold (no rule learned), its first direct take in flight: other decisions wait for its answer
-	coldWaiting  atomic.Int64                 // tokens of the decisions waiting for that answer (demand, see admitted)
+	probing      atomic.Bool                  // young (see Client.young), a direct take of it in flight: other decisions wait for its answer
+	waiting      atomic.Int64                 // tokens of the decisions waiting for that answer (demand, see admitted)
 	limits       atomic.Pointer[[]LimitState] // the rule's limits as of the latest answer (see LimitState)
 	shaped       atomic.Bool                  // the key's rule shapes (leaky_bucket), from any answer
 
@@ -188,7 +196,7 @@ type keyState struct {
 		rate     float64         // tokens admitted directly per ns (an average over a lease TTL)
 		rateAt   int64           // client clock of rate
 		admitted int64           // tokens admitted directly since since
-		seen     int64           // at most admitted plus the tokens then waiting for the first answer (see admitted)
+		seen     int64           // the most admitted plus the tokens then waiting for an answer (see admitted)
 		since    int64           // client clock of the first of them
 	}
 

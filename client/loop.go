@@ -175,7 +175,7 @@ func (c *Client) sweepDirect(now int64) {
 // want sizes the next batch of a key: its demand over the horizon, at most
 // half a lease TTL's worth and the bucket size.
 func (c *Client) want(ks *keyState) int64 {
-	burst, fill, ttl := ks.ruleBurst.Load(), ks.ruleFill.Load(), ks.leaseTTL.Load()
+	burst, ttl := ks.ruleBurst.Load(), ks.leaseTTL.Load()
 	if ks.run.ewma <= 0 {
 		return min(c.cfg.InitialBatch, max(1, burst/4))
 	}
@@ -183,13 +183,41 @@ func (c *Client) want(ks *keyState) int64 {
 	if ttl > 0 && time.Duration(ttl/2) < h {
 		h = time.Duration(ttl / 2)
 	}
+	return c.batchOf(ks, ks.run.ewma, h)
+}
+
+// roomyWant sizes the renewal of l, the active lease of a roomy key (see
+// keyState.run.roomy): the rate l was spent at since it was asked for
+// (the demand average when it is younger than ten ticks), over the time
+// from asking to the next lease's late renewal point (lateOffset), so that
+// the next lease lasts until that point and is nearly spent by then.
+// Measured on the lease, not by the demand average: that average rises
+// fast and falls slowly, so it runs a little above a steady demand, and a
+// batch sized on it would be frozen with a tenth or more of it left.
+func (c *Client) roomyWant(ks *keyState, l *lease, now int64) int64 {
+	rate := ks.run.ewma
+	if elapsed := now - l.sent(); elapsed >= 10*int64(c.cfg.SettleInterval) {
+		rate = float64(l.granted-l.left()) / time.Duration(elapsed).Seconds()
+	}
+	ttl := ks.leaseTTL.Load()
+	if rate <= 0 || ttl <= 0 {
+		return c.want(ks)
+	}
+	return c.batchOf(ks, rate, time.Duration(c.lateOffset(ttl)))
+}
+
+// batchOf sizes a batch of a key at rate tokens per second over h: at most
+// a quarter of the time its bucket takes to fill, Config.MaxBatch, and a
+// quarter of the bucket.
+func (c *Client) batchOf(ks *keyState, rate float64, h time.Duration) int64 {
+	burst, fill := ks.ruleBurst.Load(), ks.ruleFill.Load()
 	// Tokens held in a lease count as taken from the bucket until they are
 	// spent, so on a shared key a batch must be small beside the bucket: at
 	// most a quarter of the time the bucket takes to fill.
 	if fill > 0 && time.Duration(fill/4) < h {
 		h = time.Duration(fill / 4)
 	}
-	w := int64(math.Ceil(ks.run.ewma * h.Seconds()))
+	w := int64(math.Ceil(rate * h.Seconds()))
 	w = max(1, min(w, c.cfg.MaxBatch))
 	if burst > 0 {
 		// Never a whole bucket for one process: a quarter at most.
@@ -349,9 +377,16 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 		// Renew with about a quarter left, or with less left than two
 		// ticks of demand, or at half the TTL; a bound key (see
 		// keyState.run.bound) only at half the TTL: once spent out, it
-		// settles and asks in one entry that accepts a deferral.
-		low := max(active.granted/4, int64(math.Ceil(ks.run.ewma*2*c.cfg.SettleInterval.Seconds())))
-		renew := (left <= low && !ks.run.bound) || now >= active.halfway
+		// settles and asks in one entry that accepts a deferral; a roomy
+		// key with its cushion left, or at its late renewal point (see
+		// lateOffset).
+		ticks := int64(math.Ceil(ks.run.ewma * 2 * c.cfg.SettleInterval.Seconds()))
+		renew := (left <= max(active.granted/4, ticks) && !ks.run.bound) || now >= active.halfway
+		want := c.want(ks)
+		if ks.run.roomy && !ks.run.bound {
+			renew = left <= max(cushion(active), ticks) || now >= active.sent()+c.lateOffset(active.ttl())
+			want = c.roomyWant(ks, active, now)
+		}
 		if active.shape != nil {
 			// A schedule of slots is renewed when it is about to end, so
 			// that the next slice (which the server starts where this one
@@ -363,7 +398,7 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 		if !denied && renew {
 			// Renew into the other slot; the current lease keeps serving
 			// until the new one is in, and is settled after.
-			return []pending{entry(1-active.slot, c.want(ks))}, true
+			return []pending{entry(1-active.slot, want)}, true
 		}
 	case ks.need.Load() && !denied:
 		slot := 0
@@ -381,19 +416,61 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 	// once the key is no longer roomy, is denied, or the lease comes
 	// within frozenMargin of its deadline; if even that call is late the
 	// lease expires at the server, its remainder counted as spent, which
-	// errs toward the limit.
+	// errs toward the limit. A roomy key's frozen lease left with no more
+	// than its cushion, and cheap to hold open (see cheapToHold), is not
+	// returned on its own at all (see lateOffset): it expires at the
+	// server the same way.
 	var out []pending
 	for s, l := range ks.run.slots {
 		if l == nil || l == active {
 			continue
 		}
-		if ks.run.roomy && active != nil && !denied && l.deadline-now > c.frozenMargin() {
+		if ks.run.roomy && active != nil && !denied &&
+			(l.deadline-now > c.frozenMargin() || (l.granted-ks.run.returnUsed[s] <= cushion(l) && c.cheapToHold(ks, l))) {
 			continue
 		}
 		out = append(out, entry(s, 0))
 	}
 	return out, len(out) > 0
 }
+
+// lateOffset is when, after asking for it, a roomy key's lease of TTL ttl
+// (ns) is renewed at the latest: at three quarters of its TTL, but at
+// least eight ticks before its deadline, and never before half its TTL,
+// where other keys renew. Its batch is sized to last until then (see
+// roomyWant), and it is renewed earlier once no more than its cushion
+// (see cushion) is left; should it run out all the same before the
+// renewal is in (the loop was late), its decisions wait for the renewal
+// rather than be denied (see Client.decide).
+//
+// Why later: a hot key renewed at half its TTL, or with a quarter left,
+// costs the store a renewal every three eighths of a TTL or so, each a
+// Lua script of six to ten commands; at the benchmark's hot key that was
+// about half the Redis work of the whole run. Renewing at three quarters
+// costs one every three quarters. The price: the lease it replaces is
+// frozen with at most its cushion left, a quarter of a TTL before its
+// deadline, and the next renewal comes after that deadline, so it cannot
+// return it in the same entry; returning it alone would cost as much as
+// the renewal saved. So a roomy key's frozen lease left with no more than
+// its cushion, a sixteenth of its batch, is not returned: it expires at
+// the server, its remainder counted as spent (toward the limit, never
+// past it). The key is roomy only while the bucket holds at least twice
+// its grant, so that remainder is not what another holder waits for, and
+// the lease is left open only when the holders' leases of its size stay
+// within a quarter of the bucket (cheapToHold), so that its tokens,
+// outstanding until it expires, do not cap the bucket's refill; a key
+// that stops being roomy, a lease frozen with more left (the demand fell),
+// or one too big beside the bucket is returned as before. A lease's
+// strict half (every spend reads the clock) still begins at half its
+// TTL, and its deadline is unchanged.
+func (c *Client) lateOffset(ttl int64) int64 {
+	return max(ttl/2, ttl-max(ttl/4, 8*int64(c.cfg.SettleInterval)))
+}
+
+// cushion is how much of a roomy key's lease l may be left when it is
+// renewed: a sixteenth of its batch (about 90 ms of demand at a TTL of
+// 2 s). A lease frozen with no more than that is left to expire.
+func cushion(l *lease) int64 { return l.granted / 16 }
 
 // cheapToHold reports whether a spent-out lease l may stay open until the
 // key's next lease request rather than be settled by a call of its own.
@@ -436,9 +513,11 @@ func (c *Client) returnAll(ks *keyState, active *lease) []pending {
 }
 
 // shouldDemote reports whether a leased key should return to direct
-// decisions: its lease was not spent from by its renewal point (idle costs
-// nothing: the lease is returned, not renewed), or its demand over a lease
-// TTL fell below half of Config.LeaseMinTokens.
+// decisions: its lease was not spent from by half its TTL, the renewal
+// point of a key that is not roomy (idle costs nothing: the lease is
+// returned, not renewed; a roomy key's idle lease too, before its later
+// renewal point), or its demand over a lease TTL fell below half of
+// Config.LeaseMinTokens.
 func (c *Client) shouldDemote(ks *keyState, active *lease, now int64) bool {
 	if now < active.halfway {
 		return false

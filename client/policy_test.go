@@ -59,6 +59,55 @@ func TestWantSizing(t *testing.T) {
 	}
 }
 
+// TestRoomyRenewal: a roomy key's lease is renewed at three quarters of
+// its TTL at the latest, but at least eight ticks before its deadline and
+// never before half its TTL; its next batch is the rate the lease was
+// spent at over that time (the demand average while the lease is young),
+// with the usual caps; its cushion is a sixteenth of its batch.
+func TestRoomyRenewal(t *testing.T) {
+	c := policyClient(t, Config{SettleInterval: 10 * time.Millisecond, MaxBatch: 100_000})
+	ms := int64(time.Millisecond)
+	for _, tc := range []struct {
+		name string
+		ttl  int64
+		late int64
+	}{
+		{"2 s: at 1.5 s", 2000 * ms, 1500 * ms},
+		{"240 ms: eight ticks before the deadline", 240 * ms, 160 * ms},
+		{"100 ms: at half, as the others", 100 * ms, 50 * ms},
+	} {
+		t.Run(tc.name, func(t *testing.T) { assert.Equal(t, tc.late, c.lateOffset(tc.ttl)) })
+	}
+
+	newLease := func(sent, ttl, granted, used int64) *lease {
+		l := &lease{granted: granted, halfway: sent + ttl/2, deadline: sent + ttl}
+		l.remaining.Store(granted - used)
+		return l
+	}
+	for _, tc := range []struct {
+		name  string
+		l     *lease
+		now   int64
+		ewma  float64
+		burst int64
+		want  int64
+	}{
+		{"the lease's rate over 1.5 s", newLease(0, 2000*ms, 3000, 1500), 750 * ms, 9999, 1e9, 3000},
+		{"a young lease: the demand average", newLease(0, 2000*ms, 3000, 10), 50 * ms, 100, 1e9, 150},
+		{"a quarter of the bucket", newLease(0, 2000*ms, 3000, 1500), 750 * ms, 2000, 8000, 2000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ks := newKeyState("k")
+			ks.run.ewma = tc.ewma
+			ks.leaseTTL.Store(2000 * ms)
+			ks.ruleFill.Store(100_000 * ms)
+			ks.ruleBurst.Store(tc.burst)
+			assert.Equal(t, tc.want, c.roomyWant(ks, tc.l, tc.now))
+		})
+	}
+	assert.Equal(t, int64(187), cushion(newLease(0, 2000*ms, 3000, 0)))
+}
+
 // TestPromotion: a key moves to leases once this process was admitted
 // LeaseMinTokens over one lease TTL (an average decaying with the TTL), or
 // half of them at twice that pace since its first admission, not before,
