@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -368,7 +370,8 @@ func TestRedisStoreRealTime(t *testing.T) {
 
 	// The bucket is one hash (its one lease is indexed inline) with a TTL:
 	// it is gone once its lease ended and it would be full again (lease TTL
-	// + burst/rate + 1 s of slack).
+	// + burst/rate + 1 s of slack), and half again (see
+	// TestRedisStoreHashTTLSlack).
 	n, err := rdb.Exists(ctx, "rl:{rt}:z", "rl:{rt}:s").Result()
 	require.NoError(t, err)
 	require.Zero(t, n, "one lease needs no expiry index key and no share clocks")
@@ -376,7 +379,7 @@ func TestRedisStoreRealTime(t *testing.T) {
 		ttl, err := rdb.PTTL(ctx, k).Result()
 		require.NoError(t, err)
 		require.Positive(t, ttl, k)
-		require.LessOrEqual(t, ttl, 100*time.Millisecond+time.Second+time.Second+50*time.Millisecond, k)
+		require.LessOrEqual(t, ttl, 3*(100*time.Millisecond+time.Second+time.Second)/2+50*time.Millisecond, k)
 	}
 
 	// The lease expires by Redis time, without credit.
@@ -385,11 +388,106 @@ func TestRedisStoreRealTime(t *testing.T) {
 		return err == nil && st.Outstanding == 0 && st.Leases == 0
 	}, 2*time.Second, 10*time.Millisecond)
 
-	// The keys vanish: refill time (1 s) + lease TTL + 1 s slack.
+	// The keys vanish: refill time (1 s) + lease TTL + 1 s slack, and
+	// half again.
 	require.Eventually(t, func() bool {
 		n, err := rdb.Exists(ctx, "rl:{rt}").Result()
 		return err == nil && n == 0
 	}, 4*time.Second, 50*time.Millisecond)
+}
+
+// TestRedisStoreHashTTLSlack: a bucket hash's TTL is set with half again
+// of slack, and the Redis time it runs to is kept in the hash (after x),
+// so that a renewal whose need the TTL still covers costs no PEXPIRE; once
+// it no longer covers it, the next write sets it again. The TTL runs on
+// Redis's clock, whatever the store's clock is. (One holder: a shared
+// bucket's share clocks have a TTL of their own.)
+func TestRedisStoreHashTTLSlack(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	clock := storetest.NewClock(time.Now())
+	s := leases.NewRedisStore(rdb, leases.RedisOptions{Now: clock.Now})
+	// Lease TTL 1 s, 1 s to fill: the need is 1 + 1 + 1 s = 3 s, the TTL
+	// set 4.5 s.
+	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 10, Period: time.Second, Burst: 10, LeaseTTL: time.Second}
+	const h = "rl:{slack}"
+	pexpires := func() int64 {
+		t.Helper()
+		v, err := rdb.Info(ctx, "commandstats").Result()
+		require.NoError(t, err)
+		for _, line := range strings.Split(v, "\r\n") {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_pexpire:calls="); ok {
+				n, err := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+				require.NoError(t, err)
+				return n
+			}
+		}
+		return 0
+	}
+	pttl := func() time.Duration {
+		t.Helper()
+		d, err := rdb.PTTL(ctx, h).Result()
+		require.NoError(t, err)
+		return d
+	}
+	kept := func() int64 {
+		t.Helper()
+		x, err := rdb.HGet(ctx, h, "x").Result()
+		require.NoError(t, err)
+		_, e, ok := strings.Cut(x, " ")
+		require.True(t, ok, "x is %q", x)
+		v, err := strconv.ParseInt(e, 10, 64)
+		require.NoError(t, err)
+		tc, err := rdb.HGet(ctx, h, "t").Int64()
+		require.NoError(t, err)
+		return tc/1000 + v
+	}
+	lease := func(owner, id, settle string, used int64) {
+		t.Helper()
+		out, err := s.Lease(ctx, own(owner), []leases.LeaseOp{{Key: "slack", Bucket: b, Want: 2, LeaseID: settle, Used: used, NewLeaseID: id}})
+		require.NoError(t, err)
+		require.EqualValues(t, 2, out[0].Granted)
+	}
+
+	lease("a/1", "l1", "", 0)
+	first := pttl()
+	require.Greater(t, first, 4400*time.Millisecond, "need and half again")
+	require.LessOrEqual(t, first, 4500*time.Millisecond)
+	e := kept()
+	tm, err := rdb.Time(ctx).Result()
+	require.NoError(t, err)
+	require.InDelta(t, tm.UnixMilli()+4500, e, 100, "e: the Redis time (ms) the TTL runs to")
+
+	// A renewal 200 ms later (store clock) needs 3 s from then: covered.
+	before := pexpires()
+	clock.Advance(200 * time.Millisecond)
+	lease("a/1", "l2", "l1", 2)
+	assert.Equal(t, before, pexpires(), "no PEXPIRE while the TTL covers the need")
+	assert.LessOrEqual(t, pttl(), first, "the TTL is left running")
+	assert.Equal(t, e, kept())
+
+	// As if Redis time had run on: the TTL no longer covers the need.
+	x, err := rdb.HGet(ctx, h, "x").Result()
+	require.NoError(t, err)
+	off, _, _ := strings.Cut(x, " ")
+	tc, err := rdb.HGet(ctx, h, "t").Int64()
+	require.NoError(t, err)
+	require.NoError(t, rdb.HSet(ctx, h, "x", off+" "+strconv.FormatInt(e-2000-tc/1000, 10)).Err())
+	lease("a/1", "l3", "l2", 2)
+	assert.Equal(t, before+1, pexpires(), "set again")
+	assert.Greater(t, pttl(), 4400*time.Millisecond)
+	assert.Greater(t, kept(), e-100)
+
+	// Once no lease is open the bucket is a string, written with its TTL
+	// (the need, no slack), and x goes with the hash.
+	clock.Advance(200 * time.Millisecond)
+	_, err = s.Lease(ctx, own("a/1"), []leases.LeaseOp{{Key: "slack", Bucket: b, LeaseID: "l3", Used: 2}})
+	require.NoError(t, err)
+	typ, err := rdb.Type(ctx, h).Result()
+	require.NoError(t, err)
+	require.Equal(t, "string", typ)
+	assert.LessOrEqual(t, pttl(), 2*time.Second+50*time.Millisecond, "refill to full + 1 s")
 }
 
 // TestRedisStoreScriptFlush: after SCRIPT FLUSH (or a Redis restart) the

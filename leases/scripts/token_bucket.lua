@@ -18,6 +18,8 @@
 --              o  outstanding: Σ granted over the open leases  \ present only
 --              n  number of open leases                        | while a lease
 --              x  upper bound of the open leases' expiries, less t | is open
+--                 and, after a space, the Redis time (ms) H's TTL   |
+--                 runs to, less t in ms (see save)                  |
 --              c  clients holding open leases                  /
 --              "p|<client>"  processes of that client holding open leases
 --              "<slot>|<client>/<process>"  a lease: "<id> <granted> <expiry µs>"
@@ -149,7 +151,7 @@ else
   local r = redis.pcall('GET', H)
   if wrongtype(r) then
     local v = redis.call('HMGET', H, 'l', 't', 'o', 'n', 'x', 'c', 'L', 'm')
-    st = { v[1], v[2], v[3], v[4], v[5], v[6], v[7], false, false, false, v[8] }
+    st = { v[1], v[2], v[3], v[4], v[5], v[6], v[7], false, false, false, v[8], false }
     is_hash = true
   else
     raw = r
@@ -165,7 +167,7 @@ local ow, odl, ocon = nil, 0, '0'
 local tk, tkat, tkmix = nil, 0, 0
 if not is_hash then
   st = {}
-  for i = 1, 11 do st[i] = false end
+  for i = 1, 12 do st[i] = false end
   if raw then
     local l, t, d, c, w = string.match(raw, '^(%S+) (%d+) (%d+) ([01]) (.*)$')
     if l then
@@ -202,7 +204,14 @@ if st[1] then
   -- x and m are kept as offsets from t: small integers, which Redis
   -- stores in fewer bytes.
   maxexp = 0
-  if st[5] then maxexp = last + tonumber(st[5]) end
+  if st[5] then
+    -- x is "<maxexp - last> <e - last ms>": e, the Redis time (ms) the
+    -- hash's TTL runs to, shares x's entry as an offset (a field of its
+    -- own cost a leased bucket 32 B of MEMORY USAGE).
+    local x, e = string.match(st[5], '^(%S+) (%S+)$')
+    if x then st[5], st[12] = x, math.floor(last / 1000) + tonumber(e) end
+    maxexp = last + tonumber(st[5])
+  end
   clients = tonumber(st[6]) or 0
   if st[7] then
     inl = {}
@@ -574,10 +583,29 @@ local function save()
     redis.call('SET', H, v, 'PX', px)
     return
   end
+  -- The hash's TTL (PEXPIRE) is set with half again of slack, and the
+  -- Redis time (ms) it then runs to is kept in x (e); while e still covers
+  -- px, the TTL is left as it is, and a renewal costs one command less.
+  -- e is Redis's own clock (TIME, read once more only when the store's
+  -- clock is not Redis's: tests), since the TTL runs on it; it is written
+  -- only beside its PEXPIRE, and goes with the hash.
+  local kept = st[1] and is_hash and tonumber(st[12])
+  local rms
+  if ARGV[2] == '' then
+    rms = math.floor(now / 1000)
+  else
+    local t = redis.call('TIME')
+    rms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  local hpx = nil
+  if not kept or kept < rms + px then
+    hpx = px + math.floor(px / 2)
+    kept = rms + hpx
+  end
   ensure_hash()
   local args = { 'l', fmtf(level), 't', string.format('%d', last),
     'o', string.format('%d', out), 'n', string.format('%d', n),
-    'x', string.format('%d', maxexp - last), 'c', string.format('%d', clients) }
+    'x', string.format('%d %d', maxexp - last, kept - math.floor(last / 1000)), 'c', string.format('%d', clients) }
   local dels = {}
   if inl then
     args[#args + 1] = 'L'; args[#args + 1] = table.concat(inl, '\n')
@@ -602,7 +630,7 @@ local function save()
   end
   call_chunked('HSET', H, args) -- field-value pairs: CHUNK is even
   if #dels > 0 then call_chunked('HDEL', H, dels) end
-  redis.call('PEXPIRE', H, px)
+  if hpx then redis.call('PEXPIRE', H, hpx) end
   if not inl then redis.call('PEXPIRE', Z, px) end
 end
 
