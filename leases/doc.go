@@ -160,11 +160,18 @@
 // tag, so a script touches one Redis Cluster slot. The keys expire once the
 // latest open lease has ended and the bucket would be full again, whatever
 // the rule says now, so a reload that shortens lease_ttl cannot drop a
-// bucket under an older, longer lease (ShorterTTLKeepsOpenLeases).
+// bucket under an older, longer lease (ShorterTTLKeepsOpenLeases). The
+// hash's TTL is set with half again of slack, and the Redis time it runs
+// to is kept beside x; a write whose need it still covers leaves it
+// running, so a renewal runs EVALSHA, TIME, HMGET and HSET, and a PEXPIRE
+// only about once in every few (TestRedisStoreHashTTLSlack). The price: an
+// idle leased bucket stays up to half its need longer, and that mark moved
+// a leased bucket one size class of the allocator up.
 // Measured with MEMORY USAGE (Redis 7, keys user:<6 digits>): a bucket of
-// direct takes 104 B, a bucket with one lease 232 B, one shared by two
-// clients 448 B (TestRedisMemoryPerBucket; the review measured 240 B for a
-// bucket with one lease in the old layout of two keys).
+// direct takes 104 B, a bucket with one lease 264 B (232 B without the
+// mark), one shared by two clients 448 B (TestRedisMemoryPerBucket; the
+// review measured 240 B for a bucket with one lease in the old layout of
+// two keys).
 //
 // Redis must run with maxmemory-policy noeviction and with persistence.
 // Should it evict part of a bucket anyway, the script rebuilds it
