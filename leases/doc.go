@@ -169,7 +169,7 @@
 // a leased bucket one size class of the allocator up.
 // Measured with MEMORY USAGE (Redis 7, keys user:<6 digits>): a bucket of
 // direct takes 104 B, a bucket with one lease 264 B (232 B without the
-// mark), one shared by two clients 448 B (TestRedisMemoryPerBucket; the
+// mark), one shared by two clients 328 B (TestRedisMemoryPerBucket; the
 // review measured 240 B for a bucket with one lease in the old layout of
 // two keys).
 //
