@@ -12,8 +12,9 @@ import (
 // runDeferred checks deferred grants of a token bucket (LeaseOp.MaxDelay)
 // on a driven clock: the batch granted with the wait until the refill and
 // the owner's share cover it, the level in debt meanwhile and every other
-// operation seeing the debt, the limits of a deferral, and an ownership
-// refused while the bucket is in debt.
+// operation seeing the debt, a wait set by the owner's share rather than
+// the level, the limits of a deferral, and an ownership refused while the
+// bucket is in debt.
 func runDeferred(t *testing.T, newStore Factory) {
 	for _, c := range []struct {
 		name string
@@ -21,6 +22,7 @@ func runDeferred(t *testing.T, newStore Factory) {
 	}{
 		{"GrantInDebt", testDeferredGrant},
 		{"Limits", testDeferredLimits},
+		{"ShareWait", testDeferredShareWait},
 		{"OwnRefusedInDebt", testDeferredOwn},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.test(t, newFixture(t, newStore)) })
@@ -160,4 +162,56 @@ func testDeferredOwn(t *testing.T, f *fixture) {
 	o = f.own("s1", "k", b)
 	assert.True(t, o.Acquired)
 	assert.InDelta(t, 0, o.Level, 1e-9)
+}
+
+// testDeferredShareWait: on a shared key, a batch the level could cover
+// soon waits for the owner's fair share when that comes later, and is
+// deferred only while the level stays within a quarter of the burst
+// meanwhile (above it the refill is spare any holder may take at once).
+func testDeferredShareWait(t *testing.T, f *fixture) {
+	b := bucket(100, time.Second, 20, 2*time.Second) // a token every 10 ms; a quarter is 5
+	a1 := f.lease("a/1", "k", b, 10, "", 0)
+	require.EqualValues(t, 10, a1.Granted, "alone: no share")
+	// b, a second holder, starts with a full share (burst/2) and takes a
+	// fair batch, the level's last 10: its share is spent.
+	b1 := f.lease("b/1", "k", b, 10, "", 0)
+	require.EqualValues(t, 10, b1.Granted)
+	require.Equal(t, 2, b1.Holders)
+	require.InDelta(t, 0, f.state("k", b).Level, 1e-9)
+
+	// b spent it and wants 3: half a batch (2) needs 40 ms of b's share
+	// (the refill split over 2 holders), and the whole 3 would need 60 ms,
+	// while the level would rise to 6, above a quarter: refused, with the
+	// share's wait, not the level's 20 ms.
+	o := f.leaseDeferred("b/1", "k", b, 3, b1.LeaseID, 10, time.Second)
+	require.NoError(t, o.Err)
+	assert.Zero(t, o.Granted)
+	assert.Zero(t, o.Delay)
+	assert.Equal(t, 40*time.Millisecond, o.RetryAfter)
+
+	// 2 tokens: the level covers them in 20 ms, the share in 40 ms, and
+	// the level reaches 4 meanwhile: deferred 40 ms, the level 2 in debt.
+	o = f.leaseDeferred("b/1", "k", b, 2, "", 0, time.Second)
+	require.NoError(t, o.Err)
+	assert.EqualValues(t, 2, o.Granted)
+	assert.Equal(t, 40*time.Millisecond, o.Delay, "the share's wait")
+	st := f.state("k", b)
+	assert.InDelta(t, -2, st.Level, 1e-9)
+	assert.EqualValues(t, 12, st.Outstanding)
+	assert.Equal(t, 30*time.Millisecond, f.take("k", b, 1).RetryAfter, "a take waits for the debt")
+
+	// The deferral moved b's share clock 40 ms ahead: its share is 2 in
+	// debt. Asking for 2 more at once (its other slot): the share covers
+	// them in 80 ms, the level would reach 6 by then: refused, until the
+	// share covers half the batch, 60 ms.
+	out, err := f.store.Lease(f.ctx, own("b/1"), []leases.LeaseOp{{Key: "k", Bucket: b, Want: 2, Slot: 1, NewLeaseID: leases.NewLeaseID(), MaxDelay: time.Second}})
+	require.NoError(t, err)
+	assert.Zero(t, out[0].Granted)
+	assert.Zero(t, out[0].Delay)
+	assert.Equal(t, 60*time.Millisecond, out[0].RetryAfter)
+
+	// 40 ms later b spends its 2: the level is back at 2.
+	f.clock.Advance(40 * time.Millisecond)
+	require.True(t, f.lease("b/1", "k", b, 0, o.LeaseID, 2).Settled)
+	assert.InDelta(t, 2, f.state("k", b).Level, 1e-9)
 }
