@@ -337,13 +337,22 @@ func (c *Client) applyDirect(r *directReq) Decision {
 		}
 		if !kr.Allowed && kr.RetryAfterMillis > 0 && !res.Allowed {
 			// This key denied: it is denied locally until its bucket can
-			// serve again, without a call. Keys that would have allowed are
-			// not held back.
-			ks.extendDenial(r.sent + kr.RetryAfterMillis*int64(time.Millisecond))
+			// serve again (see denial), without a call. Keys that would
+			// have allowed are not held back.
+			ks.extendDenial(r.sent + int64(c.denial(ks, time.Duration(kr.RetryAfterMillis)*time.Millisecond)))
 		}
 	}
 	if !res.Allowed {
 		wait := time.Duration(res.RetryAfterMillis) * time.Millisecond
+		var keyed time.Duration // the longest local denial of a denied key
+		for i, ks := range r.states {
+			if kr := &res.Keys[i]; !kr.Allowed && kr.RetryAfterMillis > 0 {
+				keyed = max(keyed, c.denial(ks, time.Duration(kr.RetryAfterMillis)*time.Millisecond))
+			}
+		}
+		if keyed > 0 {
+			wait = min(wait, keyed)
+		}
 		d := Decision{Source: SourceDirect, RetryAfter: wait}
 		for i, ks := range r.states {
 			if !res.Keys[i].Allowed {

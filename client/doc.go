@@ -111,7 +111,13 @@
 // are not spent": a clock read on every spend would cost more than the
 // rest of the hot path. A grant of zero comes with retry_after, and the key
 // is then denied locally until that time: excess requests cost no network
-// call. On a key other processes hold too, the wait is the retry_after plus
+// call. The server counts other holders' leases until they expire, so a
+// wait on them can run to a lease TTL, while a busy key's holders settle
+// them long before: a local denial lasts at most the time the bucket takes
+// to fill (at least two ticks), and the key then asks again (one call per
+// fill time at most; at the benchmark's saturated key, three of six
+// processes refused at its start were denied a whole TTL, 2 s, before
+// this). On a key other processes hold too, the wait is the retry_after plus
 // up to half as much again, at random: every holder refused at one moment
 // is told about the same retry_after, and asking together all but one
 // would be refused again (at the saturated key of the benchmark this cut

@@ -737,6 +737,7 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		if wait <= 0 {
 			wait = c.cfg.SettleInterval
 		}
+		wait = c.denial(ks, wait)
 		if res.SafeRate > 0 && res.Limit > 0 && res.PeriodMillis > 0 {
 			// Spread the holders' next asks: each denied process was told
 			// the same wait, and asking together, all but one would be

@@ -96,11 +96,16 @@
 //     and half the lease TTL, the batch fits under the cap burst − O as
 //     it stands (a batch waiting for other leases to end would hold the
 //     cap down for everyone), the owner's class has no floor, and, when
-//     the owner's share comes after the level, the level stays within a
-//     quarter of the burst until then: above that the refill is spare any
+//     the owner's share comes after the level, the level stays within
+//     half the burst until then: the refill above a quarter is spare any
 //     holder may take at once, and a batch parked on its share must not
-//     hold it back (the e2e TestFairness lost 9% of the rule's rate
-//     without this). A bucket in debt is not acquired by a lease server
+//     hold much of it back (the e2e TestFairness lost 9% of the rule's rate
+//     without this; with a quarter, a saturated key's holders deferred
+//     nothing for seconds, see tbState.deferral). An ask that accepts a
+//     deferral gets its whole batch deferred rather than the part the
+//     level or its share holds now, when a deferral may be made: the part
+//     would be spent before the share grew again, and the next ask
+//     refused. A bucket in debt is not acquired by a lease server
 //     (own.go) until the refill has paid the debt: an ownership's expiry
 //     empties the bucket, which would forgive it.
 //     The floor of a saturated key's calls is then one per fair batch:

@@ -872,7 +872,7 @@ local function deferral(g, h, capf, shared)
     local ws = us_ms(math.ceil((g - capf) * h / rate))
     if ws > wait then
       local lim = burst - out
-      if burst / 4 < lim then lim = burst / 4 end
+      if burst / 2 < lim then lim = burst / 2 end
       if level + rate * (ws * 1000) > lim then return -1 end
       wait = ws
     end
@@ -935,9 +935,10 @@ if want > 0 then
     g = avail
     if g < need then g = 0 end -- half a batch at least, or nothing until the bucket holds it
   end
-  if g == 0 and maxdelay > 0 and pfloor == 0 then
+  if g < batch and maxdelay > 0 and pfloor == 0 then
     -- Deferred: the whole batch, spendable once both the level and the
-    -- owner's share cover it (tbState.deferral).
+    -- owner's share cover it, rather than a part of it now (tbState.lease,
+    -- tbState.deferral).
     local d = deferral(batch, h, capf, shared)
     if d >= 0 then
       g, delay = batch, d

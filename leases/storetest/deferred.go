@@ -23,6 +23,7 @@ func runDeferred(t *testing.T, newStore Factory) {
 		{"GrantInDebt", testDeferredGrant},
 		{"Limits", testDeferredLimits},
 		{"ShareWait", testDeferredShareWait},
+		{"WholeRatherThanPart", testDeferredWhole},
 		{"OwnRefusedInDebt", testDeferredOwn},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.test(t, newFixture(t, newStore)) })
@@ -166,10 +167,10 @@ func testDeferredOwn(t *testing.T, f *fixture) {
 
 // testDeferredShareWait: on a shared key, a batch the level could cover
 // soon waits for the owner's fair share when that comes later, and is
-// deferred only while the level stays within a quarter of the burst
-// meanwhile (above it the refill is spare any holder may take at once).
+// deferred only while the level stays within half the burst meanwhile
+// (above it the refill is spare any holder may take at once).
 func testDeferredShareWait(t *testing.T, f *fixture) {
-	b := bucket(100, time.Second, 20, 2*time.Second) // a token every 10 ms; a quarter is 5
+	b := bucket(100, time.Second, 20, 2*time.Second) // a token every 10 ms; half is 10
 	a1 := f.lease("a/1", "k", b, 10, "", 0)
 	require.EqualValues(t, 10, a1.Granted, "alone: no share")
 	// b, a second holder, starts with a full share (burst/2) and takes a
@@ -179,15 +180,15 @@ func testDeferredShareWait(t *testing.T, f *fixture) {
 	require.Equal(t, 2, b1.Holders)
 	require.InDelta(t, 0, f.state("k", b).Level, 1e-9)
 
-	// b spent it and wants 3: half a batch (2) needs 40 ms of b's share
-	// (the refill split over 2 holders), and the whole 3 would need 60 ms,
-	// while the level would rise to 6, above a quarter: refused, with the
-	// share's wait, not the level's 20 ms.
-	o := f.leaseDeferred("b/1", "k", b, 3, b1.LeaseID, 10, time.Second)
+	// b spent it and wants 6: the whole 6 need 120 ms of b's share (the
+	// refill split over 2 holders), while the level would rise to 12,
+	// above half: refused, with the wait for half a batch (3) of share,
+	// 60 ms, not the level's 30 ms.
+	o := f.leaseDeferred("b/1", "k", b, 6, b1.LeaseID, 10, time.Second)
 	require.NoError(t, o.Err)
 	assert.Zero(t, o.Granted)
 	assert.Zero(t, o.Delay)
-	assert.Equal(t, 40*time.Millisecond, o.RetryAfter)
+	assert.Equal(t, 60*time.Millisecond, o.RetryAfter)
 
 	// 2 tokens: the level covers them in 20 ms, the share in 40 ms, and
 	// the level reaches 4 meanwhile: deferred 40 ms, the level 2 in debt.
@@ -201,17 +202,35 @@ func testDeferredShareWait(t *testing.T, f *fixture) {
 	assert.Equal(t, 30*time.Millisecond, f.take("k", b, 1).RetryAfter, "a take waits for the debt")
 
 	// The deferral moved b's share clock 40 ms ahead: its share is 2 in
-	// debt. Asking for 2 more at once (its other slot): the share covers
-	// them in 80 ms, the level would reach 6 by then: refused, until the
-	// share covers half the batch, 60 ms.
-	out, err := f.store.Lease(f.ctx, own("b/1"), []leases.LeaseOp{{Key: "k", Bucket: b, Want: 2, Slot: 1, NewLeaseID: leases.NewLeaseID(), MaxDelay: time.Second}})
+	// debt. Asking for 4 more at once (its other slot): the share covers
+	// them in 120 ms, and the level would reach 10 by then, above the cap
+	// burst − O (8): refused, until the share covers half the batch (2),
+	// 80 ms.
+	out, err := f.store.Lease(f.ctx, own("b/1"), []leases.LeaseOp{{Key: "k", Bucket: b, Want: 4, Slot: 1, NewLeaseID: leases.NewLeaseID(), MaxDelay: time.Second}})
 	require.NoError(t, err)
 	assert.Zero(t, out[0].Granted)
 	assert.Zero(t, out[0].Delay)
-	assert.Equal(t, 60*time.Millisecond, out[0].RetryAfter)
+	assert.Equal(t, 80*time.Millisecond, out[0].RetryAfter)
 
 	// 40 ms later b spends its 2: the level is back at 2.
 	f.clock.Advance(40 * time.Millisecond)
 	require.True(t, f.lease("b/1", "k", b, 0, o.LeaseID, 2).Settled)
 	assert.InDelta(t, 2, f.state("k", b).Level, 1e-9)
+}
+
+// testDeferredWhole: an ask that accepts a deferral gets its whole batch
+// deferred rather than the part the level holds now; one that does not
+// gets the part.
+func testDeferredWhole(t *testing.T, f *fixture) {
+	b := bucket(100, time.Second, 20, 2*time.Second)
+	require.True(t, f.take("k", b, 14).Taken)
+	part := f.lease("a/1", "k", b, 10, "", 0)
+	assert.EqualValues(t, 6, part.Granted, "without MaxDelay: the 6 the level holds (at least half a batch)")
+	assert.Zero(t, part.Delay)
+
+	require.True(t, f.take("k2", b, 14).Taken)
+	whole := f.leaseDeferred("a/1", "k2", b, 10, "", 0, time.Second)
+	assert.EqualValues(t, 10, whole.Granted, "with it: the whole batch")
+	assert.Equal(t, 40*time.Millisecond, whole.Delay, "once the level holds it")
+	assert.InDelta(t, -4, f.state("k2", b).Level, 1e-9)
 }
