@@ -100,8 +100,10 @@
 //     half the burst until then: the refill above a quarter is spare any
 //     holder may take at once, and a batch parked on its share must not
 //     hold much of it back (the e2e TestFairness lost 9% of the rule's rate
-//     without this; with a quarter, a saturated key's holders deferred
-//     nothing for seconds, see tbState.deferral). An ask that accepts a
+//     without this; with a quarter, or with the cap burst − O as the
+//     limit too, a saturated key's holders deferred nothing, or were
+//     refused once before each deferral, for seconds: see
+//     tbState.deferral). An ask that accepts a
 //     deferral gets its whole batch deferred rather than the part the
 //     level or its share holds now, when a deferral may be made: the part
 //     would be spent before the share grew again, and the next ask

@@ -867,13 +867,11 @@ local function deferral(g, h, capf, shared)
   local wait = retry_after(g)
   if wait < 0 then return -1 end
   if shared and capf < g then
-    -- The share comes later than the level: only if the refill until then
-    -- stays under the cap (tbState.deferral).
+    -- The share comes later than the level: only if the level until then
+    -- stays within half the burst (tbState.deferral).
     local ws = us_ms(math.ceil((g - capf) * h / rate))
     if ws > wait then
-      local lim = burst - out
-      if burst / 2 < lim then lim = burst / 2 end
-      if level + rate * (ws * 1000) > lim then return -1 end
+      if level + rate * (ws * 1000) > burst / 2 then return -1 end
       wait = ws
     end
   end

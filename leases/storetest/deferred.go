@@ -168,7 +168,8 @@ func testDeferredOwn(t *testing.T, f *fixture) {
 // testDeferredShareWait: on a shared key, a batch the level could cover
 // soon waits for the owner's fair share when that comes later, and is
 // deferred only while the level stays within half the burst meanwhile
-// (above it the refill is spare any holder may take at once).
+// (the refill above a quarter is spare any holder may take at once); a
+// deferral moves the owner's share clock, so the next waits behind it.
 func testDeferredShareWait(t *testing.T, f *fixture) {
 	b := bucket(100, time.Second, 20, 2*time.Second) // a token every 10 ms; half is 10
 	a1 := f.lease("a/1", "k", b, 10, "", 0)
@@ -202,20 +203,30 @@ func testDeferredShareWait(t *testing.T, f *fixture) {
 	assert.Equal(t, 30*time.Millisecond, f.take("k", b, 1).RetryAfter, "a take waits for the debt")
 
 	// The deferral moved b's share clock 40 ms ahead: its share is 2 in
-	// debt. Asking for 4 more at once (its other slot): the share covers
-	// them in 120 ms, and the level would reach 10 by then, above the cap
-	// burst − O (8): refused, until the share covers half the batch (2),
-	// 80 ms.
-	out, err := f.store.Lease(f.ctx, own("b/1"), []leases.LeaseOp{{Key: "k", Bucket: b, Want: 4, Slot: 1, NewLeaseID: leases.NewLeaseID(), MaxDelay: time.Second}})
-	require.NoError(t, err)
-	assert.Zero(t, out[0].Granted)
-	assert.Zero(t, out[0].Delay)
-	assert.Equal(t, 80*time.Millisecond, out[0].RetryAfter)
+	// debt. Asking for 5 more at once (its other slot): the share covers
+	// them in 140 ms, and the level would reach 12 by then, above half:
+	// refused, until the share covers half the batch (3), 100 ms.
+	slot1 := func(want int64) leases.LeaseOutcome {
+		t.Helper()
+		out, err := f.store.Lease(f.ctx, own("b/1"), []leases.LeaseOp{{Key: "k", Bucket: b, Want: want, Slot: 1, NewLeaseID: leases.NewLeaseID(), MaxDelay: time.Second}})
+		require.NoError(t, err)
+		return out[0]
+	}
+	r := slot1(5)
+	assert.Zero(t, r.Granted)
+	assert.Zero(t, r.Delay)
+	assert.Equal(t, 100*time.Millisecond, r.RetryAfter)
+	// 4: the share covers them in 120 ms, the level reaches 10, not above
+	// half: deferred behind the first, 120 ms.
+	r = slot1(4)
+	assert.EqualValues(t, 4, r.Granted)
+	assert.Equal(t, 120*time.Millisecond, r.Delay)
+	assert.InDelta(t, -6, f.state("k", b).Level, 1e-9)
 
-	// 40 ms later b spends its 2: the level is back at 2.
+	// 40 ms later b spends its first 2: the level is 2 in debt again.
 	f.clock.Advance(40 * time.Millisecond)
 	require.True(t, f.lease("b/1", "k", b, 0, o.LeaseID, 2).Settled)
-	assert.InDelta(t, 2, f.state("k", b).Level, 1e-9)
+	assert.InDelta(t, -2, f.state("k", b).Level, 1e-9)
 }
 
 // testDeferredWhole: an ask that accepts a deferral gets its whole batch
