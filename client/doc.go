@@ -132,12 +132,14 @@
 // call. A key whose latest lease request was refused or deferred (bound)
 // is not renewed early: a renewal with tokens left would be refused, or
 // would replace the lease that still has them; it settles and asks in one
-// entry once spent out. At the saturated key of the benchmark this cut
-// the calls from about 90 to 50–70 per 1,000 decisions, and its Redis
-// commands per decision from 0.57 to about 0.37; the admissions it loses
-// against the exact bucket rose from about 0.7% to 0.7–1.0%, which is not
-// yet explained (one suspect: the tokens of the deferred batches still
-// waiting when a run ends).
+// entry once spent out. At the saturated key of the benchmark (e2e/compare,
+// 4 s runs) this cut the calls from about 90 to 50–70 per 1,000
+// decisions, and to 27 once the server deferred a whole batch rather than
+// grant a part of it (see leases/doc.go; the floor there is 20); its Redis
+// commands per decision went from 0.57 to 0.16. It loses 0.6–0.9% of the
+// exact bucket's admissions in 4 s and 0.24% in 12 s: about 30 tokens
+// either way, those held in leases or deferred when the run stops, which
+// the exact bucket has already admitted.
 //
 // # Priorities
 //
