@@ -588,7 +588,9 @@ local function save()
   -- px, the TTL is left as it is, and a renewal costs one command less.
   -- e is Redis's own clock (TIME, read once more only when the store's
   -- clock is not Redis's: tests), since the TTL runs on it; it is written
-  -- only beside its PEXPIRE, and goes with the hash.
+  -- only beside its PEXPIRE, and goes with the hash. (Redis counts a
+  -- PEXPIRE from the script's start, a fraction of a ms before e's base:
+  -- px's second of slack covers it.)
   local kept = st[1] and is_hash and tonumber(st[12])
   local rms
   if ARGV[2] == '' then
