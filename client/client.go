@@ -128,6 +128,11 @@ type Stats struct {
 	KeysHeld int
 	// MaxKeysHeld is the most keys that held a lease at once since New.
 	MaxKeysHeld int
+	// TokensHeld is the number of tokens left in the keys' active leases
+	// at the moment of the call, deferred ones included: granted to this
+	// process and not spent yet. The servers count them as taken until
+	// they are spent or returned.
+	TokensHeld int64
 	// Online is false while no server answers.
 	Online bool
 }
@@ -887,6 +892,9 @@ func (c *Client) Stats() Stats {
 	c.keys.Range(func(_, v any) bool {
 		ks := v.(*keyState)
 		s.Allowed += ks.usedTotal() + ks.unlimitedOK.Load() + ks.fallbackOK.Load()
+		if l := ks.active.Load(); l != nil {
+			s.TokensHeld += l.left()
+		}
 		return true
 	})
 	return s

@@ -54,6 +54,7 @@ rules:
 	st, err = store.State(ctx, "s:k", b)
 	require.NoError(t, err)
 	assert.Negative(t, st.Level, "the server's bucket is in debt for it")
+	assert.Equal(t, next.granted, c.Stats().TokensHeld, "held, deferred")
 
 	// Denied locally until the wait has passed, without a call: the
 	// wait is the refill of the batch at 10/s.
@@ -75,4 +76,5 @@ rules:
 		require.Equal(t, SourceLease, d.Source)
 	}
 	assert.Equal(t, calls, c.Stats().ServerCalls, "no call from the deferral to the batch's last token")
+	assert.Zero(t, c.Stats().TokensHeld, "all spent")
 }

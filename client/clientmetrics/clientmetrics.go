@@ -51,6 +51,7 @@ type Collector struct {
 	allowed, denied, decisions    *prometheus.Desc
 	calls, errors, refusals       *prometheus.Desc
 	keysHeld, maxKeysHeld, online *prometheus.Desc
+	tokensHeld                    *prometheus.Desc
 }
 
 // New returns a Collector of src's Stats.
@@ -69,12 +70,13 @@ func New(src Source, opts Options) *Collector {
 		keysHeld:    desc("keys_held", "Keys holding a lease now."),
 		maxKeysHeld: desc("max_keys_held", "The most keys that held a lease at once since the client started."),
 		online:      desc("online", "1 while a lease server answers, 0 while none does."),
+		tokensHeld:  desc("tokens_held", "Tokens left in the keys' active leases, deferred ones included: granted and not spent yet."),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.allowed, c.denied, c.decisions, c.calls, c.errors, c.refusals, c.keysHeld, c.maxKeysHeld, c.online} {
+	for _, d := range []*prometheus.Desc{c.allowed, c.denied, c.decisions, c.calls, c.errors, c.refusals, c.keysHeld, c.maxKeysHeld, c.online, c.tokensHeld} {
 		ch <- d
 	}
 }
@@ -97,6 +99,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.refusals, s.Refusals)
 	gauge(c.keysHeld, float64(s.KeysHeld))
 	gauge(c.maxKeysHeld, float64(s.MaxKeysHeld))
+	gauge(c.tokensHeld, float64(s.TokensHeld))
 	online := 0.0
 	if s.Online {
 		online = 1

@@ -24,7 +24,7 @@ func (f *fakeSource) Stats() client.Stats { return f.s }
 func TestCollector(t *testing.T) {
 	src := &fakeSource{client.Stats{
 		Allowed: 120, Denied: 7, ServerCalls: 30, ServerErrors: 2, Refusals: 1,
-		FallbackDecisions: 5, DirectDecisions: 9, KeysHeld: 3, MaxKeysHeld: 4, Online: true,
+		FallbackDecisions: 5, DirectDecisions: 9, KeysHeld: 3, MaxKeysHeld: 4, Online: true, TokensHeld: 250,
 	}}
 	c := clientmetrics.New(src, clientmetrics.Options{ConstLabels: prometheus.Labels{"limiter": "billing"}})
 
@@ -41,6 +41,7 @@ ratelease_client_decisions_total{limiter="billing",source="fallback"} 5`},
 		{"ratelease_client_keys_held", `ratelease_client_keys_held{limiter="billing"} 3`},
 		{"ratelease_client_max_keys_held", `ratelease_client_max_keys_held{limiter="billing"} 4`},
 		{"ratelease_client_online", `ratelease_client_online{limiter="billing"} 1`},
+		{"ratelease_client_tokens_held", `ratelease_client_tokens_held{limiter="billing"} 250`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -61,7 +62,7 @@ ratelease_client_decisions_total{limiter="billing",source="fallback"} 5`},
 			assert.Equal(t, strings.TrimSpace(exp.String()), strings.Join(samples, "\n"))
 		})
 	}
-	assert.Equal(t, 10, testutil.CollectAndCount(c))
+	assert.Equal(t, 11, testutil.CollectAndCount(c))
 	problems, err := testutil.CollectAndLint(c)
 	require.NoError(t, err)
 	assert.Empty(t, problems)

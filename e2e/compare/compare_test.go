@@ -132,6 +132,15 @@ func runOpen(b *testing.B, e *env, sys *system, wl *workload, arr []arrival, exa
 	// arrival comes a little before it) and does not call again.
 	rep := replay(ctx, arr, keys, r.decide)
 	b.StopTimer()
+	var held int64 // (a): tokens left in leases as the run ends, before Close returns them
+	var debt float64
+	debtKnown := false
+	if r.sdk != nil {
+		held = r.sdk().TokensHeld
+		dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		debt, debtKnown = e.debtAt(dctx, keys)
+		dcancel()
+	}
 	closeCtx, closeCancel := context.WithTimeout(context.Background(), 10*time.Second)
 	closeErr := r.close(closeCtx)
 	closeCancel()
@@ -172,6 +181,8 @@ func runOpen(b *testing.B, e *env, sys *system, wl *workload, arr []arrival, exa
 	res.setCosts(before, after, bg, float64(r.calls()-calls0), n)
 	if r.sdk != nil {
 		res.SDK = sdkResultOf(r.sdk(), rep.decisions)
+		res.SDK.TokensHeld, res.SDK.HeldKnown = held, true
+		res.SDK.Debt, res.SDK.DebtKnown = debt, debtKnown
 	}
 	reportMetrics(b, &res)
 	record(res)
@@ -241,6 +252,12 @@ func reportMetrics(b *testing.B, r *result) {
 	}
 	if r.Workers > 0 {
 		b.ReportMetric(float64(r.Workers), "workers")
+	}
+	if r.SDK != nil && r.SDK.HeldKnown {
+		b.ReportMetric(float64(r.SDK.TokensHeld), "tokens-held-at-end")
+	}
+	if r.SDK != nil && r.SDK.DebtKnown {
+		b.ReportMetric(r.SDK.Debt, "debt-at-end")
 	}
 }
 

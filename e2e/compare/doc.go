@@ -93,7 +93,15 @@
 //     would otherwise be much of what (a) is charged. Both include closing
 //     the run's clients (for (a), returning its leases).
 //   - for (a), its decisions by Decision.Source and its Stats counters
-//     (server calls, failed calls, fallback decisions, keys held).
+//     (server calls, failed calls, fallback decisions, keys held), and
+//     what a finite run charges leasing at its end: the tokens left in the
+//     instances' leases when the replay ended (Stats().TokensHeld, read
+//     before Close returns them), and, on workloads of at most maxDebtKeys
+//     keys, what the buckets then owed their refill (their negative
+//     levels, GET /v1/keys/{key}: deferred grants made ahead of it). The
+//     tokens held less that debt had been granted out of the refill so far
+//     and not spent, which the exact bucket admitted: most of (a)'s loss at
+//     a saturated key.
 //   - CPU per decision of this process and of the servers the system uses
 //     (redis-server from INFO cpu, rateleased from /proc/<pid>/stat), and
 //     the cores other processes used meanwhile (/proc/stat), since the

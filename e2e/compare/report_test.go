@@ -70,6 +70,19 @@ type sdkResult struct {
 	ServerCalls, ServerErrors, FallbackDecisions int64
 	MaxKeysHeld                                  int
 	BySource                                     map[string]int64
+	// TokensHeld is what the instances held in their leases, unspent,
+	// when the replay ended (open-loop runs: HeldKnown): tokens the
+	// servers counted as taken that only decisions after the run would
+	// have spent.
+	TokensHeld int64
+	HeldKnown  bool
+	// Debt is what the keys' buckets owed the refill then (their negative
+	// levels: tokens deferred grants took ahead of it), read from a
+	// rateleased when the workload has at most maxDebtKeys keys
+	// (DebtKnown). TokensHeld less Debt is what the servers had granted
+	// out of the refill so far and the instances had not spent.
+	Debt      float64
+	DebtKnown bool
 }
 
 // collected holds what the benchmarks measured, for TestMain.
@@ -617,8 +630,15 @@ func sdkText(r result) string {
 	for _, name := range names {
 		parts = append(parts, fmt.Sprintf("%s %s (%s)", name, fmtInt(r.SDK.BySource[name]), fmtPct(pct(r.SDK.BySource[name], total))))
 	}
-	return fmt.Sprintf("(a) decisions by source (`Decision.Source`): %s. `Stats()` summed over the instances: %s lease-server calls, %s failed calls, %s fallback decisions, at most %s keys held.",
-		strings.Join(parts, ", "), fmtInt(r.SDK.ServerCalls), fmtInt(r.SDK.ServerErrors), fmtInt(r.SDK.FallbackDecisions), fmtInt(int64(r.SDK.MaxKeysHeld)))
+	held := ""
+	if r.SDK.HeldKnown {
+		held = fmt.Sprintf(", %s tokens left in leases when the run ended (`TokensHeld`: counted as taken by the servers, for decisions after the run)", fmtInt(r.SDK.TokensHeld))
+		if r.SDK.DebtKnown && r.SDK.TokensHeld > 0 {
+			held += fmt.Sprintf(", of which the buckets still owed their refill %s (deferred grants made ahead of it)", fmtCount(r.SDK.Debt))
+		}
+	}
+	return fmt.Sprintf("(a) decisions by source (`Decision.Source`): %s. `Stats()` summed over the instances: %s lease-server calls, %s failed calls, %s fallback decisions, at most %s keys held%s.",
+		strings.Join(parts, ", "), fmtInt(r.SDK.ServerCalls), fmtInt(r.SDK.ServerErrors), fmtInt(r.SDK.FallbackDecisions), fmtInt(int64(r.SDK.MaxKeysHeld)), held)
 }
 
 // describe states a workload from its fields.

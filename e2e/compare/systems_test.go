@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -430,6 +431,7 @@ func setupSDK(b *testing.B, e *env, wl *workload) *runner {
 			s.FallbackDecisions += st.FallbackDecisions
 			s.KeysHeld += st.KeysHeld
 			s.MaxKeysHeld += st.MaxKeysHeld
+			s.TokensHeld += st.TokensHeld
 		}
 		return s
 	}
@@ -606,3 +608,37 @@ var runSeq atomic.Int64
 
 // currentTag is the key tag of system tag in the current run.
 func currentTag(tag string) string { return fmt.Sprintf("%s%d", tag, runSeq.Load()) }
+
+// maxDebtKeys bounds the keys whose bucket levels debtAt reads.
+const maxDebtKeys = 64
+
+// debtAt returns what the token buckets of keys owe the refill right now,
+// read from the first rateleased (GET /v1/keys/{key}): the sum of their
+// negative levels, the tokens deferred grants took ahead of it. ok is
+// false when there are more than maxDebtKeys keys or a read failed.
+func (e *env) debtAt(ctx context.Context, keys []string) (debt float64, ok bool) {
+	if len(keys) > maxDebtKeys {
+		return 0, false
+	}
+	for _, k := range keys {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.daemons[0].URL()+protocol.PathKeysPrefix+url.PathEscape(k), nil)
+		if err != nil {
+			return 0, false
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, false
+		}
+		var ks protocol.KeyStateResponse
+		err = json.NewDecoder(resp.Body).Decode(&ks)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			return 0, false
+		}
+		for _, l := range ks.Limits {
+			debt += max(0, -l.Level)
+		}
+	}
+	return debt, true
+}
