@@ -134,12 +134,13 @@
 // would replace the lease that still has them; it settles and asks in one
 // entry once spent out. At the saturated key of the benchmark (e2e/compare,
 // 4 s runs) this cut the calls from about 90 to 50–70 per 1,000
-// decisions, and to 27 once the server deferred a whole batch rather than
-// grant a part of it (see leases/doc.go; the floor there is 20); its Redis
-// commands per decision went from 0.57 to 0.16. It loses 0.6–0.9% of the
-// exact bucket's admissions in 4 s and 0.24% in 12 s: about 30 tokens
-// either way, those held in leases or deferred when the run stops, which
-// the exact bucket has already admitted.
+// decisions, and to 26–32 once the server deferred a whole batch rather
+// than grant a part of it (see leases/doc.go; the floor there is 20); its
+// Redis commands per decision went from 0.57 to 0.16. It loses 0.6–0.9%
+// of the exact bucket's admissions in 4 s and 0.24% in 12 s: about 30
+// tokens either way, mostly those granted out of the refill and still
+// held in leases when the run stops (Stats.TokensHeld: 76 there, of which
+// 53 deferred grants the bucket still owed its refill).
 //
 // # Priorities
 //
