@@ -21,6 +21,7 @@
 //	ratelease_client_keys_held                  keys holding a lease now
 //	ratelease_client_max_keys_held              the most keys that held a lease at once
 //	ratelease_client_online                     1 while a lease server answers, 0 while none does
+//	ratelease_client_tokens_held                tokens left in the active leases, granted and not spent yet
 package clientmetrics
 
 import (
