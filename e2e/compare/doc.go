@@ -98,10 +98,10 @@
 //     instances' leases when the replay ended (Stats().TokensHeld, read
 //     before Close returns them), and, on workloads of at most maxDebtKeys
 //     keys, what the buckets then owed their refill (their negative
-//     levels, GET /v1/keys/{key}: deferred grants made ahead of it). The
+//     levels, GET /v1/keys/{key}: deferred grants made ahead of it; the
+//     reads' own Redis and server work is taken out of the run). The
 //     tokens held less that debt had been granted out of the refill so far
-//     and not spent, which the exact bucket admitted: most of (a)'s loss at
-//     a saturated key.
+//     and not spent; the report sets them beside (a)'s lost admissions.
 //   - CPU per decision of this process and of the servers the system uses
 //     (redis-server from INFO cpu, rateleased from /proc/<pid>/stat), and
 //     the cores other processes used meanwhile (/proc/stat), since the

@@ -634,7 +634,8 @@ func sdkText(r result) string {
 	if r.SDK.HeldKnown {
 		held = fmt.Sprintf(", %s tokens left in leases when the run ended (`TokensHeld`: counted as taken by the servers, for decisions after the run)", fmtInt(r.SDK.TokensHeld))
 		if r.SDK.DebtKnown && r.SDK.TokensHeld > 0 {
-			held += fmt.Sprintf(", of which the buckets still owed their refill %s (deferred grants made ahead of it)", fmtCount(r.SDK.Debt))
+			held += fmt.Sprintf("; the buckets then owed their refill %s (deferred grants made ahead of it), and %s held less that debt had been granted out of the refill and not spent, beside %s admissions lost",
+				fmtCount(r.SDK.Debt), fmtCount(float64(r.SDK.TokensHeld)-r.SDK.Debt), fmtInt(r.Lost))
 		}
 	}
 	return fmt.Sprintf("(a) decisions by source (`Decision.Source`): %s. `Stats()` summed over the instances: %s lease-server calls, %s failed calls, %s fallback decisions, at most %s keys held%s.",

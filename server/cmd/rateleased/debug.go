@@ -17,11 +17,14 @@ var errDebugNotLoopback = errors.New("the debug address is not loopback")
 
 // debugMux serves the net/http/pprof handlers under /debug/pprof/, on a mux
 // of its own: importing net/http/pprof registers them on
-// http.DefaultServeMux too, which rateleased never serves.
+// http.DefaultServeMux too, which rateleased never serves. All but
+// /debug/pprof/cmdline: the command line may carry secrets (-redis
+// redis://user:password@…), and any process on the host can reach a
+// loopback port; go tool pprof does not need it.
 func debugMux() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/cmdline", http.NotFound)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
