@@ -200,6 +200,7 @@ type Client struct {
 	direct        directQueue
 	directBackoff atomic.Int64 // ns; doubles while no server answers a direct call
 	directRetryAt atomic.Int64 // client clock: no direct call before this while offline
+	goneSince     atomic.Int64 // client clock: first direct call canceled by its caller since the last answer (0: none)
 
 	promoMu  sync.Mutex
 	promoted []*keyState // keys moved to leases, for the loop to take over

@@ -220,7 +220,7 @@ func (c *Client) sendTakes(ctx context.Context, wg *sync.WaitGroup, srv int, req
 			// large): a misconfiguration, not an outage. The decisions are
 			// denied; the fallback is not for this.
 			c.noteRefused(err, now)
-		case errors.Is(context.Cause(ctx), errCallerGone):
+		case errors.Is(context.Cause(ctx), errCallerGone) && !c.unansweredTooLong(sent, now):
 			// The deciding goroutine's context ended (see callOwn): its
 			// decision is returning, and no server failed.
 		default:
@@ -261,8 +261,20 @@ func (c *Client) directFailed(now int64) {
 	c.directRetryAt.Store(now + b)
 }
 
+// unansweredTooLong reports, for a direct call sent at sent and canceled
+// at now because its caller's context ended, whether no direct call has
+// been answered for Config.RequestTimeout while every call since was
+// canceled so: a server that hangs, seen only through callers with
+// shorter deadlines. It is then a failure (directFailed), or the fallback
+// would never decide while callers keep giving up first.
+func (c *Client) unansweredTooLong(sent, now int64) bool {
+	c.goneSince.CompareAndSwap(0, sent)
+	return now-c.goneSince.Load() >= int64(c.cfg.RequestTimeout)
+}
+
 // directAnswered records that a server answered a direct call.
 func (c *Client) directAnswered() {
+	c.goneSince.Store(0)
 	c.accepted()
 	c.directBackoff.Store(0)
 	c.directRetryAt.Store(0)

@@ -203,3 +203,25 @@ func mergeSignals(a, b <-chan struct{}) <-chan struct{} {
 	}
 	return out
 }
+
+// TestDirectDecisionCallersGoneHungServer: a server that takes calls and
+// never answers, seen only by decisions whose contexts end first: once no
+// call was answered for RequestTimeout, the client counts it as an outage,
+// goes offline, and the fallback decides.
+func TestDirectDecisionCallersGoneHungServer(t *testing.T) {
+	srv := leasetest.Start(t, rules, leasetest.Options{})
+	u, _ := heldProxy(t, srv.URL(), func(*http.Request) bool { return true })
+	c := newClient(t, client.Config{Servers: []string{u}, Fallback: client.FallbackOpen, RequestTimeout: 200 * time.Millisecond, ProbeTimeout: -1})
+	decide := func() client.Decision {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		return c.Allow(ctx, "tiny:hung")
+	}
+	d := decide()
+	assert.False(t, d.Allowed)
+	assert.True(t, c.Stats().Online, "one caller gone is no outage")
+	require.Eventually(t, func() bool { decide(); return !c.Stats().Online }, 5*time.Second, time.Millisecond, "offline once nothing answered for RequestTimeout")
+	d = decide()
+	assert.True(t, d.Allowed)
+	assert.Equal(t, client.SourceFallback, d.Source)
+}
