@@ -490,6 +490,30 @@ func TestRedisStoreHashTTLSlack(t *testing.T) {
 	assert.LessOrEqual(t, pttl(), 2*time.Second+50*time.Millisecond, "refill to full + 1 s")
 }
 
+// TestRedisStoreIndexExpiresWithHash: with more leases than the hash holds
+// inline, the expiry index (Z) gets the hash's TTL, slack included, so
+// that it never expires first (the next call would take it for evicted
+// and rebuild it from the hash).
+func TestRedisStoreIndexExpiresWithHash(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	s := leases.NewRedisStore(rdb, leases.RedisOptions{})
+	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 100, Period: time.Second, Burst: 100, LeaseTTL: time.Second}
+	for i := range 20 {
+		out, err := s.Lease(ctx, own(fmt.Sprintf("c%d/1", i)), []leases.LeaseOp{{Key: "zx", Bucket: b, Want: 1, NewLeaseID: leases.NewLeaseID()}})
+		require.NoError(t, err)
+		require.EqualValues(t, 1, out[0].Granted)
+	}
+	h, z, _ := leases.RedisKeys("zx")
+	th, err := rdb.PTTL(ctx, h).Result()
+	require.NoError(t, err)
+	tz, err := rdb.PTTL(ctx, z).Result()
+	require.NoError(t, err)
+	require.Positive(t, tz, "the index exists, with a TTL")
+	assert.InDelta(t, float64(th), float64(tz), float64(50*time.Millisecond), "H %v, Z %v", th, tz)
+}
+
 // TestRedisStoreScriptFlush: after SCRIPT FLUSH (or a Redis restart) the
 // store reloads its script by itself, for a call of one op (a command of
 // its own) as for a pipeline.

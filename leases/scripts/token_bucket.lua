@@ -206,8 +206,11 @@ if st[1] then
   maxexp = 0
   if st[5] then
     -- x is "<maxexp - last> <e - last ms>": e, the Redis time (ms) the
-    -- hash's TTL runs to, shares x's entry as an offset (a field of its
-    -- own cost a leased bucket 32 B of MEMORY USAGE).
+    -- hash's TTL runs to, as an offset rewritten at every save. Kept in x,
+    -- not a field of its own: a script of an older rateleased fails on
+    -- this x (503) rather than rewrite t under a field it does not know,
+    -- which would make e claim a TTL that PEXPIRE never set. (A field of
+    -- its own measured 232 B per leased bucket instead of 264 B.)
     local x, e = string.match(st[5], '^(%S+) (%S+)$')
     if x then st[5], st[12] = x, math.floor(last / 1000) + tonumber(e) end
     maxexp = last + tonumber(st[5])
@@ -633,7 +636,9 @@ local function save()
   call_chunked('HSET', H, args) -- field-value pairs: CHUNK is even
   if #dels > 0 then call_chunked('HDEL', H, dels) end
   if hpx then redis.call('PEXPIRE', H, hpx) end
-  if not inl then redis.call('PEXPIRE', Z, px) end
+  -- Z expires with H (kept − rms ≥ px): were it to go first, the next call
+  -- would take it for evicted and rebuild it from H.
+  if not inl then redis.call('PEXPIRE', Z, kept - rms) end
 end
 
 -- holders counts the distinct owners of the leases open at now (a dry run
