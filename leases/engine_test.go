@@ -620,15 +620,19 @@ func TestEngineDeferred(t *testing.T) {
 	assert.Equal(t, 100*time.Millisecond, next.Delay)
 	assert.InDelta(t, -10, level("k:1", b[0]), 1e-9, "the first limit in debt")
 	assert.InDelta(t, 0, level("k:1\x1f1", b[1]), 1e-9)
-	// b asks for 20: the second limit cannot hold 20 while a's 10 are
-	// outstanding (burst 20), so the entry is refused, and whatever the
-	// first limit deferred for b is given back: only a's debt is left.
+	// b asks for 20: the first limit refuses it (its cap burst − O is
+	// down to 0 with a's deferred 10 outstanding), so the entry is
+	// refused, and what the second limit deferred for b (its fair batch,
+	// 10) is given back: both limits are as a left them.
 	res, _, err := e.Lease(ctx, own("b/1"), []leases.LeaseAsk{{Key: "k:1", Want: 20, MaxDelay: time.Second}})
 	require.NoError(t, err)
 	assert.Zero(t, res[0].Granted)
-	assert.Zero(t, res[0].Delay)
 	assert.Positive(t, res[0].RetryAfter)
 	assert.InDelta(t, -10, level("k:1", b[0]), 1e-9, "only a's debt is left")
+	st, err := store.State(ctx, "k:1\x1f1", b[1])
+	require.NoError(t, err)
+	assert.InDelta(t, 0, st.Level, 1e-9, "the second limit's deferral for b given back")
+	assert.EqualValues(t, 10, st.Outstanding, "a's lease only")
 
 	// Shadow and elastic rules grant at once whatever their limits say
 	// (elastic: what the pool lends), never deferred.
