@@ -130,8 +130,9 @@ type Stats struct {
 	MaxKeysHeld int
 	// TokensHeld is the number of tokens left in the keys' active leases
 	// at the moment of the call, deferred ones included: granted to this
-	// process and not spent yet. The servers count them as taken until
-	// they are spent or returned.
+	// process and not spent yet, which the servers count as taken. Leases
+	// already replaced (frozen, their remainder waiting to be returned or
+	// to expire) are not counted.
 	TokensHeld int64
 	// Online is false while no server answers.
 	Online bool
@@ -304,7 +305,8 @@ func (c *Client) Allow(ctx context.Context, keys ...string) Decision {
 // call, sent at once and coalesced with the process's other decisions in
 // flight, so the decision waits about one round trip (at most until ctx
 // ends). A key a server denied is denied locally until its bucket can serve
-// again (the server's retry_after), without a call. Config.Fallback decides
+// again (the server's retry_after, at most the bucket's fill time), without
+// a call. Config.Fallback decides
 // only while no server answers. Keys move to leases by themselves once this
 // process is admitted enough of them (Config.LeaseMinTokens). Invalid keys,
 // or n < 1, are denied with Source SourceDenied.
@@ -573,7 +575,9 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 				// waits for the renewal, as for a first lease, rather
 				// than be denied.
 				waitedLease = true
-				if nl := c.awaitLease(ctx, ks, n, func() bool { return ks.active.Load() == l }); nl != nil {
+				nl := c.awaitLease(ctx, ks, n, func() bool { return ks.active.Load() == l })
+				now = 0 // read again after a wait
+				if nl != nil {
 					done = append(done, spent{l: nl, ks: ks})
 					d.leased(nl, ks)
 					continue
@@ -595,6 +599,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			waitedAnswer = true
 			ks.unserved.Add(-n)
 			c.awaitChange(ctx, ks, func() bool { return ks.probing.Load() && c.young(ks) }, n)
+			now = 0 // read again after a wait
 			i--
 			continue
 		}
@@ -611,9 +616,11 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			c.wake()
 			if !waitedLease && ks.deadline.Load() == 0 && c.online.Load() {
 				waitedLease = true
-				if l := c.awaitLease(ctx, ks, n, func() bool {
+				l := c.awaitLease(ctx, ks, n, func() bool {
 					return ks.active.Load() == nil && ks.deadline.Load() == 0 && ks.leasing.Load()
-				}); l != nil {
+				})
+				now = 0 // read again after a wait
+				if l != nil {
 					done = append(done, spent{l: l, ks: ks})
 					d.leased(l, ks)
 					continue
@@ -623,6 +630,9 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 		direct = append(direct, ks)
 	}
 	if len(direct) > 0 {
+		if now == 0 {
+			now = c.nanos()
+		}
 		var dd Decision
 		if c.online.Load() || c.probe(now) {
 			c.directs.Add(1)

@@ -318,6 +318,7 @@ func (c *Client) applyDirect(r *directReq) Decision {
 		}
 		return Decision{Source: SourceDenied}
 	}
+	var keyed time.Duration // the longest local denial of a denied key
 	for i, ks := range r.states {
 		kr := &res.Keys[i]
 		ks.lastDirect.Store(now)
@@ -351,17 +352,13 @@ func (c *Client) applyDirect(r *directReq) Decision {
 			// This key denied: it is denied locally until its bucket can
 			// serve again (see denial), without a call. Keys that would
 			// have allowed are not held back.
-			ks.extendDenial(r.sent + int64(c.denial(ks, time.Duration(kr.RetryAfterMillis)*time.Millisecond)))
+			w := c.denial(ks, time.Duration(kr.RetryAfterMillis)*time.Millisecond)
+			keyed = max(keyed, w)
+			ks.extendDenial(r.sent + int64(w))
 		}
 	}
 	if !res.Allowed {
 		wait := time.Duration(res.RetryAfterMillis) * time.Millisecond
-		var keyed time.Duration // the longest local denial of a denied key
-		for i, ks := range r.states {
-			if kr := &res.Keys[i]; !kr.Allowed && kr.RetryAfterMillis > 0 {
-				keyed = max(keyed, c.denial(ks, time.Duration(kr.RetryAfterMillis)*time.Millisecond))
-			}
-		}
 		if keyed > 0 {
 			wait = min(wait, keyed)
 		}

@@ -118,7 +118,8 @@
 // fill time at most; at the benchmark's saturated key, three of six
 // processes refused at its start were denied a whole TTL, 2 s, before
 // this). On a key other processes hold too, the wait is the retry_after plus
-// up to half as much again, at random: every holder refused at one moment
+// up to half as much again, at random (then cut to the fill time): every
+// holder refused at one moment
 // is told about the same retry_after, and asking together all but one
 // would be refused again (at the saturated key of the benchmark this cut
 // the calls from about 130 to about 90 per 1,000 decisions; a spread of a
@@ -204,7 +205,8 @@
 // holders' leases of its size within a quarter of it), it is not settled
 // at all but expires at the server, its remainder counted as spent, toward
 // the limit; returning those few tokens would cost the store as much as
-// the renewal saved. So requests never wait for a renewal, and
+// the renewal saved. So requests wait for a renewal only when a roomy
+// key's lease ran out before its late renewal came in (a starved loop), and
 // no token is ever spent after the server closed its lease: the accuracy
 // bound of the design, burst + rate·W over any window W, holds for the
 // spending of all clients together, not just for the server's accounting.

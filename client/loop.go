@@ -737,7 +737,6 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		if wait <= 0 {
 			wait = c.cfg.SettleInterval
 		}
-		wait = c.denial(ks, wait)
 		if res.SafeRate > 0 && res.Limit > 0 && res.PeriodMillis > 0 {
 			// Spread the holders' next asks: each denied process was told
 			// the same wait, and asking together, all but one would be
@@ -747,7 +746,7 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 				wait += time.Duration(rand.Int64N(int64(wait)/2 + 1))
 			}
 		}
-		ks.denyUntil.Store(now + int64(wait))
+		ks.denyUntil.Store(now + int64(c.denial(ks, wait)))
 		ks.need.Store(false)
 		return
 	}
@@ -778,7 +777,10 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		// A deferred grant: none of it is spent before its answer arrived
 		// plus the delay (the server's wait runs from its decision, which
 		// came before). The key is denied locally until then.
-		at := now + d*int64(time.Millisecond)
+		// A delay past the lease's deadline (more than was asked: a
+		// faulty server) leaves it unspendable; the key is denied no
+		// longer than the lease lives.
+		at := min(now+d*int64(time.Millisecond), l.deadline)
 		if l.pausedUntil.Load() < at {
 			l.pausedUntil.Store(at)
 		}
