@@ -20,6 +20,8 @@
 //	             L = clamp(L + rate·(e − t), 0, burst − O);  t = e;  O −= G
 //	         L = clamp(L + rate·(now − t), 0, burst − O);  t = now
 //	grant:   g ≤ min(want, L, fair share);  L −= g;  O += g
+//	         (deferred, below: g ≤ burst − O, spent only after its wait;
+//	         L may go below zero, and the refill then pays that debt)
 //	settle:  O −= G;  L += G − used
 //	take:    n ≤ L;  L −= n
 //

@@ -29,6 +29,13 @@ import (
 // hand out a second burst at once). Then:
 //
 //	grant:   g ≤ min(want, L, fair share); L −= g; O += g
+//	deferred grant (LeaseOp.MaxDelay, see deferral): g ≤ burst − O, made
+//	         now with the wait d until the level (and the share) would
+//	         hold it; L −= g (L may go below zero: a debt), O += g; the
+//	         owner spends none of it before d has passed, so it is the
+//	         take of g at now + d, made early. A refill or a credit pays a
+//	         debt and never deepens it (capLevel): the clamp's floor is
+//	         min(0, L).
 //	fair share (when the key is shared): a batch of min(want, max(1,
 //	         burst/h)), granted whole once both the level and
 //	         rate·(now − vt)/h + max(0, ⌊L − burst/4⌋) cover it, else
@@ -652,7 +659,7 @@ func (s *tbState) deferral(b *Bucket, op *LeaseOp, g int64, h int, capf float64,
 		// deferral put the level in debt. With the cap checked too, the
 		// holders' deferred batches held it near a fifth of the burst, and
 		// a holder asking again was refused once before each deferral:
-		// two calls per batch. With half alone: 28-32 calls per 1,000
+		// two calls per batch. With half alone: 26-32 calls per 1,000
 		// decisions (the floor is 20), TestFairness at 100% of the rate.
 		if ws := microsToRetry(int64(math.Ceil(float64((float64(g)-capf)*float64(h)) / b.ratePerMicro()))); ws > wait {
 			if s.level+float64(b.ratePerMicro()*float64(ws.Microseconds())) > float64(b.Burst)/2 {

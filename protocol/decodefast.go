@@ -18,7 +18,8 @@ import (
 // slow way; fuzz tests hold the decoders to that.
 
 // UnmarshalLeaseResponse decodes data, the body of a successful POST
-// /v1/leases, into out, as json.Unmarshal(data, out) does.
+// /v1/leases, into out, as json.Unmarshal(data, out) does for a fresh out:
+// out must not be nil, and what it held is replaced, not merged into.
 func UnmarshalLeaseResponse(data []byte, out *LeaseResponse) error {
 	var fast LeaseResponse
 	r := reader{b: data}

@@ -15,8 +15,9 @@ import (
 // old: its per-rule decision counts and rates, its two top-K summaries
 // (every counter, with the summary's total and floor) and its
 // ratelease_open_leases, as JSON (statusSnapshot), which lives for
-// SnapshotTTL. Skipping unchanged snapshots halves what an idle fleet
-// costs the store (it runs whatever the traffic: see RedisPeers). In Redis (NewRedisPeers) a snapshot is one string key,
+// SnapshotTTL. Skipping unchanged snapshots cuts what an idle fleet
+// costs the store (it runs whatever the traffic: see RedisPeers). In
+// Redis (NewRedisPeers) a snapshot is one string key,
 // RedisSnapshotPrefix + the server's name, so all of them share one hash tag
 // and one MGET reads them, on Redis Cluster too. A snapshot is a few
 // hundred bytes plus its keys: at most about 60 KB, with both summaries
@@ -90,9 +91,9 @@ type published struct {
 //
 // The snapshot is published only when its figures changed since the last
 // one published under this name, or that one is snapshotRefresh old (it
-// must not expire): a server without traffic costs the store one command
-// per interval (Beat's), not two, and the status page shows the same
-// figures either way.
+// must not expire): a server without traffic costs the store Beat's
+// command every interval and a snapshot every snapshotRefresh, and the
+// status page shows the same figures either way.
 func (s *Server) heartbeat() (string, error) {
 	name := selfName(*s.listenAddr.Load())
 	if s.ops.peers == nil {
