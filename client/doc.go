@@ -139,9 +139,9 @@
 // than grant a part of it (see leases/doc.go; the floor there is 20); its
 // Redis commands per decision went from 0.57 to 0.16. It loses 0.6–0.9%
 // of the exact bucket's admissions in 4 s and 0.24% in 12 s: about 30
-// tokens either way, mostly those granted out of the refill and still
-// held in leases when the run stops (Stats.TokensHeld: 76 there, of which
-// 53 deferred grants the bucket still owed its refill).
+// tokens either way, about as many as were granted out of the refill and
+// still held in leases when the run stops (Stats.TokensHeld less the
+// bucket's debt then: 77 − 53 = 24 beside 35 lost in the committed run).
 //
 // # Priorities
 //
