@@ -91,7 +91,12 @@
 //     The tables show both; the Redis targets use the net figures, of (a)
 //     and (b) alike, since on a hot key the daemons' own periodic work
 //     would otherwise be much of what (a) is charged. Both include closing
-//     the run's clients (for (a), returning its leases).
+//     the run's clients (for (a), returning its leases), and the work the
+//     run left the rateleased processes (drain: the buckets they owned,
+//     handed back to Redis once unused; the measurement ends when no
+//     daemon owns one and Redis is back to its idle background, at most
+//     maxDrain after the run), so that it is charged to its run and not
+//     counted as the next run's idle background.
 //   - for (a), its decisions by Decision.Source and its Stats counters
 //     (server calls, failed calls, fallback decisions, keys held), and
 //     what a finite run charges leasing at its end: the tokens left in the

@@ -46,3 +46,28 @@ func TestCommandCalls(t *testing.T) {
 	_, err = redisCPU("cmdstat_get:calls=1\n")
 	assert.Error(t, err)
 }
+
+func TestMetricValue(t *testing.T) {
+	const text = "# HELP ratelease_owned_buckets token buckets this server owns now\n" +
+		"# TYPE ratelease_owned_buckets gauge\n" +
+		"ratelease_owned_buckets_other 9\n" +
+		"ratelease_owned_buckets 3\n" +
+		"ratelease_owned_takes_total 1.5e+06\n"
+	for _, c := range []struct {
+		name, text, metric string
+		want               float64
+		ok                 bool
+	}{
+		{"a gauge, not its longer namesake", text, "ratelease_owned_buckets", 3, true},
+		{"exponent notation", text, "ratelease_owned_takes_total", 1.5e6, true},
+		{"absent", text, "ratelease_nothing", 0, false},
+		{"not a number", "ratelease_owned_buckets x\n", "ratelease_owned_buckets", 0, false},
+		{"last line without newline", "ratelease_owned_buckets 0", "ratelease_owned_buckets", 0, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, ok := metricValue(c.text, c.metric)
+			assert.Equal(t, c.ok, ok)
+			assert.Equal(t, c.want, got)
+		})
+	}
+}

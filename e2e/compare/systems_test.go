@@ -154,6 +154,101 @@ func (e *env) measureBackground(b *testing.B, sys *system) background {
 	return background{cmds: after.redisCmds - before.redisCmds, length: after.at.Sub(before.at)}
 }
 
+// maxDrain bounds drain: how long after a run, its clients closed, the
+// harness waits for the rateleased processes to finish the work the run
+// left them.
+const maxDrain = 5 * time.Second
+
+// drainWindow is drain's quiet window, and drainSlack the commands above
+// the idle background it still calls quiet (one round of a rateleased
+// process's periodic work is a few).
+const (
+	drainWindow = 250 * time.Millisecond
+	drainSlack  = 8
+)
+
+// drain waits, after a run of sys and its clients' Close, until the
+// rateleased processes are done with the work the run left them, and
+// returns the snapshot that ends the run's measurement: a run's Redis
+// commands and CPU are its own, and not the idle background of the next
+// system's run. The work is chiefly the buckets a server owned (see
+// leases.OwningStore): each is handed back to Redis once unused for half a
+// lease TTL. drain waits until no daemon owns a bucket
+// (ratelease_owned_buckets), then for a drainWindow in which Redis counts
+// no more than the idle background bg would (plus drainSlack), at most
+// maxDrain in all. The waits are the measurement, polled on observed
+// state, not a synchronisation. A system that uses no rateleased process
+// leaves them nothing: its run ends at once.
+func (e *env) drain(b *testing.B, sys *system, bg background) snap {
+	b.Helper()
+	last := e.snapshot(b)
+	if !sys.usesSrv {
+		return last
+	}
+	deadline := last.at.Add(maxDrain)
+	for time.Now().Before(deadline) && e.ownedBuckets(b) > 0 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	last = e.snapshot(b)
+	for time.Now().Before(deadline) {
+		time.Sleep(drainWindow)
+		s := e.snapshot(b)
+		expect := bg.perSecond() * s.at.Sub(last.at).Seconds()
+		if float64(s.redisCmds-last.redisCmds) <= expect+drainSlack {
+			return s
+		}
+		last = s
+	}
+	b.Logf("drain: the rateleased processes were still busy %s after the run", maxDrain)
+	return last
+}
+
+// ownedBuckets sums ratelease_owned_buckets over the rateleased processes'
+// /metrics.
+func (e *env) ownedBuckets(b *testing.B) int {
+	b.Helper()
+	n := 0
+	for _, d := range e.daemons {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.URL()+"/metrics", nil)
+		if err != nil {
+			cancel()
+			b.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			cancel()
+			b.Fatalf("drain: GET /metrics: %v", err)
+		}
+		body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+		_ = resp.Body.Close()
+		cancel()
+		if err != nil {
+			b.Fatalf("drain: GET /metrics: %v", err)
+		}
+		v, ok := metricValue(string(body), "ratelease_owned_buckets")
+		if !ok {
+			b.Fatalf("drain: no ratelease_owned_buckets in %s/metrics", d.URL())
+		}
+		n += int(v)
+	}
+	return n
+}
+
+// metricValue returns the value of the unlabelled sample name in a
+// Prometheus text exposition.
+func metricValue(text, name string) (float64, bool) {
+	for line := range strings.Lines(text) {
+		rest, ok := strings.CutPrefix(line, name+" ")
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+		return v, err == nil
+	}
+	return 0, false
+}
+
 // snap is what a run is measured against.
 type snap struct {
 	at        time.Time
