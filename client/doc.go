@@ -99,11 +99,12 @@
 // server, valid until a deadline that the client counts from the moment it
 // sent the request plus the lease's TTL, so the lease ends locally no later
 // than the server expires it. Spending is an atomic subtraction from the
-// lease's remaining count: no lock, no allocation, no system call. In the
-// lease's first half one spend in eight also reads the monotonic clock (in
-// user space, through the vDSO); in its second half every spend does, so
-// that no token is spent past the deadline even if the background loop is
-// late. A process paused across a deadline (SIGSTOP, a frozen VM) stops
+// lease's remaining count: no lock, no allocation, no system call. Until
+// the lease's late renewal point (three quarters of its TTL, at least eight
+// ticks before its deadline, never before half of it) one spend in eight
+// also reads the monotonic clock (in user space, through the vDSO); from
+// then on every spend does, so that no token is spent past the deadline
+// even if the background loop is late. A process paused across a deadline (SIGSTOP, a frozen VM) stops
 // spending the expired lease at its first clock check after resuming, so
 // it spends at most seven tokens of it per key, and usually none: the
 // settle loop checks every lease first thing after a pause. This is the
@@ -185,7 +186,8 @@
 // was spent at over that time, so that it lasts until then. A hot key then
 // costs the store a renewal every three quarters of a TTL rather than
 // every three eighths or so. Its idle lease is still returned at half its
-// TTL, and every lease's second half is still strict.
+// TTL. Its lease is spent without a clock read per spend until that
+// point, when the renewal replaces it (see above).
 //
 // Renewal is double-buffered. The protocol lets a client hold one lease per
 // key in each of two slots (protocol.LeaseEntry.Slot, an addition to the

@@ -23,7 +23,8 @@ const frozen = math.MinInt64 / 4
 type lease struct {
 	_         [64]byte // keep remaining off the cache line of other data
 	remaining atomic.Int64
-	// strict is set once the lease is past half its TTL, or paused: from
+	// strict is set once the lease is past its late renewal point
+	// (Client.strictAt), or paused: from
 	// then on each spend also reads the clock against deadline and
 	// pausedUntil, so no token is spent after the deadline even if the
 	// settle loop is late.
@@ -49,15 +50,16 @@ func (l *lease) sent() int64 { return 2*l.halfway - l.deadline }
 // ttl returns the lease's TTL (ns).
 func (l *lease) ttl() int64 { return 2 * (l.deadline - l.halfway) }
 
-// clockShift sets how often a spend in a lease's first half reads the
-// clock: once per 1<<clockShift tokens.
+// clockShift sets how often a spend reads the clock before its lease is
+// strict (see Client.strictAt): once per 1<<clockShift tokens.
 const clockShift = 3
 
 // spend takes n tokens; it reports false and changes nothing when the lease
 // has fewer, is frozen, or is past its deadline.
 //
-// In the lease's second half (strict) every spend reads the clock. In its
-// first half, one spend in eight does: the settle loop normally makes the
+// From the lease's late renewal point on (strict: see Client.strictAt)
+// every spend reads the clock. Before it, one spend in eight does: the
+// settle loop normally makes the
 // lease strict long before its deadline, but a process paused across the
 // deadline (SIGSTOP, a frozen VM) resumes with every goroutine at once, and
 // the sampled check stops the hot path within a few tokens even if the loop

@@ -167,3 +167,36 @@ rules:
 		assert.True(t, d.Allowed, "%v", d.Source)
 	}
 }
+
+// TestStrictFromLateRenewalPoint: a roomy key's lease is spent with one
+// clock read in eight spends until its late renewal point (three quarters
+// of its TTL), past half its TTL too, and with one per spend from then on.
+func TestStrictFromLateRenewalPoint(t *testing.T) {
+	const rules = `
+rules:
+  - {name: s, match: "s:*", limit: 1000, period: 1s, lease_ttl: 2s}
+`
+	srv := leasetest.Start(t, rules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 50}, clk)
+	ctx := context.Background()
+
+	require.Equal(t, SourceDirect, c.Allow(ctx, "s:k").Source)
+	require.Eventually(t, func() bool { return c.Stats().KeysHeld == 1 }, 5*time.Second, time.Millisecond)
+	ks := c.state("s:k")
+	l := ks.active.Load()
+	require.NotNil(t, l)
+	for range 10 {
+		d := c.Allow(ctx, "s:k")
+		require.True(t, d.Allowed)
+		require.Equal(t, SourceLease, d.Source)
+	}
+	clk.advance(t, 1200*time.Millisecond)
+	clk.advance(t, 0)
+	require.Same(t, l, ks.active.Load(), "a roomy key's lease is not renewed before its late renewal point")
+	assert.False(t, l.strict.Load(), "past half its TTL, before its late renewal point: one spend in eight reads the clock")
+
+	clk.advance(t, 300*time.Millisecond)
+	clk.advance(t, 0) // the loop is done with the tick before
+	assert.True(t, l.strict.Load(), "from its late renewal point every spend reads the clock")
+}
