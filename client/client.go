@@ -299,8 +299,10 @@ func (c *Client) Allow(ctx context.Context, keys ...string) Decision {
 // the default is decided by a direct take (see WithPriority).
 //
 // A key with a live lease is decided locally, without a lock; a key just
-// moved to leases waits for its first lease (at most
-// Config.RequestTimeout). Any other key is decided by a direct take at a
+// moved to leases waits for its first lease, and a young key's decision
+// for the answer of a take of it in flight (see the package
+// documentation): these waits take Config.RequestTimeout at most in all,
+// on the client's clock. Any other key is decided by a direct take at a
 // lease server (Source SourceDirect): one
 // call, sent at once and coalesced with the process's other decisions in
 // flight, so the decision waits about one round trip (at most until ctx
@@ -465,8 +467,17 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 	prio, foreign := c.callPriority(ctx)
 	var now int64
 	// A decision waits at most once for a young key's answer in flight,
-	// and once for a promoted key's first lease.
+	// and once for a promoted key's first lease (or a roomy key's late
+	// renewal), Config.RequestTimeout at most in all: waitEnd, on the
+	// client's clock, is set by the first wait.
 	waitedAnswer, waitedLease := false, false
+	var waitEnd int64
+	budget := func() time.Duration {
+		if waitEnd == 0 {
+			waitEnd = c.nanos() + int64(c.cfg.RequestTimeout)
+		}
+		return time.Duration(waitEnd - c.nanos())
+	}
 	for i := 0; i < len(states); i++ {
 		ks := states[i]
 		if ks.dead.Load() {
@@ -575,7 +586,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 				// waits for the renewal, as for a first lease, rather
 				// than be denied.
 				waitedLease = true
-				nl := c.awaitLease(ctx, ks, n, func() bool { return ks.active.Load() == l })
+				nl := c.awaitLease(ctx, ks, n, budget(), func() bool { return ks.active.Load() == l })
 				now = 0 // read again after a wait
 				if nl != nil {
 					done = append(done, spent{l: nl, ks: ks})
@@ -598,7 +609,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			// first few answers only. Then the key is decided again.
 			waitedAnswer = true
 			ks.unserved.Add(-n)
-			c.awaitChange(ctx, ks, func() bool { return ks.probing.Load() && c.young(ks) }, n)
+			c.awaitChange(ctx, ks, budget(), func() bool { return ks.probing.Load() && c.young(ks) }, n)
 			now = 0 // read again after a wait
 			i--
 			continue
@@ -616,7 +627,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			c.wake()
 			if !waitedLease && ks.deadline.Load() == 0 && c.online.Load() {
 				waitedLease = true
-				l := c.awaitLease(ctx, ks, n, func() bool {
+				l := c.awaitLease(ctx, ks, n, budget(), func() bool {
 					return ks.active.Load() == nil && ks.deadline.Load() == 0 && ks.leasing.Load()
 				})
 				now = 0 // read again after a wait
@@ -687,12 +698,17 @@ func (d *Decision) leased(l *lease, ks *keyState) {
 }
 
 // awaitChange waits until the state of ks changes (see keyState.notify),
-// for at most Config.RequestTimeout on the client's clock, or until ctx
-// ends or the client closes; not at all when waiting no longer holds once
-// the key's change channel is taken (a change just before is seen so).
+// for at most limit on the client's clock (what is left of the deciding
+// decision's Config.RequestTimeout), or until ctx ends or the client
+// closes; not at all when waiting no longer holds once the key's change
+// channel is taken (a change just before is seen so), or limit is not
+// positive.
 // The decisions that wait for a key's change are waiting tokens of the
 // key's demand meanwhile (keyState.waiting, see admitted).
-func (c *Client) awaitChange(ctx context.Context, ks *keyState, waiting func() bool, tokens int64) {
+func (c *Client) awaitChange(ctx context.Context, ks *keyState, limit time.Duration, waiting func() bool, tokens int64) {
+	if limit <= 0 {
+		return
+	}
 	changed := ks.waitCh()
 	if !waiting() {
 		return
@@ -701,7 +717,7 @@ func (c *Client) awaitChange(ctx context.Context, ks *keyState, waiting func() b
 		ks.waiting.Add(tokens)
 		defer ks.waiting.Add(-tokens)
 	}
-	timeout, stop := c.after(c.cfg.RequestTimeout)
+	timeout, stop := c.after(limit)
 	defer stop()
 	select {
 	case <-changed:
@@ -738,8 +754,8 @@ func (c *Client) young(ks *keyState) bool {
 // awaitLease waits for a lease of ks while waiting holds (see
 // awaitChange), then spends n tokens from the key's active lease: it
 // returns that lease, or nil when none could serve.
-func (c *Client) awaitLease(ctx context.Context, ks *keyState, n int64, waiting func() bool) *lease {
-	c.awaitChange(ctx, ks, waiting, 0)
+func (c *Client) awaitLease(ctx context.Context, ks *keyState, n int64, limit time.Duration, waiting func() bool) *lease {
+	c.awaitChange(ctx, ks, limit, waiting, 0)
 	if l := ks.active.Load(); l != nil && l.spend(n, c) {
 		ks.unserved.Add(-n) // served after all
 		return l

@@ -73,8 +73,9 @@
 // no token.
 //
 // Once promoted, a key's decisions wait for its first lease, which the
-// loop asks for at once (about one round trip; each decision waits at most
-// Config.RequestTimeout), and are served from it: taking directly
+// loop asks for at once (about one round trip; a decision's waits, for an
+// answer and for a lease, take Config.RequestTimeout at most in all), and
+// are served from it: taking directly
 // meanwhile would cost a call and the store's work per decision on exactly
 // the keys hot enough to lease (at the benchmark's hot key, before a
 // young key's answers and the first lease were waited for, about a dozen

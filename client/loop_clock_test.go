@@ -1,7 +1,13 @@
 package client
 
 import (
+	"bytes"
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -199,4 +205,83 @@ rules:
 	clk.advance(t, 300*time.Millisecond)
 	clk.advance(t, 0) // the loop is done with the tick before
 	assert.True(t, l.strict.Load(), "from its late renewal point every spend reads the clock")
+}
+
+// TestDecisionWaitsRequestTimeoutInAll: the waits of one decision for
+// others' answers and leases share one Config.RequestTimeout. A decision
+// that waited 0.9 s for a young key's answer, which promoted the key,
+// waits 0.1 s at most for the key's first lease (held at the proxy), then
+// takes directly.
+func TestDecisionWaitsRequestTimeoutInAll(t *testing.T) {
+	const rules = `
+rules:
+  - {name: s, match: "s:*", limit: 1000, period: 1s, lease_ttl: 2s}
+`
+	srv := leasetest.Start(t, rules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
+	target, err := url.Parse(srv.URL())
+	require.NoError(t, err)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	releaseTake, done := make(chan struct{}), make(chan struct{})
+	takeArrived, leaseArrived := make(chan struct{}, 1), make(chan struct{}, 1)
+	var takes atomic.Int64
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		switch {
+		case bytes.Contains(body, []byte(`"leases":[{`)):
+			// The key's first lease: held until the test ends.
+			leaseArrived <- struct{}{}
+			select {
+			case <-done:
+			case <-r.Context().Done():
+			}
+			http.Error(w, "held", http.StatusServiceUnavailable)
+			return
+		case bytes.Contains(body, []byte(`"takes":[{`)) && takes.Add(1) == 1:
+			// The first direct take: held until the test releases it.
+			takeArrived <- struct{}{}
+			select {
+			case <-releaseTake:
+			case <-done:
+				return
+			}
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{proxy.URL}, LeaseMinTokens: 1, RequestTimeout: time.Second, ProbeTimeout: -1}, clk)
+	// First of the cleanups: the held lease call then fails at once, and
+	// neither the client's Close nor the proxy's waits for it.
+	t.Cleanup(func() { close(done) })
+	ctx := context.Background()
+	first := make(chan Decision, 1)
+	go func() { first <- c.Allow(ctx, "s:k") }()
+	<-takeArrived
+	ks := c.state("s:k")
+	second := make(chan Decision, 1)
+	go func() { second <- c.Allow(ctx, "s:k") }()
+	require.Eventually(t, func() bool { return ks.waiting.Load() == 1 }, 5*time.Second, time.Millisecond, "the second decision waits for the first's answer")
+
+	clk.move(900 * time.Millisecond)
+	close(releaseTake)
+	d := <-first
+	require.True(t, d.Allowed)
+	require.Equal(t, SourceDirect, d.Source)
+	<-leaseArrived // the answer promoted the key: the loop asks for its lease
+	require.Eventually(t, func() bool { return clk.waiting() == 2 }, 5*time.Second, time.Millisecond, "the second decision waits for the lease")
+
+	clk.move(100 * time.Millisecond)
+	select {
+	case d := <-second:
+		assert.True(t, d.Allowed)
+		assert.Equal(t, SourceDirect, d.Source, "decided by a direct take once its wait ran out")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the decision still waits after Config.RequestTimeout in all")
+	}
 }
