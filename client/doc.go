@@ -105,10 +105,11 @@
 // ticks before its deadline, never before half of it) one spend in eight
 // also reads the monotonic clock (in user space, through the vDSO); from
 // then on every spend does, so that no token is spent past the deadline
-// even if the background loop is late. A process paused across a deadline (SIGSTOP, a frozen VM) stops
-// spending the expired lease at its first clock check after resuming, so
-// it spends at most seven tokens of it per key, and usually none: the
-// settle loop checks every lease first thing after a pause. This is the
+// even if the background loop is late. A process paused across a deadline
+// (SIGSTOP, a frozen VM) stops spending the expired lease at its first
+// clock check after resuming, so it spends at most seven tokens of it per
+// key, and usually none: the settle loop checks every lease first thing
+// after a pause. This is the
 // one place the client relaxes the design's "tokens left at the deadline
 // are not spent": a clock read on every spend would cost more than the
 // rest of the hot path. A grant of zero comes with retry_after, and the key

@@ -24,10 +24,9 @@ type lease struct {
 	_         [64]byte // keep remaining off the cache line of other data
 	remaining atomic.Int64
 	// strict is set once the lease is past its late renewal point
-	// (Client.strictAt), or paused: from
-	// then on each spend also reads the clock against deadline and
-	// pausedUntil, so no token is spent after the deadline even if the
-	// settle loop is late.
+	// (Client.strictAt), or paused: from then on each spend also reads the
+	// clock against deadline and pausedUntil, so no token is spent after
+	// the deadline even if the settle loop is late.
 	strict      atomic.Bool
 	pausedUntil atomic.Int64 // client clock: spends are denied before this (DenyFor)
 	_           [40]byte
@@ -59,11 +58,10 @@ const clockShift = 3
 //
 // From the lease's late renewal point on (strict: see Client.strictAt)
 // every spend reads the clock. Before it, one spend in eight does: the
-// settle loop normally makes the
-// lease strict long before its deadline, but a process paused across the
-// deadline (SIGSTOP, a frozen VM) resumes with every goroutine at once, and
-// the sampled check stops the hot path within a few tokens even if the loop
-// runs last. Reading the clock on every spend would cost more than the rest
+// settle loop normally makes the lease strict long before its deadline,
+// but a process paused across the deadline (SIGSTOP, a frozen VM) resumes
+// with every goroutine at once, and the sampled check stops the hot path
+// within a few tokens even if the loop runs last. Reading the clock on every spend would cost more than the rest
 // of the hot path together.
 func (l *lease) spend(n int64, c *Client) bool {
 	if l.strict.Load() {

@@ -475,10 +475,11 @@ func (c *Client) lateOffset(ttl int64) int64 {
 // part spends at most seven tokens of the lease after it, and one that is
 // not paused has at least eight of the loop's ticks to mark the lease
 // strict before the deadline (and a starved loop leaves the sampled check,
-// the same seven tokens at most). A roomy key is renewed at that point, so its leases are spent
-// without a clock read per spend until they are replaced; from half the
-// TTL on, as before, a third of their life would read the clock on every
-// spend, about twice the cost of the spend itself.
+// the same seven tokens at most). A roomy key is renewed at that point, so
+// its leases are spent without a clock read per spend until they are
+// replaced; were they strict from half their TTL, a third of their life
+// would read the clock on every spend, about twice the cost of the spend
+// itself.
 func (c *Client) strictAt(l *lease) int64 { return l.sent() + c.lateOffset(l.ttl()) }
 
 // cushion is how much of a roomy key's lease l may be left when it is

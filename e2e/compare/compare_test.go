@@ -150,7 +150,7 @@ func runOpen(b *testing.B, e *env, sys *system, wl *workload, arr []arrival, exa
 	closeErr := r.close(closeCtx)
 	closeCancel()
 	closed = true
-	after := e.drain(b, sys, bg)
+	after := e.drain(b, sys, bg, &before)
 	if closeErr != nil {
 		b.Logf("%s/%s: close: %v", wl.name, sys.name, closeErr)
 	}

@@ -177,17 +177,25 @@ const (
 // (ratelease_owned_buckets), then for a drainWindow in which Redis counts
 // no more than the idle background bg would (plus drainSlack), at most
 // maxDrain in all. The waits are the measurement, polled on observed
-// state, not a synchronisation. A system that uses no rateleased process
-// leaves them nothing: its run ends at once.
-func (e *env) drain(b *testing.B, sys *system, bg background) snap {
+// state, not a synchronisation; the reads of /metrics are the harness's
+// own work, excluded from the run that began at run (snap.exclude). A
+// system that uses no rateleased process leaves them nothing: its run ends
+// at once.
+func (e *env) drain(b *testing.B, sys *system, bg background, run *snap) snap {
 	b.Helper()
 	last := e.snapshot(b)
 	if !sys.usesSrv {
 		return last
 	}
 	deadline := last.at.Add(maxDrain)
-	for time.Now().Before(deadline) && e.ownedBuckets(b) > 0 {
-		time.Sleep(20 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		x := e.snapshot(b)
+		owned := e.ownedBuckets(b)
+		run.exclude(x, e.snapshot(b))
+		if owned == 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	last = e.snapshot(b)
 	for time.Now().Before(deadline) {
