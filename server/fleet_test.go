@@ -196,6 +196,15 @@ func TestHeartbeatPublishesChanges(t *testing.T) {
 	at := func() time.Time { return time.Unix(0, clock.Load()) }
 	f := newFixture(t, rulesYAML, nil, Options{Peers: NewRedisPeers(rdb), Now: at})
 	f.statusPage() // Run serves: the server's name has its address
+	// The operator's loop beats once as the server starts, then every
+	// PeerInterval of real time: let its first beat be done, so that the
+	// commands counted below are the test's own.
+	require.Eventually(t, func() bool {
+		last := &f.srv.ops.published
+		last.mu.Lock()
+		defer last.mu.Unlock()
+		return last.name != ""
+	}, 10*time.Second, time.Millisecond, "the operator loop's first heartbeat")
 
 	published := func() statusSnapshot {
 		t.Helper()
