@@ -743,7 +743,7 @@ func (c *Client) young(ks *keyState) bool {
 		return true
 	}
 	now := c.nanos()
-	if ks.ruleBurst.Load()/4 < c.cfg.LeaseMinTokens || now < ks.directUntil.Load() {
+	if !c.leasable(ks, now) {
 		return false
 	}
 	ks.mu.Lock()

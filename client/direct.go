@@ -410,11 +410,8 @@ func keysOf(states []*keyState) []string {
 // lease of a share that small would only hold tokens the others need.
 func (c *Client) admitted(ks *keyState, n int64, now int64) bool {
 	ttl := ks.leaseTTL.Load()
-	if ttl <= 0 || ks.leasing.Load() || ks.ruleBurst.Load()/4 < c.cfg.LeaseMinTokens || now < ks.directUntil.Load() {
-		// No rule learned yet, leased already, a bucket so small that a
-		// batch (a quarter of it at most) could not hold LeaseMinTokens (a
-		// lease would run out before it saved a call), or a server lately
-		// refused it more leases.
+	if ttl <= 0 || ks.leasing.Load() || !c.leasable(ks, now) {
+		// No rule learned yet, leased already, or not to be leased now.
 		return false
 	}
 	ks.mu.Lock()
@@ -445,6 +442,15 @@ func (c *Client) admitted(ks *keyState, n int64, now int64) bool {
 	seen := ks.mu.admitted + min(ks.waiting.Load(), ks.room())
 	ks.mu.seen = max(ks.mu.seen, seen)
 	return seen >= half && float64(seen)*tau/float64(span) >= 2*float64(c.cfg.LeaseMinTokens)
+}
+
+// leasable reports whether a key whose rule is learned may be leased at
+// now: not if its bucket is so small that a batch (a quarter of it at most)
+// could not hold Config.LeaseMinTokens (a lease would run out before it
+// saved a call), nor while a server lately refused it more leases
+// (directUntil).
+func (c *Client) leasable(ks *keyState, now int64) bool {
+	return ks.ruleBurst.Load()/4 >= c.cfg.LeaseMinTokens && now >= ks.directUntil.Load()
 }
 
 // directRate returns the key's admitted rate, tokens per second, at now: the

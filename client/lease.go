@@ -24,7 +24,7 @@ type lease struct {
 	_         [64]byte // keep remaining off the cache line of other data
 	remaining atomic.Int64
 	// strict is set once the lease is past its late renewal point
-	// (Client.strictAt), or paused: from then on each spend also reads the
+	// (Client.lateAt), or paused: from then on each spend also reads the
 	// clock against deadline and pausedUntil, so no token is spent after
 	// the deadline even if the settle loop is late.
 	strict      atomic.Bool
@@ -50,13 +50,13 @@ func (l *lease) sent() int64 { return 2*l.halfway - l.deadline }
 func (l *lease) ttl() int64 { return 2 * (l.deadline - l.halfway) }
 
 // clockShift sets how often a spend reads the clock before its lease is
-// strict (see Client.strictAt): once per 1<<clockShift tokens.
+// strict (see Client.lateAt): once per 1<<clockShift tokens.
 const clockShift = 3
 
 // spend takes n tokens; it reports false and changes nothing when the lease
 // has fewer, is frozen, or is past its deadline.
 //
-// From the lease's late renewal point on (strict: see Client.strictAt)
+// From the lease's late renewal point on (strict: see Client.lateAt)
 // every spend reads the clock. Before it, one spend in eight does: the
 // settle loop normally makes the lease strict long before its deadline,
 // but a process paused across the deadline (SIGSTOP, a frozen VM) resumes

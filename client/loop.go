@@ -265,7 +265,7 @@ func (c *Client) scan(now, dt int64, collect bool) []pending {
 	alphaUp := 1 - math.Exp(-float64(dt)/float64(ewmaTauUp))
 	for ks := range c.run.leased {
 		// Deadlines: a lease past its deadline is dead; past its late
-		// renewal point (see strictAt) every spend reads the clock.
+		// renewal point (see lateAt) every spend reads the clock.
 		if l := ks.active.Load(); l != nil {
 			if now >= l.deadline || (l.shape != nil && l.shape.exhausted(now)) {
 				if c.clearActive(ks, l) {
@@ -273,7 +273,7 @@ func (c *Client) scan(now, dt int64, collect bool) []pending {
 					ks.notify()
 				}
 				ks.run.slots[l.slot] = nil
-			} else if now >= c.strictAt(l) {
+			} else if now >= c.lateAt(l) {
 				l.strict.Store(true)
 			} else if l.strict.Load() && l.pausedUntil.Load() <= now && l.shape == nil {
 				l.strict.Store(false) // a DenyFor ran out: back to the fast path
@@ -384,7 +384,7 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 		renew := (left <= max(active.granted/4, ticks) && !ks.run.bound) || now >= active.halfway
 		want := c.want(ks)
 		if ks.run.roomy && !ks.run.bound {
-			renew = left <= max(cushion(active), ticks) || now >= active.sent()+c.lateOffset(active.ttl())
+			renew = left <= max(cushion(active), ticks) || now >= c.lateAt(active)
 			want = c.roomyWant(ks, active, now)
 		}
 		if active.shape != nil {
@@ -467,20 +467,20 @@ func (c *Client) lateOffset(ttl int64) int64 {
 	return max(ttl/2, ttl-max(ttl/4, 8*int64(c.cfg.SettleInterval)))
 }
 
-// strictAt is when every spend of l begins to read the clock (see
-// lease.spend): its late renewal point (lateOffset), three quarters of its
-// TTL or eight ticks before its deadline, never before half of it. Up to
-// then one spend in eight does. Where the sampled checks end changes no
-// bound: a process paused across the deadline from anywhere in the sampled
-// part spends at most seven tokens of the lease after it, and one that is
-// not paused has at least eight of the loop's ticks to mark the lease
-// strict before the deadline (and a starved loop leaves the sampled check,
-// the same seven tokens at most). A roomy key is renewed at that point, so
-// its leases are spent without a clock read per spend until they are
-// replaced; were they strict from half their TTL, a third of their life
-// would read the clock on every spend, about twice the cost of the spend
-// itself.
-func (c *Client) strictAt(l *lease) int64 { return l.sent() + c.lateOffset(l.ttl()) }
+// lateAt is l's late renewal point (lateOffset after it was asked for):
+// three quarters of its TTL, or eight ticks before its deadline, never
+// before half of it. A roomy key renews its lease there, and from there on
+// every spend of l reads the clock (strict, see lease.spend); before it,
+// one spend in eight does. Where the sampled checks end changes no bound:
+// a process paused across the deadline from anywhere in the sampled part
+// spends at most seven tokens of the lease after it, and one that is not
+// paused has at least eight of the loop's ticks to mark the lease strict
+// before the deadline (and a starved loop leaves the sampled check, the
+// same seven tokens at most). So a roomy key's leases are spent without a
+// clock read per spend until they are replaced; were they strict from half
+// their TTL, a third of their life would read the clock on every spend,
+// about twice the cost of the spend itself.
+func (c *Client) lateAt(l *lease) int64 { return l.sent() + c.lateOffset(l.ttl()) }
 
 // cushion is how much of a roomy key's lease l may be left when it is
 // renewed: a sixteenth of its batch (about 90 ms of demand at a TTL of
