@@ -183,13 +183,18 @@
 //
 // A roomy key (its latest grant was all it asked for and left the bucket
 // at least twice that) is renewed later: with a sixteenth of its batch
-// left, or at three quarters of its TTL (at least eight ticks before its
-// deadline, never before half of it), and its batch is the rate its lease
-// was spent at over that time, so that it lasts until then. A hot key then
-// costs the store a renewal every three quarters of a TTL rather than
-// every three eighths or so. Its idle lease is still returned at half its
-// TTL. Its lease is spent without a clock read per spend until that
-// point, when the renewal replaces it (see above).
+// left (its cushion), or at three quarters of its TTL (at least eight
+// ticks before its deadline, never before half of it), and its batch is
+// the rate its lease was spent at over that time, so that it lasts until
+// then. A hot key then costs the store a renewal every three quarters of
+// a TTL rather than every three eighths or so. A lease that has more than
+// its cushion left at three quarters, but that the pace it is spent at
+// brings down to its cushion by eight ticks before its deadline, is
+// renewed at its cushion instead: the lease a renewal replaces is frozen,
+// and one frozen with more than its cushion costs a call of its own to
+// return (below). Its idle lease is still returned at half its TTL. Its
+// lease is spent without a clock read per spend until three quarters of
+// its TTL (see above).
 //
 // Renewal is double-buffered. The protocol lets a client hold one lease per
 // key in each of two slots (protocol.LeaseEntry.Slot, an addition to the

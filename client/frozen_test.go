@@ -133,16 +133,62 @@ rules:
 		}
 		clk.advance(t, 10*time.Millisecond)
 		require.Eventually(t, func() bool { return ks.active.Load() != second }, 5*time.Second, time.Millisecond, "renewed")
-		third := ks.active.Load()
 		require.Equal(t, 2, open(), "the renewal returned the first lease in its entry")
 		// The next renewal comes at 3 s, after the second lease's deadline
 		// (2.01 s): past it, no call returned it.
-		calls := c.Stats().ServerCalls
-		for range 60 {
+		leftToExpire(t, c, clk, ks, open)
+	})
+	t.Run("roomy, its cushion near at the late renewal point: renewed at its cushion, left to expire", func(t *testing.T) {
+		c, clk, _, open := setup(t, "d:k", deep, 10*time.Millisecond)
+		ks := c.state("d:k")
+		renew(t, c, clk, "d:k") // a first small batch, renewed at once (asked for at 10 ms)
+		second := ks.active.Load()
+		// Spend the second lease a little slower than it was sized for:
+		// at its late renewal point (1.51 s) it has about twice its
+		// cushion left, which the same pace spends down to the cushion
+		// about 90 ms later, long before its last renewal point (eight
+		// ticks before its deadline, 1.93 s). Renewed at 1.51 s, it would
+		// be frozen with more than its cushion and cost a call of its own
+		// near its deadline; it is renewed at its cushion instead.
+		step := second.granted / 170
+		var spent int64
+		spend := func() {
+			for range step {
+				require.True(t, c.Allow(ctx, "d:k").Allowed)
+				spent++
+			}
+		}
+		for range 150 {
+			spend()
 			clk.advance(t, 10*time.Millisecond)
 		}
-		assert.Equal(t, calls, c.Stats().ServerCalls, "the frozen lease cost no call of its own")
-		assert.Equal(t, 2, open(), "the server counts it until it expires")
-		assert.Same(t, third, ks.active.Load())
+		require.Greater(t, second.left(), cushion(second), "at its late renewal point it has more than its cushion left")
+		// When the renewal is asked for is pinned by TestRoomyRenewalAtCushion;
+		// here, the end: the lease frozen with no more than its cushion,
+		// and no call of its own.
+		for ks.active.Load() == second {
+			require.Less(t, spent, second.granted, "renewed before it runs out")
+			spend()
+			clk.advance(t, 10*time.Millisecond)
+			clk.advance(t, 0)
+		}
+		assert.LessOrEqual(t, second.granted-spent, cushion(second), "renewed at its cushion")
+		require.Eventually(t, func() bool { return open() == 2 }, 5*time.Second, time.Millisecond, "the renewal returned the first lease in its entry")
+		leftToExpire(t, c, clk, ks, open)
 	})
+}
+
+// leftToExpire checks that the frozen lease of ks, renewed by the active
+// one, costs no call of its own over the next 600 ms of 10 ms ticks (past
+// its deadline): the server counts it until it expires.
+func leftToExpire(t *testing.T, c *Client, clk *testClock, ks *keyState, open func() int) {
+	t.Helper()
+	active := ks.active.Load()
+	calls := c.Stats().ServerCalls
+	for range 60 {
+		clk.advance(t, 10*time.Millisecond)
+	}
+	assert.Equal(t, calls, c.Stats().ServerCalls, "the frozen lease cost no call of its own")
+	assert.Equal(t, 2, open(), "the server counts it until it expires")
+	assert.Same(t, active, ks.active.Load())
 }

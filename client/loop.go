@@ -384,7 +384,7 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 		renew := (left <= max(active.granted/4, ticks) && !ks.run.bound) || now >= active.halfway
 		want := c.want(ks)
 		if ks.run.roomy && !ks.run.bound {
-			renew = left <= max(cushion(active), ticks) || now >= c.lateAt(active)
+			renew = left <= max(cushion(active), ticks) || (now >= c.lateAt(active) && !c.cushionSoon(active, now))
 			want = c.roomyWant(ks, active, now)
 		}
 		if active.shape != nil {
@@ -435,13 +435,15 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 }
 
 // lateOffset is when, after asking for it, a roomy key's lease of TTL ttl
-// (ns) is renewed at the latest: at three quarters of its TTL, but at
-// least eight ticks before its deadline, and never before half its TTL,
-// where other keys renew. Its batch is sized to last until then (see
+// (ns) is due for renewal: at three quarters of its TTL, but at least
+// eight ticks before its deadline, and never before half its TTL, where
+// other keys renew. Its batch is sized to last until then (see
 // roomyWant), and it is renewed earlier once no more than its cushion
-// (see cushion) is left; should it run out all the same before the
-// renewal is in (the loop was late), its decisions wait for the renewal
-// rather than be denied (see Client.decide).
+// (see cushion) is left, or later, up to eight ticks before its deadline
+// (lastRenewAt), when the pace it is spent at brings it down to its
+// cushion by then (see cushionSoon); should it run out all the same
+// before the renewal is in (the loop was late), its decisions wait for
+// the renewal rather than be denied (see Client.decide).
 //
 // Why later: a hot key renewed at half its TTL, or with a quarter left,
 // costs the store a renewal every three eighths of a TTL or so, each a
@@ -460,9 +462,9 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 // within a quarter of the bucket (cheapToHold), so that its tokens,
 // outstanding until it expires, do not cap the bucket's refill; a key
 // that stops being roomy, a lease frozen with more left (the demand fell),
-// or one too big beside the bucket is returned as before. A lease's
-// strict half (every spend reads the clock) still begins at half its
-// TTL, and its deadline is unchanged.
+// or one too big beside the bucket is returned as before. Its deadline
+// is unchanged, and every spend reads the clock from the late renewal
+// point on (see lateAt), however much later the renewal comes.
 func (c *Client) lateOffset(ttl int64) int64 {
 	return max(ttl/2, ttl-max(ttl/4, 8*int64(c.cfg.SettleInterval)))
 }
@@ -481,6 +483,34 @@ func (c *Client) lateOffset(ttl int64) int64 {
 // their TTL, a third of their life would read the clock on every spend,
 // about twice the cost of the spend itself.
 func (c *Client) lateAt(l *lease) int64 { return l.sent() + c.lateOffset(l.ttl()) }
+
+// lastRenewAt is the latest a roomy key's lease l is renewed: eight ticks
+// before its deadline, never before its late renewal point (lateAt).
+func (c *Client) lastRenewAt(l *lease) int64 {
+	return max(c.lateAt(l), l.deadline-8*int64(c.cfg.SettleInterval))
+}
+
+// cushionSoon reports whether l, the active lease of a roomy key past its
+// late renewal point with more than its cushion left, comes down to its
+// cushion by lastRenewAt(l) if it is spent on at the pace it was spent at
+// since it was asked for: its renewal then waits for the cushion rather
+// than freeze it with more left. A lease frozen with more than its cushion
+// is returned by a call of its own near its deadline, as the next renewal
+// comes after that (see lateOffset); the sizing of a batch (roomyWant) is
+// an estimate, and a lease that was sized a few percent above its demand
+// (the growth lease after a key's small first one, a demand that dipped)
+// would cost that call. Renewed at its cushion, it is left to expire. A
+// lease whose demand fell further is renewed at its late renewal point,
+// as before, and returned (see plan).
+func (c *Client) cushionSoon(l *lease, now int64) bool {
+	elapsed, spent := now-l.sent(), l.granted-l.left()
+	over, rest := l.left()-cushion(l), c.lastRenewAt(l)-now
+	if elapsed <= 0 || spent <= 0 || rest <= 0 {
+		return false
+	}
+	// over/(spent/elapsed) <= rest, without the division.
+	return float64(over)*float64(elapsed) <= float64(spent)*float64(rest)
+}
 
 // cushion is how much of a roomy key's lease l may be left when it is
 // renewed: a sixteenth of its batch (about 90 ms of demand at a TTL of

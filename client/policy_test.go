@@ -108,6 +108,52 @@ func TestRoomyRenewal(t *testing.T) {
 	assert.Equal(t, int64(187), cushion(newLease(0, 2000*ms, 3000, 0)))
 }
 
+// TestRoomyRenewalAtCushion: past its late renewal point, a roomy key's
+// lease that the pace it was spent at brings down to its cushion by its
+// last renewal point (eight ticks before its deadline) is renewed at its
+// cushion, not at once; one whose demand fell is renewed at once, and any
+// is renewed at its last renewal point or at its cushion.
+func TestRoomyRenewalAtCushion(t *testing.T) {
+	c := policyClient(t, Config{SettleInterval: 10 * time.Millisecond, MaxBatch: 100_000})
+	ms := int64(time.Millisecond)
+	// A lease of 1,600 tokens asked for at 0, TTL 2 s: late renewal
+	// point 1.5 s, last renewal point 1.92 s, cushion 100.
+	for _, tc := range []struct {
+		name  string
+		used  int64
+		now   int64
+		renew bool
+	}{
+		{"late point, cushion 0.23 s away at its pace: waits", 1300, 1500 * ms, false},
+		{"late point, cushion 0.41 s away: waits", 1180, 1500 * ms, false},
+		{"late point, cushion 0.44 s away: renewed", 1160, 1500 * ms, true},
+		{"late point, demand fell: renewed", 400, 1500 * ms, true},
+		{"last renewal point, cushion near: renewed", 1440, 1920 * ms, true},
+		{"before the late point, at its cushion: renewed", 1500, 1000 * ms, true},
+		{"before the late point, above its cushion: waits", 1000, 1000 * ms, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ks := newKeyState("k")
+			ks.run.roomy = true
+			ks.run.ewma = 1000
+			ks.leaseTTL.Store(2000 * ms)
+			ks.ruleFill.Store(100_000 * ms)
+			ks.ruleBurst.Store(1e9)
+			l := &lease{granted: 1600, halfway: 1000 * ms, deadline: 2000 * ms}
+			l.remaining.Store(l.granted - tc.used)
+			ks.active.Store(l)
+			ks.run.slots[0] = l
+			got, ok := c.plan(ks, tc.now, l)
+			require.Equal(t, tc.renew, ok, "%+v", got)
+			if tc.renew {
+				require.Len(t, got, 1)
+				assert.Equal(t, 1, got[0].slot, "into the other slot")
+				assert.Positive(t, got[0].want)
+			}
+		})
+	}
+}
+
 // TestPromotion: a key moves to leases once this process was admitted
 // LeaseMinTokens over one lease TTL (an average decaying with the TTL), or
 // half of them at twice that pace since its first admission, not before,
