@@ -302,14 +302,15 @@ func (c *Client) Allow(ctx context.Context, keys ...string) Decision {
 // moved to leases waits for its first lease, and a young key's decision
 // for the answer of a take of it in flight (see the package
 // documentation): these waits take Config.RequestTimeout at most in all,
-// on the client's clock. Any other key is decided by a direct take at a
-// lease server (Source SourceDirect): one
-// call, sent at once and coalesced with the process's other decisions in
-// flight, so the decision waits about one round trip (at most until ctx
-// ends). A key a server denied is denied locally until its bucket can serve
-// again (the server's retry_after, at most the bucket's fill time), without
-// a call. Config.Fallback decides
-// only while no server answers. Keys move to leases by themselves once this
+// on the client's clock, and a decision over several keys holds no token
+// of the others while it waits (it takes them again after). Any other
+// key is decided by a direct take at a lease server (Source
+// SourceDirect): one call, sent at once and coalesced with the process's
+// other decisions in flight, so the decision waits about one round trip
+// (at most until ctx ends). A key a server denied is denied locally until
+// its bucket can serve again (the server's retry_after, at most the
+// bucket's fill time), without a call. Config.Fallback decides only while
+// no server answers. Keys move to leases by themselves once this
 // process is admitted enough of them (Config.LeaseMinTokens). Invalid keys,
 // or n < 1, are denied with Source SourceDenied.
 func (c *Client) AllowN(ctx context.Context, n int64, keys ...string) Decision {
@@ -478,6 +479,33 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 		}
 		return time.Duration(waitEnd - c.nanos())
 	}
+	// A decision holds no token while it waits: before a wait, letGo
+	// gives back what the keys before this one took (and takes their
+	// demand back), and reports whether it did; the decision then starts
+	// again from its first key after the wait, bounded all the same, as
+	// each kind of wait is made once.
+	letGo := func() bool {
+		if len(done) == 0 && len(direct) == 0 {
+			return false
+		}
+		c.undo(n, done)
+		for _, ks := range direct {
+			ks.unserved.Add(-n)
+		}
+		done, direct = done[:0], direct[:0]
+		d = Decision{Allowed: true, Source: SourceLease, Remaining: -1}
+		return true
+	}
+	// restart undoes what a wait for a lease of ks left, the decision to
+	// start again from its first key (see letGo): the token the lease l
+	// served it (nil: none did), or the demand it counted.
+	restart := func(ks *keyState, l *lease) {
+		if l != nil {
+			l.giveBack(n)
+			return
+		}
+		ks.unserved.Add(-n)
+	}
 	for i := 0; i < len(states); i++ {
 		ks := states[i]
 		if ks.dead.Load() {
@@ -586,8 +614,14 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 				// waits for the renewal, as for a first lease, rather
 				// than be denied.
 				waitedLease = true
+				again := letGo()
 				nl := c.awaitLease(ctx, ks, n, budget(), func() bool { return ks.active.Load() == l })
 				now = 0 // read again after a wait
+				if again {
+					restart(ks, nl)
+					i = -1
+					continue
+				}
 				if nl != nil {
 					done = append(done, spent{l: nl, ks: ks})
 					d.leased(nl, ks)
@@ -609,9 +643,13 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			// first few answers only. Then the key is decided again.
 			waitedAnswer = true
 			ks.unserved.Add(-n)
+			again := letGo()
 			c.awaitChange(ctx, ks, budget(), func() bool { return ks.probing.Load() && c.young(ks) }, n)
 			now = 0 // read again after a wait
 			i--
+			if again {
+				i = -1
+			}
 			continue
 		}
 		if ks.leasing.Load() {
@@ -627,10 +665,16 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			c.wake()
 			if !waitedLease && ks.deadline.Load() == 0 && c.online.Load() {
 				waitedLease = true
+				again := letGo()
 				l := c.awaitLease(ctx, ks, n, budget(), func() bool {
 					return ks.active.Load() == nil && ks.deadline.Load() == 0 && ks.leasing.Load()
 				})
 				now = 0 // read again after a wait
+				if again {
+					restart(ks, l)
+					i = -1
+					continue
+				}
 				if l != nil {
 					done = append(done, spent{l: l, ks: ks})
 					d.leased(l, ks)

@@ -74,8 +74,8 @@
 //
 // Once promoted, a key's decisions wait for its first lease, which the
 // loop asks for at once (about one round trip; a decision's waits, for an
-// answer and for a lease, take Config.RequestTimeout at most in all), and
-// are served from it: taking directly
+// answer and for a lease, take Config.RequestTimeout at most in all, and
+// hold no token of the decision's other keys), and are served from it: taking directly
 // meanwhile would cost a call and the store's work per decision on exactly
 // the keys hot enough to lease (at the benchmark's hot key, before a
 // young key's answers and the first lease were waited for, about a dozen

@@ -218,19 +218,10 @@ rules:
   - {name: s, match: "s:*", limit: 1000, period: 1s, lease_ttl: 2s}
 `
 	srv := leasetest.Start(t, rules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
-	target, err := url.Parse(srv.URL())
-	require.NoError(t, err)
-	rp := httputil.NewSingleHostReverseProxy(target)
 	releaseTake, done := make(chan struct{}), make(chan struct{})
 	takeArrived, leaseArrived := make(chan struct{}, 1), make(chan struct{}, 1)
 	var takes atomic.Int64
-	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, err := io.ReadAll(r.Body)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
+	proxy := bodyProxy(t, srv.URL(), func(r *http.Request, body []byte) bool {
 		switch {
 		case bytes.Contains(body, []byte(`"leases":[{`)):
 			// The key's first lease: held until the test ends.
@@ -239,23 +230,21 @@ rules:
 			case <-done:
 			case <-r.Context().Done():
 			}
-			http.Error(w, "held", http.StatusServiceUnavailable)
-			return
+			return false
 		case bytes.Contains(body, []byte(`"takes":[{`)) && takes.Add(1) == 1:
 			// The first direct take: held until the test releases it.
 			takeArrived <- struct{}{}
 			select {
 			case <-releaseTake:
 			case <-done:
-				return
+				return false
 			}
 		}
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(proxy.Close)
+		return true
+	})
 
 	clk := newTestClock()
-	c := clockedClient(t, Config{Servers: []string{proxy.URL}, LeaseMinTokens: 1, RequestTimeout: time.Second, ProbeTimeout: -1}, clk)
+	c := clockedClient(t, Config{Servers: []string{proxy}, LeaseMinTokens: 1, RequestTimeout: time.Second, ProbeTimeout: -1}, clk)
 	// First of the cleanups: the held lease call then fails at once, and
 	// neither the client's Close nor the proxy's waits for it.
 	t.Cleanup(func() { close(done) })
@@ -284,4 +273,86 @@ rules:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the decision still waits after Config.RequestTimeout in all")
 	}
+}
+
+// TestMultiKeyDecisionHoldsNothingWhileWaiting: a decision over several
+// keys that waits for one of them (here a young key's answer in flight)
+// holds no token of the keys before it meanwhile: the token it took from
+// the first key's lease is given back during the wait, so the other
+// decisions of the process may spend it, and taken again after.
+func TestMultiKeyDecisionHoldsNothingWhileWaiting(t *testing.T) {
+	const rules = `
+rules:
+  - {name: s, match: "s:*", limit: 1000, period: 1s, lease_ttl: 2s}
+`
+	srv := leasetest.Start(t, rules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	proxy := bodyProxy(t, srv.URL(), func(r *http.Request, body []byte) bool {
+		if bytes.Contains(body, []byte(`"takes":[{`)) && bytes.Contains(body, []byte(`"s:b"`)) {
+			// The young key's take: held until the test releases it.
+			arrived <- struct{}{}
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return false
+			}
+		}
+		return true
+	})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{proxy}, LeaseMinTokens: 1, RequestTimeout: time.Second, ProbeTimeout: -1}, clk)
+	ctx := context.Background()
+
+	// s:a is leased.
+	require.True(t, c.Allow(ctx, "s:a").Allowed)
+	a := c.state("s:a")
+	require.Eventually(t, func() bool { return a.active.Load() != nil }, 5*time.Second, time.Millisecond, "s:a leased")
+	l := a.active.Load()
+	left := l.left()
+
+	// s:b is young, its first take held at the proxy.
+	first := make(chan Decision, 1)
+	go func() { first <- c.Allow(ctx, "s:b") }()
+	<-arrived
+	b := c.state("s:b")
+
+	// A decision over both takes s:a's token, then waits for s:b's answer.
+	both := make(chan Decision, 1)
+	go func() { both <- c.Allow(ctx, "s:a", "s:b") }()
+	require.Eventually(t, func() bool { return b.waiting.Load() == 1 }, 5*time.Second, time.Millisecond, "the decision waits for s:b's answer")
+	assert.Equal(t, left, l.left(), "while it waits, it holds no token of s:a")
+
+	once.Do(func() { close(release) })
+	require.True(t, (<-first).Allowed)
+	d := <-both
+	require.True(t, d.Allowed)
+	assert.Equal(t, left-1, l.left(), "decided, it took s:a's token again")
+}
+
+// bodyProxy forwards to target the requests that pass reads their body
+// (it may block them meanwhile) and answers the others 503.
+func bodyProxy(t *testing.T, target string, pass func(r *http.Request, body []byte) bool) string {
+	t.Helper()
+	u, err := url.Parse(target)
+	require.NoError(t, err)
+	rp := httputil.NewSingleHostReverseProxy(u)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if !pass(r, body) {
+			http.Error(w, "held", http.StatusServiceUnavailable)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	return proxy.URL
 }
