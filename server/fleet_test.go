@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -180,6 +181,54 @@ func TestRedisPeersBeat(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, float64(now.UnixMilli()), seen, step.name)
 	}
+}
+
+// TestRedisPeersCommands: RedisPeers counts every Redis command it sends,
+// as Redis counts them, so that ratelease_peer_commands_total tells the
+// fleet view's Redis work from the store's; the server exports it.
+func TestRedisPeersCommands(t *testing.T) {
+	rs := redistest.Start(t)
+	rdb := rs.Client(t)
+	ctx := context.Background()
+	p := NewRedisPeers(rdb)
+	total := func() int64 {
+		var n int64
+		for name, c := range commandCalls(t, rdb) {
+			if name != "info" && name != "hello" && !strings.HasPrefix(name, "client|") {
+				n += c
+			}
+		}
+		return n
+	}
+	t0 := time.UnixMilli(1_700_000_000_000)
+	for _, step := range []struct {
+		name string
+		do   func() error
+	}{
+		{"a first beat, with its upkeep", func() error { return p.Beat(ctx, "self", t0) }},
+		{"a beat", func() error { return p.Beat(ctx, "self", t0.Add(PeerInterval)) }},
+		{"a snapshot", func() error { return p.Publish(ctx, "self", []byte("{}"), SnapshotTTL) }},
+		{"a list", func() error { _, err := p.List(ctx, t0); return err }},
+		{"the snapshots", func() error { _, err := p.Snapshots(ctx, []string{"self", "other"}); return err }},
+		{"no snapshot asked for", func() error { _, err := p.Snapshots(ctx, nil); return err }},
+		{"leaving", func() error { return p.Leave(ctx, "self") }},
+	} {
+		before, sent := total(), p.Commands()
+		require.NoError(t, step.do(), step.name)
+		assert.Equal(t, total()-before, p.Commands()-sent, step.name)
+	}
+	assert.Equal(t, int64(9), p.Commands())
+
+	f := newFixture(t, rulesYAML, nil, Options{Peers: p})
+	mfs, err := f.reg.Gather()
+	require.NoError(t, err)
+	var got float64
+	for _, mf := range mfs {
+		if mf.GetName() == "ratelease_peer_commands_total" {
+			got = mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	assert.GreaterOrEqual(t, got, float64(9), "exported as ratelease_peer_commands_total")
 }
 
 // TestHeartbeatPublishesChanges: a heartbeat publishes the status snapshot

@@ -33,6 +33,10 @@ const namespace = "ratelease"
 //	ratelease_rules_last_reload_success         1 when the last load of the rules file succeeded, 0 when it failed
 //	ratelease_build_info{version,revision,goversion}  always 1: the build serving
 //
+// and, registered by New when they apply: the rule database's override
+// cache metrics, a leases.OwningStore's (owningmetrics.go) and
+// ratelease_peer_commands_total (peers.go).
+//
 // Each request is counted once, in request_duration_seconds: an earlier
 // requests_total{route,code} counted every request a second time.
 type metrics struct {

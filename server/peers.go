@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -94,10 +96,19 @@ const RedisSnapshotPrefix = "{rl:status}:"
 type RedisPeers struct {
 	rdb redis.UniversalClient
 	key string
+	// commands counts the Redis commands sent (see Commands).
+	commands atomic.Int64
 
 	mu     sync.Mutex
 	tidied time.Time // when Beat last did the record's upkeep; zero: never
 }
+
+// Commands returns the number of Redis commands p has sent, answered or
+// not: its heartbeats, snapshots, and the status page's reads. The server
+// exports it as ratelease_peer_commands_total, so that the Redis work of
+// the fleet view, a cost per second whatever the traffic, can be told
+// from the store's, a cost per decision.
+func (p *RedisPeers) Commands() int64 { return p.commands.Load() }
 
 // NewRedisPeers returns Peers kept in rdb under RedisPeersKey and
 // RedisSnapshotPrefix. It works with Redis Cluster too: the record is one
@@ -119,8 +130,10 @@ func (p *RedisPeers) Beat(ctx context.Context, name string, now time.Time) error
 	p.mu.Unlock()
 	var err error
 	if !tidy {
+		p.commands.Add(1)
 		err = p.rdb.ZAdd(ctx, p.key, z).Err()
 	} else {
+		p.commands.Add(3)
 		_, err = p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			pipe.ZAdd(ctx, p.key, z)
 			pipe.ZRemRangeByScore(ctx, p.key, "-inf", "("+strconv.FormatInt(ms-peerForget.Milliseconds(), 10))
@@ -141,6 +154,7 @@ func (p *RedisPeers) Beat(ctx context.Context, name string, now time.Time) error
 
 // List implements Peers.
 func (p *RedisPeers) List(ctx context.Context, since time.Time) ([]Peer, error) {
+	p.commands.Add(1)
 	zs, err := p.rdb.ZRevRangeByScoreWithScores(ctx, p.key, &redis.ZRangeBy{
 		Min: strconv.FormatInt(since.UnixMilli(), 10), Max: "+inf",
 	}).Result()
@@ -157,9 +171,11 @@ func (p *RedisPeers) List(ctx context.Context, since time.Time) ([]Peer, error) 
 
 // Leave implements Peers.
 func (p *RedisPeers) Leave(ctx context.Context, name string) error {
+	p.commands.Add(1)
 	if err := p.rdb.ZRem(ctx, p.key, name).Err(); err != nil {
 		return fmt.Errorf("server: remove this server from redis key %s: %w", p.key, err)
 	}
+	p.commands.Add(1)
 	if err := p.rdb.Del(ctx, RedisSnapshotPrefix+name).Err(); err != nil {
 		return fmt.Errorf("server: delete this server's status snapshot: %w", err)
 	}
@@ -168,6 +184,7 @@ func (p *RedisPeers) Leave(ctx context.Context, name string) error {
 
 // Publish implements Peers with one SET with a time to live.
 func (p *RedisPeers) Publish(ctx context.Context, name string, snapshot []byte, ttl time.Duration) error {
+	p.commands.Add(1)
 	if err := p.rdb.Set(ctx, RedisSnapshotPrefix+name, snapshot, ttl).Err(); err != nil {
 		return fmt.Errorf("server: publish this server's status snapshot: %w", err)
 	}
@@ -183,6 +200,7 @@ func (p *RedisPeers) Snapshots(ctx context.Context, names []string) ([][]byte, e
 	for i, n := range names {
 		keys[i] = RedisSnapshotPrefix + n
 	}
+	p.commands.Add(1)
 	vals, err := p.rdb.MGet(ctx, keys...).Result()
 	if err != nil {
 		return nil, fmt.Errorf("server: read the servers' status snapshots: %w", err)
@@ -194,4 +212,19 @@ func (p *RedisPeers) Snapshots(ctx context.Context, names []string) ([][]byte, e
 		}
 	}
 	return out, nil
+}
+
+// peerCommands is what Peers that count their store commands (RedisPeers)
+// report.
+type peerCommands interface {
+	Commands() int64
+}
+
+// peerCollector returns ratelease_peer_commands_total: the store commands
+// the fleet view sent (see RedisPeers.Commands).
+func peerCollector(pc peerCommands) prometheus.Collector {
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: namespace, Name: "peer_commands_total",
+		Help: "Redis commands sent for the fleet view: this server's heartbeats and status snapshots, and the status page's reads of the other servers. A cost per second, whatever the traffic, beside the store's per decision.",
+	}, func() float64 { return float64(pc.Commands()) })
 }

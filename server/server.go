@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/ratelease/ratelease/leases"
 )
 
@@ -111,18 +113,19 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	var more []prometheus.Collector
 	if db != nil {
-		for _, c := range db.cache.collectors() {
-			if err := opts.Registry.Register(c); err != nil {
-				return nil, fmt.Errorf("server: register metrics (give every Server its own Registry): %w", err)
-			}
-		}
+		more = append(more, db.cache.collectors()...)
 	}
 	if st, ok := opts.Store.(owningStats); ok {
-		for _, c := range owningCollectors(st) {
-			if err := opts.Registry.Register(c); err != nil {
-				return nil, fmt.Errorf("server: register metrics (give every Server its own Registry): %w", err)
-			}
+		more = append(more, owningCollectors(st)...)
+	}
+	if pc, ok := opts.Peers.(peerCommands); ok {
+		more = append(more, peerCollector(pc))
+	}
+	for _, c := range more {
+		if err := opts.Registry.Register(c); err != nil {
+			return nil, fmt.Errorf("server: register metrics (give every Server its own Registry): %w", err)
 		}
 	}
 	ops, err := newOperator(opts.Registry, opts.Peers, opts.Now)

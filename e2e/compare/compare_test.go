@@ -195,8 +195,9 @@ func runOpen(b *testing.B, e *env, sys *system, wl *workload, arr []arrival, exa
 
 // setCosts fills the per-decision costs from the snapshots around the run,
 // and the cores other processes kept busy between them. The net Redis
-// commands are the gross less the background bg, at its rate, over the
-// time between the snapshots.
+// commands are the gross less the fleet view's commands between the
+// snapshots, and less the rest of the background bg, at its rate, over
+// the time between them (see background).
 func (r *result) setCosts(before, after snap, bg background, calls, n float64) {
 	if n == 0 {
 		return
@@ -204,8 +205,10 @@ func (r *result) setCosts(before, after snap, bg background, calls, n float64) {
 	r.Calls = calls / n
 	gross := float64(after.redisCmds - before.redisCmds)
 	r.RedisCmds = gross / n
-	r.RedisBackground = bg.perSecond()
-	r.RedisNet = max(0, gross-r.RedisBackground*after.at.Sub(before.at).Seconds()) / n
+	r.RedisBackground = bg.otherPerSecond()
+	peer := float64(after.peerCmds - before.peerCmds)
+	r.RedisPeer = peer / n
+	r.RedisNet = max(0, gross-peer-r.RedisBackground*after.at.Sub(before.at).Seconds()) / n
 	r.RedisByCmd = make(map[string]float64)
 	for name, c := range after.redisBy {
 		if d := c - before.redisBy[name]; d > 0 {

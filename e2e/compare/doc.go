@@ -82,12 +82,14 @@
 //     decision: the delta of INFO commandstats over the run, every
 //     command's calls summed (EVALSHA and the commands its script ran each
 //     count), INFO's own excluded, whoever sent them: the gross figure.
-//     The net figure subtracts the background: before each run of a
-//     system that uses Redis, before it is set up, the commands are
-//     counted over one server.PeerInterval with no system running
-//     (idleWindow: the rateleased processes' periodic work, recording
-//     themselves among the peers and publishing their status snapshots,
-//     has that period), and that rate times the run's length is taken off.
+//     The net figure subtracts the background: the rateleased processes'
+//     fleet view (recording themselves among the peers, publishing their
+//     status snapshots), whose Redis commands they count
+//     (ratelease_peer_commands_total, read with every INFO), is taken off
+//     as counted over the run; anything else reaching Redis with no system
+//     running, counted over one server.PeerInterval before each run of a
+//     system that uses Redis (idleWindow), before it is set up, is taken
+//     off at that rate times the run's length (it is normally nothing).
 //     The tables show both; the Redis targets use the net figures, of (a)
 //     and (b) alike, since on a hot key the daemons' own periodic work
 //     would otherwise be much of what (a) is charged. Both include closing

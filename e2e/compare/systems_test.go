@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -71,7 +72,47 @@ func startEnv(b *testing.B) *env {
 	}
 	setRedisVersion(info.Item("Server", "redis_version"))
 	e.loadScripts(b)
+	e.warmDaemonRedis(b)
 	return e
+}
+
+// daemonRedisWarm is how many decisions warmDaemonRedis sends a rateleased
+// process at once, per core of this machine (which the rateleased
+// processes share): more than its Redis pool holds (go-redis's default,
+// 10 per GOMAXPROCS).
+const daemonRedisWarm = 12
+
+// warmDaemonRedis fills the Redis connection pools of the rateleased
+// processes, as (b)'s are opened before its runs (MinIdleConns): it sends
+// each, a few times, daemonRedisWarm checks at once, each of which holds a
+// connection of its pool. A pool otherwise grows during the runs whose
+// concurrency exceeds every earlier one's, each new connection a HELLO
+// charged to that run: at a workload whose Redis commands per decision tie
+// with (b)'s, that decided the comparison.
+func (e *env) warmDaemonRedis(b *testing.B) {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tr := newTransport()
+	defer tr.CloseIdleConnections()
+	hc := &http.Client{Transport: tr}
+	var failed atomic.Int64
+	for i, d := range e.daemons {
+		for round := range 3 {
+			var wg sync.WaitGroup
+			for j := range daemonRedisWarm * runtime.GOMAXPROCS(0) {
+				wg.Go(func() {
+					if _, err := postCheck(ctx, hc, d.URL()+protocol.PathCheck, fmt.Sprintf("warm:pool:%d:%d:%d", i, round, j)); err != nil {
+						failed.Add(1)
+					}
+				})
+			}
+			wg.Wait()
+		}
+	}
+	if n := failed.Load(); n > 0 {
+		b.Fatalf("warm-up of the rateleased Redis pools: %d checks failed", n)
+	}
 }
 
 // loadScripts makes one decision of each kind on a key of the warm rule, so
@@ -123,11 +164,23 @@ func (e *env) urls(first int) []string {
 const idleWindow = server.PeerInterval
 
 // background is what Redis counted over an idle window before a run: the
-// rateleased processes' periodic work, and anything else still reaching
-// Redis then (what the previous run left behind). A run's net Redis
-// commands are its gross less this rate over the run's length.
+// rateleased processes' periodic work (their fleet view: heartbeats and
+// status snapshots), and anything else still reaching Redis then (what
+// the previous run left behind). peer is the part of cmds the rateleased
+// processes counted as their fleet view's (ratelease_peer_commands_total).
+//
+// A run's net Redis commands are its gross less the fleet view's commands
+// the rateleased processes counted during the run, and less the rest of
+// the background at its idle rate over the run's length. The fleet view's
+// are counted rather than estimated from the idle rate: they come in
+// rounds every server.PeerInterval, so a run holds one round more or less
+// whatever its length, and a server publishes its status snapshot at every
+// round while its figures change (a run's traffic) but at every other
+// round when idle; at a per-user workload, whose Redis commands per
+// decision tie with redis_rate's, that estimate decided the comparison.
 type background struct {
 	cmds   int64
+	peer   int64
 	length time.Duration
 }
 
@@ -137,6 +190,15 @@ func (bg background) perSecond() float64 {
 		return 0
 	}
 	return float64(bg.cmds) / bg.length.Seconds()
+}
+
+// otherPerSecond returns the background's commands per second other than
+// the fleet view's.
+func (bg background) otherPerSecond() float64 {
+	if bg.length <= 0 {
+		return 0
+	}
+	return float64(max(0, bg.cmds-bg.peer)) / bg.length.Seconds()
 }
 
 // measureBackground counts the Redis commands over idleWindow, before sys
@@ -151,7 +213,7 @@ func (e *env) measureBackground(b *testing.B, sys *system) background {
 	before := e.snapshot(b)
 	time.Sleep(idleWindow)
 	after := e.snapshot(b)
-	return background{cmds: after.redisCmds - before.redisCmds, length: after.at.Sub(before.at)}
+	return background{cmds: after.redisCmds - before.redisCmds, peer: after.peerCmds - before.peerCmds, length: after.at.Sub(before.at)}
 }
 
 // maxDrain bounds drain: how long after a run, its clients closed, the
@@ -190,7 +252,7 @@ func (e *env) drain(b *testing.B, sys *system, bg background, run *snap) snap {
 	deadline := last.at.Add(maxDrain)
 	for time.Now().Before(deadline) {
 		x := e.snapshot(b)
-		owned := e.ownedBuckets(b)
+		owned := e.daemonMetric(b, "ratelease_owned_buckets")
 		run.exclude(x, e.snapshot(b))
 		if owned == 0 {
 			break
@@ -211,11 +273,11 @@ func (e *env) drain(b *testing.B, sys *system, bg background, run *snap) snap {
 	return last
 }
 
-// ownedBuckets sums ratelease_owned_buckets over the rateleased processes'
-// /metrics.
-func (e *env) ownedBuckets(b *testing.B) int {
+// daemonMetric sums the unlabelled sample name over the rateleased
+// processes' /metrics (0 without rateleased processes).
+func (e *env) daemonMetric(b *testing.B, name string) int64 {
 	b.Helper()
-	n := 0
+	var n int64
 	for _, d := range e.daemons {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.URL()+"/metrics", nil)
@@ -226,19 +288,19 @@ func (e *env) ownedBuckets(b *testing.B) int {
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			cancel()
-			b.Fatalf("drain: GET /metrics: %v", err)
+			b.Fatalf("GET /metrics: %v", err)
 		}
 		body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 		_ = resp.Body.Close()
 		cancel()
 		if err != nil {
-			b.Fatalf("drain: GET /metrics: %v", err)
+			b.Fatalf("GET /metrics: %v", err)
 		}
-		v, ok := metricValue(string(body), "ratelease_owned_buckets")
+		v, ok := metricValue(string(body), name)
 		if !ok {
-			b.Fatalf("drain: no ratelease_owned_buckets in %s/metrics", d.URL())
+			b.Fatalf("no %s in %s/metrics", name, d.URL())
 		}
-		n += int(v)
+		n += int64(v)
 	}
 	return n
 }
@@ -263,6 +325,7 @@ type snap struct {
 	cpu       time.Duration    // this process, user + sys
 	redisCmds int64            // INFO commandstats: every command's calls, INFO's own excluded
 	redisBy   map[string]int64 // the same by command
+	peerCmds  int64            // of those, the rateleased processes' fleet view's (ratelease_peer_commands_total)
 	redisCPU  time.Duration
 	daemonCPU time.Duration // all rateleased processes
 	machine   time.Duration // all CPUs busy, every process (/proc/stat)
@@ -275,6 +338,7 @@ type snap struct {
 func (s *snap) exclude(x, y snap) {
 	s.cpu += y.cpu - x.cpu
 	s.redisCmds += y.redisCmds - x.redisCmds
+	s.peerCmds += y.peerCmds - x.peerCmds
 	by := make(map[string]int64, len(s.redisBy))
 	for k, v := range s.redisBy {
 		by[k] = v
@@ -305,6 +369,9 @@ func (e *env) snapshot(b *testing.B) snap {
 	for _, n := range s.redisBy {
 		s.redisCmds += n
 	}
+	// Read right after INFO: a heartbeat between the two (one round every
+	// server.PeerInterval, a millisecond apart) is the only error left.
+	s.peerCmds = e.daemonMetric(b, "ratelease_peer_commands_total")
 	if s.redisCPU, err = redisCPU(txt); err != nil {
 		b.Fatal(err)
 	}
