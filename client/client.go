@@ -302,17 +302,19 @@ func (c *Client) Allow(ctx context.Context, keys ...string) Decision {
 // moved to leases waits for its first lease, and a young key's decision
 // for the answer of a take of it in flight (see the package
 // documentation): these waits take Config.RequestTimeout at most in all,
-// on the client's clock, and a decision over several keys holds no token
-// of the others while it waits (it takes them again after). Any other
-// key is decided by a direct take at a lease server (Source
-// SourceDirect): one call, sent at once and coalesced with the process's
-// other decisions in flight, so the decision waits about one round trip
-// (at most until ctx ends). A key a server denied is denied locally until
-// its bucket can serve again (the server's retry_after, at most the
-// bucket's fill time), without a call. Config.Fallback decides only while
-// no server answers. Keys move to leases by themselves once this
-// process is admitted enough of them (Config.LeaseMinTokens). Invalid keys,
-// or n < 1, are denied with Source SourceDenied.
+// on the client's clock. A decision over several keys holds no token of
+// the others while it waits: it decides them again after, as if it came
+// then (a key that can no longer serve it denies it), unless one of them
+// took a shaping rule's slot, which cannot be given back: then it holds
+// them. Any other key is decided by a direct take at a lease server
+// (Source SourceDirect): one call, sent at once and coalesced with the
+// process's other decisions in flight, so the decision waits about one
+// round trip (at most until ctx ends). A key a server denied is denied
+// locally until its bucket can serve again (the server's retry_after, at
+// most the bucket's fill time), without a call. Config.Fallback decides
+// only while no server answers. Keys move to leases by themselves once
+// this process is admitted enough of them (Config.LeaseMinTokens).
+// Invalid keys, or n < 1, are denied with Source SourceDenied.
 func (c *Client) AllowN(ctx context.Context, n int64, keys ...string) Decision {
 	if n < 1 || n > protocol.MaxCount || len(keys) == 0 || len(keys) > protocol.MaxEntries {
 		c.denied.Add(1)
@@ -483,10 +485,17 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 	// gives back what the keys before this one took (and takes their
 	// demand back), and reports whether it did; the decision then starts
 	// again from its first key after the wait, bounded all the same, as
-	// each kind of wait is made once.
+	// each kind of wait is made once. A shaping rule's slot cannot be given
+	// back (see lease.giveBack): a decision that took one holds it, as
+	// before.
 	letGo := func() bool {
 		if len(done) == 0 && len(direct) == 0 {
 			return false
+		}
+		for _, sp := range done {
+			if sp.l != nil && sp.l.shape != nil {
+				return false
+			}
 		}
 		c.undo(n, done)
 		for _, ks := range direct {
@@ -498,7 +507,9 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 	}
 	// restart undoes what a wait for a lease of ks left, the decision to
 	// start again from its first key (see letGo): the token the lease l
-	// served it (nil: none did), or the demand it counted.
+	// served it (nil: none did), or the demand it counted. (Were l of a
+	// shaping rule, its slot would be lost: the waits that let go are not
+	// made on a shaped key's lease.)
 	restart := func(ks *keyState, l *lease) {
 		if l != nil {
 			l.giveBack(n)
@@ -665,7 +676,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			c.wake()
 			if !waitedLease && ks.deadline.Load() == 0 && c.online.Load() {
 				waitedLease = true
-				again := letGo()
+				again := !ks.shaped.Load() && letGo()
 				l := c.awaitLease(ctx, ks, n, budget(), func() bool {
 					return ks.active.Load() == nil && ks.deadline.Load() == 0 && ks.leasing.Load()
 				})

@@ -189,7 +189,8 @@
 // then. A hot key then costs the store a renewal every three quarters of
 // a TTL rather than every three eighths or so. A lease that has more than
 // its cushion left at three quarters, but that the pace it is spent at
-// brings down to its cushion by eight ticks before its deadline, is
+// brings down to its cushion by an eighth of its TTL before its deadline,
+// is
 // renewed at its cushion instead: the lease a renewal replaces is frozen,
 // and one frozen with more than its cushion costs a call of its own to
 // return (below). Its idle lease is still returned at half its TTL. Its

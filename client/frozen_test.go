@@ -144,13 +144,13 @@ rules:
 		renew(t, c, clk, "d:k") // a first small batch, renewed at once (asked for at 10 ms)
 		second := ks.active.Load()
 		// Spend the second lease a little slower than it was sized for:
-		// at its late renewal point (1.51 s) it has about twice its
-		// cushion left, which the same pace spends down to the cushion
-		// about 90 ms later, long before its last renewal point (eight
-		// ticks before its deadline, 1.93 s). Renewed at 1.51 s, it would
-		// be frozen with more than its cushion and cost a call of its own
-		// near its deadline; it is renewed at its cushion instead.
-		step := second.granted / 170
+		// at its late renewal point (1.51 s) it has a little more than its
+		// cushion left, which the same pace spends down to the cushion a
+		// few ticks later, long before its last renewal point (an eighth
+		// of its TTL before its deadline, 1.76 s). Renewed at 1.51 s, it
+		// would be frozen with more than its cushion and cost a call of
+		// its own near its deadline; it is renewed at its cushion instead.
+		step := second.granted / 160
 		var spent int64
 		spend := func() {
 			for range step {
@@ -162,17 +162,20 @@ rules:
 			spend()
 			clk.advance(t, 10*time.Millisecond)
 		}
-		require.Greater(t, second.left(), cushion(second), "at its late renewal point it has more than its cushion left")
-		// When the renewal is asked for is pinned by TestRoomyRenewalAtCushion;
-		// here, the end: the lease frozen with no more than its cushion,
-		// and no call of its own.
-		for ks.active.Load() == second {
-			require.Less(t, spent, second.granted, "renewed before it runs out")
+		over := second.left() - cushion(second)
+		require.Positive(t, over, "at its late renewal point it has more than its cushion left")
+		// When the renewal is asked for is pinned by
+		// TestRoomyRenewalAtCushion; here, the end: the lease frozen with
+		// no more than its cushion, and no call of its own.
+		for ticks := 0; second.left() > cushion(second); ticks++ {
+			require.LessOrEqual(t, ticks, int(over/step)+1, "it comes down to its cushion at the same pace")
+			require.Same(t, second, ks.active.Load(), "not renewed above its cushion")
 			spend()
 			clk.advance(t, 10*time.Millisecond)
-			clk.advance(t, 0)
 		}
-		assert.LessOrEqual(t, second.granted-spent, cushion(second), "renewed at its cushion")
+		clk.advance(t, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return ks.active.Load() != second }, 5*time.Second, time.Millisecond, "renewed at its cushion")
+		assert.LessOrEqual(t, second.granted-spent, cushion(second), "frozen with no more than its cushion")
 		require.Eventually(t, func() bool { return open() == 2 }, 5*time.Second, time.Millisecond, "the renewal returned the first lease in its entry")
 		leftToExpire(t, c, clk, ks, open)
 	})

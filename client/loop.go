@@ -378,13 +378,18 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 		// ticks of demand, or at half the TTL; a bound key (see
 		// keyState.run.bound) only at half the TTL: once spent out, it
 		// settles and asks in one entry that accepts a deferral; a roomy
-		// key with its cushion left, or at its late renewal point (see
-		// lateOffset).
+		// key with its cushion left (or two ticks of demand), or at its
+		// late renewal point (see lateOffset), or soon after (below).
 		ticks := int64(math.Ceil(ks.run.ewma * 2 * c.cfg.SettleInterval.Seconds()))
 		renew := (left <= max(active.granted/4, ticks) && !ks.run.bound) || now >= active.halfway
 		want := c.want(ks)
 		if ks.run.roomy && !ks.run.bound {
-			renew = left <= max(cushion(active), ticks) || (now >= c.lateAt(active) && !c.cushionSoon(active, now))
+			// Past its late renewal point it waits for its cushion when
+			// its pace brings it there soon (cushionSoon), but not when two
+			// ticks of demand are more than its cushion: renewed there, it
+			// would be frozen with more than its cushion all the same.
+			renew = left <= max(cushion(active), ticks) ||
+				(now >= c.lateAt(active) && (ticks > cushion(active) || !c.cushionSoon(active, now)))
 			want = c.roomyWant(ks, active, now)
 		}
 		if active.shape != nil {
@@ -439,8 +444,8 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 // eight ticks before its deadline, and never before half its TTL, where
 // other keys renew. Its batch is sized to last until then (see
 // roomyWant), and it is renewed earlier once no more than its cushion
-// (see cushion) is left, or later, up to eight ticks before its deadline
-// (lastRenewAt), when the pace it is spent at brings it down to its
+// (see cushion) is left, or later, up to an eighth of its TTL before its
+// deadline (lastRenewAt), when the pace it is spent at brings it down to its
 // cushion by then (see cushionSoon); should it run out all the same
 // before the renewal is in (the loop was late), its decisions wait for
 // the renewal rather than be denied (see Client.decide).
@@ -450,8 +455,8 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 // Lua script of six to ten commands; at the benchmark's hot key that was
 // about half the Redis work of the whole run. Renewing at three quarters
 // costs one every three quarters. The price: the lease it replaces is
-// frozen with at most its cushion left, a quarter of a TTL before its
-// deadline, and the next renewal comes after that deadline, so it cannot
+// frozen with at most its cushion left, up to a quarter of a TTL before
+// its deadline, and the next renewal comes after that deadline, so it cannot
 // return it in the same entry; returning it alone would cost as much as
 // the renewal saved. So a roomy key's frozen lease left with no more than
 // its cushion, a sixteenth of its batch, is not returned: it expires at
@@ -484,10 +489,12 @@ func (c *Client) lateOffset(ttl int64) int64 {
 // about twice the cost of the spend itself.
 func (c *Client) lateAt(l *lease) int64 { return l.sent() + c.lateOffset(l.ttl()) }
 
-// lastRenewAt is the latest a roomy key's lease l is renewed: eight ticks
-// before its deadline, never before its late renewal point (lateAt).
+// lastRenewAt is the latest a roomy key's lease l is renewed: an eighth
+// of its TTL, and at least eight ticks, before its deadline (250 ms at a
+// TTL of 2 s: room for a slow or failed call to be made again), never
+// before its late renewal point (lateAt).
 func (c *Client) lastRenewAt(l *lease) int64 {
-	return max(c.lateAt(l), l.deadline-8*int64(c.cfg.SettleInterval))
+	return max(c.lateAt(l), l.deadline-max(l.ttl()/8, 8*int64(c.cfg.SettleInterval)))
 }
 
 // cushionSoon reports whether l, the active lease of a roomy key past its

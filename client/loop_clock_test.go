@@ -286,23 +286,7 @@ rules:
   - {name: s, match: "s:*", limit: 1000, period: 1s, lease_ttl: 2s}
 `
 	srv := leasetest.Start(t, rules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
-	release := make(chan struct{})
-	arrived := make(chan struct{}, 1)
-	proxy := bodyProxy(t, srv.URL(), func(r *http.Request, body []byte) bool {
-		if bytes.Contains(body, []byte(`"takes":[{`)) && bytes.Contains(body, []byte(`"s:b"`)) {
-			// The young key's take: held until the test releases it.
-			arrived <- struct{}{}
-			select {
-			case <-release:
-			case <-r.Context().Done():
-				return false
-			}
-		}
-		return true
-	})
-	var once sync.Once
-	t.Cleanup(func() { once.Do(func() { close(release) }) })
-
+	proxy, held := holdTakesOf(t, srv.URL(), "s:b")
 	clk := newTestClock()
 	c := clockedClient(t, Config{Servers: []string{proxy}, LeaseMinTokens: 1, RequestTimeout: time.Second, ProbeTimeout: -1}, clk)
 	ctx := context.Background()
@@ -314,21 +298,11 @@ rules:
 	l := a.active.Load()
 	left := l.left()
 
-	// s:b is young, its first take held at the proxy.
-	first := make(chan Decision, 1)
-	go func() { first <- c.Allow(ctx, "s:b") }()
-	<-arrived
-	b := c.state("s:b")
-
-	// A decision over both takes s:a's token, then waits for s:b's answer.
-	both := make(chan Decision, 1)
-	go func() { both <- c.Allow(ctx, "s:a", "s:b") }()
-	require.Eventually(t, func() bool { return b.waiting.Load() == 1 }, 5*time.Second, time.Millisecond, "the decision waits for s:b's answer")
-	assert.Equal(t, left, l.left(), "while it waits, it holds no token of s:a")
-
-	once.Do(func() { close(release) })
-	require.True(t, (<-first).Allowed)
-	d := <-both
+	// A decision over s:a and s:b, young, takes s:a's token, then waits
+	// for the answer of s:b's take in flight.
+	d := whileYoungWaits(t, c, held, "s:b", []string{"s:a", "s:b"}, func() {
+		assert.Equal(t, left, l.left(), "while it waits, it holds no token of s:a")
+	})
 	require.True(t, d.Allowed)
 	assert.Equal(t, left-1, l.left(), "decided, it took s:a's token again")
 }
@@ -355,4 +329,73 @@ func bodyProxy(t *testing.T, target string, pass func(r *http.Request, body []by
 	}))
 	t.Cleanup(proxy.Close)
 	return proxy.URL
+}
+
+// TestMultiKeyDecisionKeepsShapedSlot: a decision over several keys that
+// took a shaping rule's slot before it waits for another key holds it (a
+// slot cannot be given back: let go, it would be lost, and the decision,
+// made again after the wait, denied for want of the next slot).
+func TestMultiKeyDecisionKeepsShapedSlot(t *testing.T) {
+	const rules = `
+rules:
+  - {name: shape, match: "lb:*", algorithm: leaky_bucket, limit: 100, period: 1s, burst: 40, lease_ttl: 1s}
+  - {name: s, match: "s:*", limit: 1000, period: 1s, lease_ttl: 2s}
+`
+	srv := leasetest.Start(t, rules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
+	proxy, held := holdTakesOf(t, srv.URL(), "s:b")
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{proxy}, LeaseMinTokens: 1, InitialBatch: 10, RequestTimeout: time.Second, ProbeTimeout: -1}, clk)
+
+	l := leaseShaped(t, c, clk, "lb:a")
+	clk.move(time.Duration(l.shape.due(clk.nanos()))) // its next slot is now
+	d := whileYoungWaits(t, c, held, "s:b", []string{"lb:a", "s:b"}, func() {})
+	assert.True(t, d.Allowed, "the slot it took is still its own: %+v", d)
+}
+
+// heldTakes is a proxy's hold on a key's direct takes (see holdTakesOf).
+type heldTakes struct {
+	arrived <-chan struct{} // a value when a held take reached the proxy
+	release func()          // lets the held takes through
+}
+
+// holdTakesOf starts a bodyProxy to target that holds the direct takes of
+// key until released (or the test ends).
+func holdTakesOf(t *testing.T, target, key string) (string, heldTakes) {
+	t.Helper()
+	ch := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	proxy := bodyProxy(t, target, func(r *http.Request, body []byte) bool {
+		if bytes.Contains(body, []byte(`"takes":[{`)) && bytes.Contains(body, []byte(`"`+key+`"`)) {
+			arrived <- struct{}{}
+			select {
+			case <-ch:
+			case <-r.Context().Done():
+				return false
+			}
+		}
+		return true
+	})
+	var once sync.Once
+	release := func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(release) // before the proxy's Close, which waits for its handlers
+	return proxy, heldTakes{arrived: arrived, release: release}
+}
+
+// whileYoungWaits decides young, a key never seen, whose take h holds,
+// then keys, which wait for young's answer; during that wait it calls
+// during, then releases the take and returns the decision over keys.
+func whileYoungWaits(t *testing.T, c *Client, h heldTakes, young string, keys []string, during func()) Decision {
+	t.Helper()
+	ctx := context.Background()
+	first := make(chan Decision, 1)
+	go func() { first <- c.Allow(ctx, young) }()
+	<-h.arrived
+	ks := c.state(young)
+	both := make(chan Decision, 1)
+	go func() { both <- c.Allow(ctx, keys...) }()
+	require.Eventually(t, func() bool { return ks.waiting.Load() == 1 }, 5*time.Second, time.Millisecond, "the decision waits for %s's answer", young)
+	during()
+	h.release()
+	require.True(t, (<-first).Allowed)
+	return <-both
 }

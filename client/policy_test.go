@@ -110,32 +110,37 @@ func TestRoomyRenewal(t *testing.T) {
 
 // TestRoomyRenewalAtCushion: past its late renewal point, a roomy key's
 // lease that the pace it was spent at brings down to its cushion by its
-// last renewal point (eight ticks before its deadline) is renewed at its
-// cushion, not at once; one whose demand fell is renewed at once, and any
-// is renewed at its last renewal point or at its cushion.
+// last renewal point (an eighth of its TTL before its deadline) is renewed
+// at its cushion, not at once; one whose demand fell is renewed at once,
+// and any is renewed at its last renewal point or at its cushion (or two
+// ticks of demand, when that is more: then at its late renewal point, as
+// waiting would not leave it with its cushion).
 func TestRoomyRenewalAtCushion(t *testing.T) {
 	c := policyClient(t, Config{SettleInterval: 10 * time.Millisecond, MaxBatch: 100_000})
 	ms := int64(time.Millisecond)
 	// A lease of 1,600 tokens asked for at 0, TTL 2 s: late renewal
-	// point 1.5 s, last renewal point 1.92 s, cushion 100.
+	// point 1.5 s, last renewal point 1.75 s, cushion 100; two ticks of
+	// demand are 20 tokens at 1,000/s, 200 at 10,000/s.
 	for _, tc := range []struct {
 		name  string
+		ewma  float64
 		used  int64
 		now   int64
 		renew bool
 	}{
-		{"late point, cushion 0.23 s away at its pace: waits", 1300, 1500 * ms, false},
-		{"late point, cushion 0.41 s away: waits", 1180, 1500 * ms, false},
-		{"late point, cushion 0.44 s away: renewed", 1160, 1500 * ms, true},
-		{"late point, demand fell: renewed", 400, 1500 * ms, true},
-		{"last renewal point, cushion near: renewed", 1440, 1920 * ms, true},
-		{"before the late point, at its cushion: renewed", 1500, 1000 * ms, true},
-		{"before the late point, above its cushion: waits", 1000, 1000 * ms, false},
+		{"late point, cushion 0.23 s away at its pace: waits", 1000, 1300, 1500 * ms, false},
+		{"late point, cushion 0.29 s away: renewed", 1000, 1260, 1500 * ms, true},
+		{"late point, demand fell: renewed", 1000, 400, 1500 * ms, true},
+		{"last renewal point, cushion near: renewed", 1000, 1480, 1750 * ms, true},
+		{"before the late point, at its cushion: renewed", 1000, 1500, 1000 * ms, true},
+		{"before the late point, above its cushion: waits", 1000, 1000, 1000 * ms, false},
+		{"two ticks of demand above the cushion: renewed there", 10_000, 1410, 1000 * ms, true},
+		{"late point, cushion near, two ticks of demand above it: renewed", 10_000, 1300, 1500 * ms, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ks := newKeyState("k")
 			ks.run.roomy = true
-			ks.run.ewma = 1000
+			ks.run.ewma = tc.ewma
 			ks.leaseTTL.Store(2000 * ms)
 			ks.ruleFill.Store(100_000 * ms)
 			ks.ruleBurst.Store(1e9)
