@@ -160,9 +160,9 @@
 // build_info{version,revision,goversion} (see ReadBuild), and, when
 // Options.Store is a leases.OwningStore (rateleased -own-keys),
 // owned_buckets, owned_takes_total and ownerships_total{event}
-// (owningmetrics.go), and, when Options.Peers is a RedisPeers,
-// peer_commands_total (the Redis commands of the fleet view: see
-// RedisPeers.Commands). The route label
+// (owningmetrics.go), and, when Options.Peers counts its commands (a
+// RedisPeers does), peer_commands_total (the Redis commands of the fleet
+// view: see RedisPeers.Commands). The route label
 // is the ServeMux pattern ("POST /v1/leases"; "/" for unknown routes),
 // never the raw path, so its cardinality is fixed.
 //

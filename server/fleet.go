@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,13 +9,17 @@ import (
 )
 
 // The fleet on the status page. Every PeerInterval each server records
-// itself in Options.Peers (Beat) and publishes there a status snapshot
-// (Publish) when it changed, or when the one published is snapshotRefresh
-// old: its per-rule decision counts and rates, its two top-K summaries
-// (every counter, with the summary's total and floor) and its
-// ratelease_open_leases, as JSON (statusSnapshot), which lives for
-// SnapshotTTL. Skipping unchanged snapshots cuts what an idle fleet
-// costs the store (it runs whatever the traffic: see RedisPeers). In
+// itself in Options.Peers (Beat), and every other one (snapshotRefresh) it
+// publishes there a status snapshot (Publish): its per-rule decision
+// counts and rates, its two top-K summaries (every counter, with the
+// summary's total and floor) and its ratelease_open_leases, as JSON
+// (statusSnapshot), which lives for SnapshotTTL. So the fleet view costs
+// the store the same whatever the traffic — one ZADD every PeerInterval
+// and one SET every snapshotRefresh per server (see RedisPeers, and
+// ratelease_peer_commands_total, which counts them) — a cost per second,
+// never per decision. (Publishing at every interval when the figures
+// changed, as servers did before, made a busy fleet cost twice the SETs
+// of an idle one, for figures two seconds fresher.) In
 // Redis (NewRedisPeers) a snapshot is one string key,
 // RedisSnapshotPrefix + the server's name, so all of them share one hash tag
 // and one MGET reads them, on Redis Cluster too. A snapshot is a few
@@ -76,24 +79,22 @@ func (s *Server) snapshot(name string, now time.Time) statusSnapshot {
 }
 
 // published is the status snapshot a server last published: under which
-// name, when, and its figures (the snapshot encoded without its time and
-// window, which change at every heartbeat whatever else does).
+// name, and when.
 type published struct {
-	mu      sync.Mutex
-	name    string
-	at      time.Time
-	figures []byte
+	mu   sync.Mutex
+	name string
+	at   time.Time
 }
 
 // heartbeat records this server in Options.Peers and publishes its status
 // snapshot there, under its name now, which it returns. The operator's
 // loop calls it every PeerInterval; it does nothing without Options.Peers.
 //
-// The snapshot is published only when its figures changed since the last
-// one published under this name, or that one is snapshotRefresh old (it
-// must not expire): a server without traffic costs the store Beat's
-// command every interval and a snapshot every snapshotRefresh, and the
-// status page shows the same figures either way.
+// The snapshot is published every other heartbeat (snapshotRefresh): when
+// the one published under this name is more than one and a half intervals
+// old, so that a heartbeat a little early or late does not skip a round
+// and let it expire; or when none is (the server's first heartbeat, or a
+// new name). The store's cost does not depend on the traffic.
 func (s *Server) heartbeat() (string, error) {
 	name := selfName(*s.listenAddr.Load())
 	if s.ops.peers == nil {
@@ -105,27 +106,21 @@ func (s *Server) heartbeat() (string, error) {
 	if err := s.ops.peers.Beat(ctx, name, now); err != nil {
 		return name, err
 	}
-	snap := s.snapshot(name, now)
-	doc, err := json.Marshal(snap)
-	if err != nil {
-		return name, fmt.Errorf("server: encode the status snapshot: %w", err)
-	}
-	snap.At, snap.Window = 0, 0
-	figures, err := json.Marshal(snap)
-	if err != nil {
-		return name, fmt.Errorf("server: encode the status snapshot: %w", err)
-	}
 	last := &s.ops.published
 	last.mu.Lock()
 	defer last.mu.Unlock()
-	if last.name == name && bytes.Equal(last.figures, figures) && now.Sub(last.at) < snapshotRefresh && !now.Before(last.at) {
+	if last.name == name && now.Sub(last.at) < snapshotRefresh-PeerInterval/2 && !now.Before(last.at) {
 		return name, nil
+	}
+	doc, err := json.Marshal(s.snapshot(name, now))
+	if err != nil {
+		return name, fmt.Errorf("server: encode the status snapshot: %w", err)
 	}
 	if err := s.ops.peers.Publish(ctx, name, doc, SnapshotTTL); err != nil {
 		last.name = "" // published again at the next heartbeat
 		return name, err
 	}
-	last.name, last.at, last.figures = name, now, figures
+	last.name, last.at = name, now
 	return name, nil
 }
 
@@ -195,8 +190,8 @@ func (s *Server) fleet(ctx context.Context, self string, now time.Time) fleetVie
 		rows = append(rows, selfRow)
 	}
 	return merged(snaps, rows, true, fmt.Sprintf(
-		"Figures of %d servers, summed: this server's as they are now, the others' as they published them (every %s when they change, at least every %s; kept %s).",
-		len(snaps), PeerInterval, snapshotRefresh, SnapshotTTL))
+		"Figures of %d servers, summed: this server's as they are now, the others' as they published them (every %s; kept %s).",
+		len(snaps), snapshotRefresh, SnapshotTTL))
 }
 
 // merged sums snaps into a fleetView with the servers rows.

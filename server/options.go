@@ -162,7 +162,7 @@ type Options struct {
 
 	// Peers, when set, is where the servers sharing the store record
 	// themselves every PeerInterval and publish their status snapshots
-	// (when they changed, and before they expire; see fleet.go), so
+	// every other one (see fleet.go), so
 	// that the status page (/status) lists those seen in the last
 	// PeerWindow and shows the figures of them all: NewRedisPeers over the
 	// Redis client of the store. Nil shows this server alone.

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -15,16 +16,15 @@ import (
 // Peer timings of the status page.
 const (
 	// PeerInterval is how often a server records itself in Options.Peers
-	// and publishes its status snapshot there when it changed (see
-	// fleet.go).
+	// (see fleet.go).
 	PeerInterval = 2 * time.Second
 	// SnapshotTTL is how long a published status snapshot lives: a server
 	// that stops publishing drops out of the fleet's figures after at
-	// most this long. A server publishes a snapshot that did not change
-	// again once it is snapshotRefresh old, so that it does not expire.
+	// most this long.
 	SnapshotTTL = 3 * PeerInterval
-	// snapshotRefresh is the age at which an unchanged status snapshot is
-	// published again: two intervals, a whole interval before it expires.
+	// snapshotRefresh is how often a server publishes its status
+	// snapshot: every other interval, a whole interval before the last
+	// one expires.
 	snapshotRefresh = SnapshotTTL - PeerInterval
 	// PeerWindow is how recently a server must have recorded itself to be
 	// listed as sharing the store.
@@ -103,12 +103,23 @@ type RedisPeers struct {
 	tidied time.Time // when Beat last did the record's upkeep; zero: never
 }
 
-// Commands returns the number of Redis commands p has sent, answered or
-// not: its heartbeats, snapshots, and the status page's reads. The server
-// exports it as ratelease_peer_commands_total, so that the Redis work of
-// the fleet view, a cost per second whatever the traffic, can be told
-// from the store's, a cost per decision.
+// Commands returns the number of Redis commands of p that reached Redis
+// (answered, or refused with an error reply): its heartbeats, snapshots,
+// and the status page's reads. The server exports it as
+// ratelease_peer_commands_total, so that the Redis work of the fleet view,
+// a cost per second whatever the traffic, can be told from the store's, a
+// cost per decision. Servers that share one RedisPeers share its count.
 func (p *RedisPeers) Commands() int64 { return p.commands.Load() }
+
+// count adds to Commands the commands of cmds that reached Redis.
+func (p *RedisPeers) count(cmds ...redis.Cmder) {
+	for _, c := range cmds {
+		var reply redis.Error
+		if err := c.Err(); err == nil || errors.As(err, &reply) {
+			p.commands.Add(1)
+		}
+	}
+}
 
 // NewRedisPeers returns Peers kept in rdb under RedisPeersKey and
 // RedisSnapshotPrefix. It works with Redis Cluster too: the record is one
@@ -130,16 +141,18 @@ func (p *RedisPeers) Beat(ctx context.Context, name string, now time.Time) error
 	p.mu.Unlock()
 	var err error
 	if !tidy {
-		p.commands.Add(1)
-		err = p.rdb.ZAdd(ctx, p.key, z).Err()
+		cmd := p.rdb.ZAdd(ctx, p.key, z)
+		p.count(cmd)
+		err = cmd.Err()
 	} else {
-		p.commands.Add(3)
-		_, err = p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		var cmds []redis.Cmder
+		cmds, err = p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			pipe.ZAdd(ctx, p.key, z)
 			pipe.ZRemRangeByScore(ctx, p.key, "-inf", "("+strconv.FormatInt(ms-peerForget.Milliseconds(), 10))
 			pipe.PExpire(ctx, p.key, peerForget)
 			return nil
 		})
+		p.count(cmds...)
 	}
 	if err != nil {
 		return fmt.Errorf("server: record this server in redis key %s: %w", p.key, err)
@@ -154,10 +167,11 @@ func (p *RedisPeers) Beat(ctx context.Context, name string, now time.Time) error
 
 // List implements Peers.
 func (p *RedisPeers) List(ctx context.Context, since time.Time) ([]Peer, error) {
-	p.commands.Add(1)
-	zs, err := p.rdb.ZRevRangeByScoreWithScores(ctx, p.key, &redis.ZRangeBy{
+	cmd := p.rdb.ZRevRangeByScoreWithScores(ctx, p.key, &redis.ZRangeBy{
 		Min: strconv.FormatInt(since.UnixMilli(), 10), Max: "+inf",
-	}).Result()
+	})
+	p.count(cmd)
+	zs, err := cmd.Result()
 	if err != nil {
 		return nil, fmt.Errorf("server: list the servers in redis key %s: %w", p.key, err)
 	}
@@ -171,12 +185,14 @@ func (p *RedisPeers) List(ctx context.Context, since time.Time) ([]Peer, error) 
 
 // Leave implements Peers.
 func (p *RedisPeers) Leave(ctx context.Context, name string) error {
-	p.commands.Add(1)
-	if err := p.rdb.ZRem(ctx, p.key, name).Err(); err != nil {
+	zrem := p.rdb.ZRem(ctx, p.key, name)
+	p.count(zrem)
+	if err := zrem.Err(); err != nil {
 		return fmt.Errorf("server: remove this server from redis key %s: %w", p.key, err)
 	}
-	p.commands.Add(1)
-	if err := p.rdb.Del(ctx, RedisSnapshotPrefix+name).Err(); err != nil {
+	del := p.rdb.Del(ctx, RedisSnapshotPrefix+name)
+	p.count(del)
+	if err := del.Err(); err != nil {
 		return fmt.Errorf("server: delete this server's status snapshot: %w", err)
 	}
 	return nil
@@ -184,8 +200,9 @@ func (p *RedisPeers) Leave(ctx context.Context, name string) error {
 
 // Publish implements Peers with one SET with a time to live.
 func (p *RedisPeers) Publish(ctx context.Context, name string, snapshot []byte, ttl time.Duration) error {
-	p.commands.Add(1)
-	if err := p.rdb.Set(ctx, RedisSnapshotPrefix+name, snapshot, ttl).Err(); err != nil {
+	set := p.rdb.Set(ctx, RedisSnapshotPrefix+name, snapshot, ttl)
+	p.count(set)
+	if err := set.Err(); err != nil {
 		return fmt.Errorf("server: publish this server's status snapshot: %w", err)
 	}
 	return nil
@@ -200,8 +217,9 @@ func (p *RedisPeers) Snapshots(ctx context.Context, names []string) ([][]byte, e
 	for i, n := range names {
 		keys[i] = RedisSnapshotPrefix + n
 	}
-	p.commands.Add(1)
-	vals, err := p.rdb.MGet(ctx, keys...).Result()
+	cmd := p.rdb.MGet(ctx, keys...)
+	p.count(cmd)
+	vals, err := cmd.Result()
 	if err != nil {
 		return nil, fmt.Errorf("server: read the servers' status snapshots: %w", err)
 	}
@@ -221,7 +239,8 @@ type peerCommands interface {
 }
 
 // peerCollector returns ratelease_peer_commands_total: the store commands
-// the fleet view sent (see RedisPeers.Commands).
+// of the fleet view (see RedisPeers.Commands), for any Peers that counts
+// them.
 func peerCollector(pc peerCommands) prometheus.Collector {
 	return prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Namespace: namespace, Name: "peer_commands_total",

@@ -83,10 +83,12 @@
 //     command's calls summed (EVALSHA and the commands its script ran each
 //     count), INFO's own excluded, whoever sent them: the gross figure.
 //     The net figure subtracts the background: the rateleased processes'
-//     fleet view (recording themselves among the peers, publishing their
-//     status snapshots), whose Redis commands they count
-//     (ratelease_peer_commands_total, read with every INFO), is taken off
-//     as counted over the run; anything else reaching Redis with no system
+//     fleet view (recording themselves among the peers every
+//     server.PeerInterval, publishing their status snapshots every other
+//     time, whatever the traffic), whose Redis commands they count
+//     (ratelease_peer_commands_total, read on both sides of the INFO that
+//     starts and ends a run: countedSnapshot), is taken off as counted
+//     over the run; anything else reaching Redis with no system
 //     running, counted over one server.PeerInterval before each run of a
 //     system that uses Redis (idleWindow), before it is set up, is taken
 //     off at that rate times the run's length (it is normally nothing).

@@ -283,7 +283,7 @@ func TestNetRedis(t *testing.T) {
 		{System: "a-lease-sdk", UsesRedis: true, Decisions: 10_000, RedisCmds: 0.03, RedisNet: 0.0276, RedisBackground: 0.5, RedisPeer: 0.0022},
 		{System: "d-x-time-rate"},
 	}
-	assert.Equal(t, "Background subtracted for the net figures: the `rateleased` processes' fleet view during the run (heartbeats and status snapshots, Redis commands per decision, as they count them), plus the rest of the idle background (Redis commands per second with no system running, before each run): a 0.0022 + 0.5/s (0.0024 per decision).\n", backgroundText(rs))
+	assert.Equal(t, "Background subtracted for the net figures: the `rateleased` processes' fleet view during the run (heartbeats and status snapshots, as they count them), plus the rest of the idle background (Redis commands per second with no system running, before each run): a 0.0022 per decision counted + 0.5/s idle (0.0024 per decision in all).\n", backgroundText(rs))
 	assert.Empty(t, backgroundText(rs[1:]))
 	assert.Equal(t, "0.030, 0.028", redisText(rs[0]))
 	assert.Equal(t, "—", redisText(rs[1]))

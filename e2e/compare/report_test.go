@@ -592,12 +592,12 @@ func backgroundText(rs []result) string {
 		if !r.UsesRedis {
 			continue
 		}
-		parts = append(parts, fmt.Sprintf("%s %s + %s/s (%s per decision)", r.System[:1], fmtPerDecision(r.RedisPeer), fmtNum(r.RedisBackground), fmtPerDecision(r.RedisCmds-r.RedisNet)))
+		parts = append(parts, fmt.Sprintf("%s %s per decision counted + %s/s idle (%s per decision in all)", r.System[:1], fmtPerDecision(r.RedisPeer), fmtNum(r.RedisBackground), fmtPerDecision(r.RedisCmds-r.RedisNet)))
 	}
 	if len(parts) == 0 {
 		return ""
 	}
-	return "Background subtracted for the net figures: the `rateleased` processes' fleet view during the run (heartbeats and status snapshots, Redis commands per decision, as they count them), plus the rest of the idle background (Redis commands per second with no system running, before each run): " + strings.Join(parts, ", ") + ".\n"
+	return "Background subtracted for the net figures: the `rateleased` processes' fleet view during the run (heartbeats and status snapshots, as they count them), plus the rest of the idle background (Redis commands per second with no system running, before each run): " + strings.Join(parts, ", ") + ".\n"
 }
 
 func cpuText(r result) string {
@@ -765,8 +765,8 @@ func renderMarkdown(d reportData) string {
 	p("- **latency**: of each decision, from the goroutine's first clock read to the decision's return; p50, p99, p99.9 over every decision of the run.\n")
 	p("- **calls / decision**: calls that left the benchmark process per decision: lease-server calls for (a) (`Stats().ServerCalls`, summed over the instances), Redis round trips for (b) (a go-redis hook), HTTP calls for (c). ")
 	p("**Redis cmds / decision**, gross: what redis-server counted in `INFO commandstats` during the run, every command's `calls` summed (a script's EVALSHA and each command it ran inside), the INFO calls excluded, whoever sent them. ")
-	p("Net of background: the gross less the `rateleased` processes' fleet view over the run — each records itself among the peers and publishes its status snapshot every %s, whatever the traffic (a snapshot that did not change only every other time), a cost per second, not per decision — as they count it (`ratelease_peer_commands_total`, read with each `INFO`), and less anything else Redis counts with no system running, at the rate counted over %s just before the run (before the system is set up), times the run's length: were there any, what the previous run left behind, since a run's measurement ends only when the `rateleased` processes are done with the work it left them (the buckets they owned, handed back to Redis once unused; at most %s after the run), which is charged to it. ", fmtDur(server.PeerInterval), fmtDur(idleWindow), fmtDur(maxDrain))
-	p("The fleet view is counted, not estimated from an idle rate: a run holds one of its rounds more or less whatever its length, and where (a)'s and (b)'s commands per decision tie, that estimate decided the comparison. Other work that only load brings (a connection pool growing) stays in the net figure. The Redis targets are evaluated on the net figures, of (a) and of (b) alike. ")
+	p("Net of background: the gross less the `rateleased` processes' fleet view over the run — each records itself among the peers every %s and publishes its status snapshot every other time, whatever the traffic: a cost per second, not per decision — as they count it (`ratelease_peer_commands_total`, read on both sides of the `INFO` that starts and ends the run), and less anything else Redis counts with no system running, at the rate counted over %s just before the run (before the system is set up), times the run's length: were there any, what the previous run left behind, since a run's measurement ends only when the `rateleased` processes are done with the work it left them (the buckets they owned, handed back to Redis once unused; at most %s after the run), which is charged to it. ", fmtDur(server.PeerInterval), fmtDur(idleWindow), fmtDur(maxDrain))
+	p("The fleet view is counted, not estimated from an idle rate: a run holds one of its rounds more or less whatever its length, and where (a)'s and (b)'s commands per decision tie, that estimate decided the comparison. Connection pools are filled before the runs, (b)'s before each run, the `rateleased` processes' once, so that no run dials; other work that only load brings stays in the net figure. The Redis targets are evaluated on the net figures, of (a) and of (b) alike. ")
 	p("Calls and commands both count the closing of the run's clients too: for (a), returning its leases.\n")
 	p("- **CPU / decision**: this process (user + sys, `getrusage`: the instances, the pacer and the GC), and the servers the system uses (`redis-server` from `INFO cpu`, `rateleased` from `/proc/<pid>/stat` at 10 ms ticks). ")
 	p("**other load**: cores busy with other processes, or stolen by the host, on average during the run (`/proc/stat`).\n")

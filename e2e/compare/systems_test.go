@@ -157,10 +157,9 @@ func (e *env) urls(first int) []string {
 
 // idleWindow is how long the Redis commands are counted with no system
 // running, before each run of a system that uses Redis: one
-// server.PeerInterval, the period of the rateleased processes' own
-// periodic work (each records itself among the peers and publishes its
-// status snapshot once per interval), so that the window holds one round of
-// it whatever its phase.
+// server.PeerInterval, the period of the rateleased processes' heartbeats.
+// Their fleet view is counted (see background); what else the window
+// finds is normally nothing.
 const idleWindow = server.PeerInterval
 
 // background is what Redis counted over an idle window before a run: the
@@ -171,13 +170,13 @@ const idleWindow = server.PeerInterval
 //
 // A run's net Redis commands are its gross less the fleet view's commands
 // the rateleased processes counted during the run, and less the rest of
-// the background at its idle rate over the run's length. The fleet view's
-// are counted rather than estimated from the idle rate: they come in
-// rounds every server.PeerInterval, so a run holds one round more or less
-// whatever its length, and a server publishes its status snapshot at every
-// round while its figures change (a run's traffic) but at every other
-// round when idle; at a per-user workload, whose Redis commands per
-// decision tie with redis_rate's, that estimate decided the comparison.
+// the background at its idle rate over the run's length. The fleet view
+// costs the same whatever the traffic (a heartbeat every
+// server.PeerInterval, a snapshot every other one), but it comes in
+// rounds, and a run holds one more or less whatever its length: at a
+// per-user workload, whose Redis commands per decision tie with
+// redis_rate's, estimating it from the idle rate decided the comparison,
+// so it is counted.
 type background struct {
 	cmds   int64
 	peer   int64
@@ -210,9 +209,9 @@ func (e *env) measureBackground(b *testing.B, sys *system) background {
 	if !sys.usesRdb {
 		return background{}
 	}
-	before := e.snapshot(b)
+	before := e.countedSnapshot(b)
 	time.Sleep(idleWindow)
-	after := e.snapshot(b)
+	after := e.countedSnapshot(b)
 	return background{cmds: after.redisCmds - before.redisCmds, peer: after.peerCmds - before.peerCmds, length: after.at.Sub(before.at)}
 }
 
@@ -240,20 +239,21 @@ const (
 // no more than the idle background bg would (plus drainSlack), at most
 // maxDrain in all. The waits are the measurement, polled on observed
 // state, not a synchronisation; the reads of /metrics are the harness's
-// own work, excluded from the run that began at run (snap.exclude). A
+// own work, their CPU excluded from the run that began at run
+// (snap.excludeCPU). The snapshot it returns is counted (countedSnapshot). A
 // system that uses no rateleased process leaves them nothing: its run ends
 // at once.
 func (e *env) drain(b *testing.B, sys *system, bg background, run *snap) snap {
 	b.Helper()
-	last := e.snapshot(b)
 	if !sys.usesSrv {
-		return last
+		return e.countedSnapshot(b)
 	}
+	last := e.snapshot(b)
 	deadline := last.at.Add(maxDrain)
 	for time.Now().Before(deadline) {
 		x := e.snapshot(b)
 		owned := e.daemonMetric(b, "ratelease_owned_buckets")
-		run.exclude(x, e.snapshot(b))
+		run.excludeCPU(x, e.snapshot(b))
 		if owned == 0 {
 			break
 		}
@@ -265,12 +265,12 @@ func (e *env) drain(b *testing.B, sys *system, bg background, run *snap) snap {
 		s := e.snapshot(b)
 		expect := bg.perSecond() * s.at.Sub(last.at).Seconds()
 		if float64(s.redisCmds-last.redisCmds) <= expect+drainSlack {
-			return s
+			return e.countedSnapshot(b)
 		}
 		last = s
 	}
 	b.Logf("drain: the rateleased processes were still busy %s after the run", maxDrain)
-	return last
+	return e.countedSnapshot(b)
 }
 
 // daemonMetric sums the unlabelled sample name over the rateleased
@@ -332,9 +332,19 @@ type snap struct {
 	steal     time.Duration // taken by the hypervisor (/proc/stat)
 }
 
-// exclude takes the work done from x to y (a measurement of the
-// harness's own, such as debtAt's reads) out of a run that began at s: it
-// moves s's counters forward by it, so that after − s no longer counts it.
+// excludeCPU takes the CPU used from x to y (a measurement of the
+// harness's own, such as drain's reads of /metrics, which send Redis
+// nothing) out of a run that began at s: it moves s's CPU counters forward
+// by it, so that after − s no longer counts it. The Redis commands in the
+// window stay the run's: the servers' work it left them goes on meanwhile.
+func (s *snap) excludeCPU(x, y snap) {
+	s.cpu += y.cpu - x.cpu
+	s.daemonCPU += y.daemonCPU - x.daemonCPU
+}
+
+// exclude is excludeCPU for every counter: x and y must be counted
+// snapshots (see countedSnapshot), so that a heartbeat between them leaves
+// both the gross and the fleet view's count.
 func (s *snap) exclude(x, y snap) {
 	s.cpu += y.cpu - x.cpu
 	s.redisCmds += y.redisCmds - x.redisCmds
@@ -350,6 +360,30 @@ func (s *snap) exclude(x, y snap) {
 	s.redisCPU += y.redisCPU - x.redisCPU
 	s.daemonCPU += y.daemonCPU - x.daemonCPU
 }
+
+// countedSnapshot is snapshot with the rateleased processes' fleet-view
+// commands (peerCmds), read on both sides of it, again until no heartbeat
+// fell between the two reads, so that the count and INFO's agree. Only the
+// measurement's ends read it (a run's, the idle window's, the debt
+// read's): each /metrics read costs the servers some CPU, a fraction of a
+// millisecond, which a read on the inside of the measurement charges to
+// it.
+func (e *env) countedSnapshot(b *testing.B) snap {
+	b.Helper()
+	for range 5 {
+		p := e.daemonMetric(b, peerMetric)
+		s := e.snapshot(b)
+		if q := e.daemonMetric(b, peerMetric); q == p {
+			s.peerCmds = p
+			return s
+		}
+	}
+	b.Fatalf("%s kept changing across INFO", peerMetric)
+	return snap{}
+}
+
+// peerMetric counts a rateleased process's fleet-view Redis commands.
+const peerMetric = "ratelease_peer_commands_total"
 
 func (e *env) snapshot(b *testing.B) snap {
 	b.Helper()
@@ -369,9 +403,6 @@ func (e *env) snapshot(b *testing.B) snap {
 	for _, n := range s.redisBy {
 		s.redisCmds += n
 	}
-	// Read right after INFO: a heartbeat between the two (one round every
-	// server.PeerInterval, a millisecond apart) is the only error left.
-	s.peerCmds = e.daemonMetric(b, "ratelease_peer_commands_total")
 	if s.redisCPU, err = redisCPU(txt); err != nil {
 		b.Fatal(err)
 	}
@@ -672,19 +703,39 @@ func redisRateLimit(r rule) redis_rate.Limit {
 	return redis_rate.Limit{Rate: int(r.limit), Period: r.period, Burst: int(r.burst)}
 }
 
-// setupRedisRate: (b), one go-redis client (its own pool, a few
-// connections opened up front) per instance and one redis_rate
-// Limiter.Allow, a GCRA Lua script (EVALSHA), per decision.
+// rrPool is the Redis pool of each of (b)'s go-redis clients, all of it
+// opened before the run (see fillPool): at least the most decisions one
+// instance has in flight (the hot-path run's goroutines).
+const rrPool = 16
+
+// fillPool waits until rdb's pool holds all its connections, which
+// MinIdleConns = PoolSize opens in the background: the run then dials
+// none, as the rateleased processes' pools, filled once (warmDaemonRedis),
+// dial none, and no HELLO is charged to either.
+func fillPool(b *testing.B, rdb *redis.Client) {
+	b.Helper()
+	for until := time.Now().Add(5 * time.Second); int(rdb.PoolStats().TotalConns) < rdb.Options().PoolSize; {
+		if time.Now().After(until) {
+			b.Fatalf("redis pool: %d of %d connections open after 5 s", rdb.PoolStats().TotalConns, rdb.Options().PoolSize)
+		}
+		time.Sleep(time.Millisecond) // polling observed state: the pool dials in the background
+	}
+}
+
+// setupRedisRate: (b), one go-redis client (its own pool, opened in full
+// up front) per instance and one redis_rate Limiter.Allow, a GCRA Lua
+// script (EVALSHA), per decision.
 func setupRedisRate(b *testing.B, e *env, wl *workload) *runner {
 	b.Helper()
 	var n atomic.Int64
 	lims := make([]*redis_rate.Limiter, wl.instances)
 	rdbs := make([]*redis.Client, wl.instances)
 	for i := range lims {
-		rdb := redis.NewClient(&redis.Options{Addr: e.redis.Addr(), MinIdleConns: 4})
+		rdb := redis.NewClient(&redis.Options{Addr: e.redis.Addr(), PoolSize: rrPool, MinIdleConns: rrPool})
 		if err := rdb.Ping(context.Background()).Err(); err != nil {
 			b.Fatal(err)
 		}
+		fillPool(b, rdb)
 		rdb.AddHook(countHook{&n})
 		rdbs[i] = rdb
 		lims[i] = redis_rate.NewLimiter(rdb)
