@@ -704,21 +704,31 @@ func redisRateLimit(r rule) redis_rate.Limit {
 }
 
 // rrPool is the Redis pool of each of (b)'s go-redis clients, all of it
-// opened before the run (see fillPool): at least the most decisions one
-// instance has in flight (the hot-path run's goroutines).
-const rrPool = 16
+// opened before the run (see fillPool): the most decisions one instance
+// has in flight (the hot-path run's goroutines), and more than enough for
+// the others.
+func rrPool() int { return netParallelism * runtime.GOMAXPROCS(0) }
 
-// fillPool waits until rdb's pool holds all its connections, which
-// MinIdleConns = PoolSize opens in the background: the run then dials
-// none, as the rateleased processes' pools, filled once (warmDaemonRedis),
-// dial none, and no HELLO is charged to either.
+// fillPool opens rdb's whole pool and readies each connection (go-redis
+// sends a connection's HELLO at its first command, not when it dials it):
+// it holds PoolSize connections at once, each with a PING, then puts them
+// back. The run then opens and readies none, as the rateleased processes'
+// pools, filled once (warmDaemonRedis), and no HELLO is charged to either.
 func fillPool(b *testing.B, rdb *redis.Client) {
 	b.Helper()
-	for until := time.Now().Add(5 * time.Second); int(rdb.PoolStats().TotalConns) < rdb.Options().PoolSize; {
-		if time.Now().After(until) {
-			b.Fatalf("redis pool: %d of %d connections open after 5 s", rdb.PoolStats().TotalConns, rdb.Options().PoolSize)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conns := make([]*redis.Conn, rdb.Options().PoolSize)
+	for i := range conns {
+		conns[i] = rdb.Conn()
+		if err := conns[i].Ping(ctx).Err(); err != nil {
+			b.Fatalf("redis pool: %v", err)
 		}
-		time.Sleep(time.Millisecond) // polling observed state: the pool dials in the background
+	}
+	for _, c := range conns {
+		if err := c.Close(); err != nil {
+			b.Fatalf("redis pool: %v", err)
+		}
 	}
 }
 
@@ -731,7 +741,7 @@ func setupRedisRate(b *testing.B, e *env, wl *workload) *runner {
 	lims := make([]*redis_rate.Limiter, wl.instances)
 	rdbs := make([]*redis.Client, wl.instances)
 	for i := range lims {
-		rdb := redis.NewClient(&redis.Options{Addr: e.redis.Addr(), PoolSize: rrPool, MinIdleConns: rrPool})
+		rdb := redis.NewClient(&redis.Options{Addr: e.redis.Addr(), PoolSize: rrPool()})
 		if err := rdb.Ping(context.Background()).Err(); err != nil {
 			b.Fatal(err)
 		}
