@@ -266,6 +266,7 @@ func TestNetRedis(t *testing.T) {
 		{"the fleet view counted, the rest at its idle rate", 300, 10, background{cmds: 12, peer: 8, length: 2 * time.Second}, 0.03, 0.0282, 2},
 		{"the fleet view alone", 300, 10, background{cmds: 8, peer: 8, length: 2 * time.Second}, 0.03, 0.029, 0},
 		{"no background measured", 300, 0, background{}, 0.03, 0.03, 0},
+		{"more fleet view counted than idle commands: no other background", 300, 10, background{cmds: 4, peer: 8, length: 2 * time.Second}, 0.03, 0.029, 0},
 		{"never below zero", 10, 0, background{cmds: 12, length: 2 * time.Second}, 0.001, 0, 6},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -287,6 +288,35 @@ func TestNetRedis(t *testing.T) {
 	assert.Empty(t, backgroundText(rs[1:]))
 	assert.Equal(t, "0.030, 0.028", redisText(rs[0]))
 	assert.Equal(t, "—", redisText(rs[1]))
+}
+
+// TestSnapExclude: a measurement of the harness's own moves every counter
+// of a run's start forward by what it did, the fleet view's count too, so
+// that a heartbeat inside it leaves the gross and the count alike; one
+// that sends Redis nothing (drain's reads of /metrics) moves the CPU only,
+// and the servers' Redis work meanwhile stays the run's.
+func TestSnapExclude(t *testing.T) {
+	start := snap{cpu: 10, daemonCPU: 20, redisCPU: 30, redisCmds: 100, peerCmds: 5, redisBy: map[string]int64{"get": 60, "zadd": 40}}
+	x := snap{cpu: 50, daemonCPU: 60, redisCPU: 70, redisCmds: 500, peerCmds: 9, redisBy: map[string]int64{"get": 300, "zadd": 200}}
+	y := snap{cpu: 55, daemonCPU: 62, redisCPU: 71, redisCmds: 510, peerCmds: 10, redisBy: map[string]int64{"get": 308, "zadd": 202}}
+
+	s := start
+	s.exclude(x, y)
+	assert.Equal(t, time.Duration(15), s.cpu)
+	assert.Equal(t, time.Duration(22), s.daemonCPU)
+	assert.Equal(t, time.Duration(31), s.redisCPU)
+	assert.Equal(t, int64(110), s.redisCmds)
+	assert.Equal(t, int64(6), s.peerCmds, "the heartbeat inside the window leaves the count with the gross")
+	assert.Equal(t, map[string]int64{"get": 68, "zadd": 42}, s.redisBy)
+	assert.Equal(t, int64(60), start.redisBy["get"], "the start's map is not changed")
+
+	s = start
+	s.excludeCPU(x, y)
+	assert.Equal(t, time.Duration(15), s.cpu)
+	assert.Equal(t, time.Duration(22), s.daemonCPU)
+	assert.Equal(t, time.Duration(30), s.redisCPU, "Redis's work in the window is the run's")
+	assert.Equal(t, int64(100), s.redisCmds)
+	assert.Equal(t, int64(5), s.peerCmds)
 }
 
 func TestMarkdown(t *testing.T) {
