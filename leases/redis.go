@@ -172,14 +172,10 @@ func (s *RedisStore) run(ctx context.Context, algs []Algorithm, keys [][]string,
 	if len(args) == 1 {
 		// One call, the common direct take: a command of its own costs
 		// less than a pipeline of one (go-redis's pipelines have their
-		// own pool and bookkeeping).
-		cmds[0] = scripts[0].EvalSha(ctx, s.rdb, keys[0], args[0]...)
-		err := cmds[0].Err()
-		if redis.HasErrorPrefix(err, "NOSCRIPT") {
-			cmds[0] = scripts[0].Eval(ctx, s.rdb, keys[0], args[0]...)
-			err = cmds[0].Err()
-		}
-		if err != nil {
+		// own pool and bookkeeping). Run is EVALSHA, and EVAL when Redis
+		// does not have the script (NOSCRIPT).
+		cmds[0] = scripts[0].Run(ctx, s.rdb, keys[0], args[0]...)
+		if err := cmds[0].Err(); err != nil {
 			return nil, unavailable(err)
 		}
 		return cmds, nil
