@@ -96,7 +96,7 @@ const RedisSnapshotPrefix = "{rl:status}:"
 type RedisPeers struct {
 	rdb redis.UniversalClient
 	key string
-	// commands counts the Redis commands sent (see Commands).
+	// commands counts the Redis commands that reached Redis (see Commands).
 	commands atomic.Int64
 
 	mu     sync.Mutex
