@@ -84,15 +84,27 @@ func (s *Server) watchDB() {
 	defer cancel()
 	ps := d.db.rdb.Subscribe(ctx, d.db.Channel())
 	defer ps.Close()
+	// A change made after openDBMode read the database but before the
+	// subscription took effect sends its notice to nobody: once Redis has
+	// confirmed the subscription, sync once, so that such a change applies
+	// now, not at the next tick. (Redis down: the ticker's syncs go on.)
+	rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err := ps.Receive(rctx)
+	rcancel()
+	first := err == nil
 	msgs := ps.Channel()
 	t := time.NewTicker(d.interval)
 	defer t.Stop()
 	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-		case <-msgs:
+		if first {
+			first = false
+		} else {
+			select {
+			case <-s.stop:
+				return
+			case <-t.C:
+			case <-msgs:
+			}
 		}
 		// Drain what else came meanwhile: one sync covers it all.
 		for drained := false; !drained; {

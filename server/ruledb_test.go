@@ -440,3 +440,32 @@ func TestRuleDBDefaultDeny(t *testing.T) {
 	})
 	assert.True(t, b.check("", "free:x").Keys[0].Unlimited)
 }
+
+// lateSubscriber is a Redis client whose Subscribe waits for release: a
+// server whose subscription to the rule database's notices takes effect
+// late.
+type lateSubscriber struct {
+	redis.UniversalClient
+	release chan struct{}
+}
+
+func (l lateSubscriber) Subscribe(ctx context.Context, channels ...string) *redis.PubSub {
+	<-l.release
+	return l.UniversalClient.Subscribe(ctx, channels...)
+}
+
+// TestRuleDBChangeBeforeSubscription: a change made after a server read
+// the rule database but before its subscription to the change notices took
+// effect applies at once, not at the next DBCheckInterval: the server
+// syncs once its subscription is confirmed.
+func TestRuleDBChangeBeforeSubscription(t *testing.T) {
+	rs := redistest.Start(t)
+	a := newDBFixture(t, rs, Options{})
+	late := lateSubscriber{UniversalClient: rs.Client(t), release: make(chan struct{})}
+	b := newDBFixtureOn(t, late, Options{DBCheckInterval: time.Minute})
+
+	r := a.admin(http.MethodPut, protocol.PathAdminRules+"/api", "", protocol.AdminRule{Match: "api:*", Limit: 2, Period: "1m"})
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	close(late.release)
+	within(t, 5*time.Second, "rule on server b", func() bool { return b.ruleLimit("", "api") == 2 })
+}
