@@ -125,7 +125,7 @@ func runOpen(b *testing.B, e *env, sys *system, wl *workload, arr []arrival, exa
 	ctx, cancel := context.WithTimeout(context.Background(), d+replayGrace)
 	defer cancel()
 	runtime.GC() // the last run's garbage is not this run's cost
-	before := e.countedSnapshot(b)
+	before := e.countedSnapshot(b, false)
 	calls0 := r.calls()
 	// The benchmark timer keeps running from the setup on, so that the
 	// testing package sees at least the run's length (the schedule's last
@@ -140,11 +140,11 @@ func runOpen(b *testing.B, e *env, sys *system, wl *workload, arr []arrival, exa
 		// The debt right after (a GET per key, ~1 ms each: the refill pays
 		// about rate·1 ms of it meanwhile), its Redis and server work kept
 		// out of the run's figures.
-		x := e.countedSnapshot(b)
+		x := e.countedSnapshot(b, true)
 		dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
 		debt, debtKnown = e.debtAt(dctx, keys)
 		dcancel()
-		before.exclude(x, e.countedSnapshot(b))
+		before.exclude(x, e.countedSnapshot(b, false))
 	}
 	closeCtx, closeCancel := context.WithTimeout(context.Background(), 10*time.Second)
 	closeErr := r.close(closeCtx)
@@ -302,7 +302,7 @@ func runCapacity(b *testing.B, e *env, sys *system, wl *workload, d time.Duratio
 	})
 
 	runtime.GC()
-	before := e.countedSnapshot(b)
+	before := e.countedSnapshot(b, false)
 	calls0 := r.calls()
 	b.ResetTimer()
 	start := time.Now()
@@ -321,7 +321,7 @@ func runCapacity(b *testing.B, e *env, sys *system, wl *workload, d time.Duratio
 	elapsed := time.Since(start)
 	b.StopTimer()
 	calls := float64(r.calls() - calls0)
-	after := e.countedSnapshot(b)
+	after := e.countedSnapshot(b, true)
 
 	n := float64(total)
 	lat := &st.lat

@@ -209,9 +209,9 @@ func (e *env) measureBackground(b *testing.B, sys *system) background {
 	if !sys.usesRdb {
 		return background{}
 	}
-	before := e.countedSnapshot(b)
+	before := e.countedSnapshot(b, false)
 	time.Sleep(idleWindow)
-	after := e.countedSnapshot(b)
+	after := e.countedSnapshot(b, true)
 	return background{cmds: after.redisCmds - before.redisCmds, peer: after.peerCmds - before.peerCmds, length: after.at.Sub(before.at)}
 }
 
@@ -246,7 +246,7 @@ const (
 func (e *env) drain(b *testing.B, sys *system, bg background, run *snap) snap {
 	b.Helper()
 	if !sys.usesSrv {
-		return e.countedSnapshot(b)
+		return e.countedSnapshot(b, true)
 	}
 	last := e.snapshot(b)
 	deadline := last.at.Add(maxDrain)
@@ -265,12 +265,12 @@ func (e *env) drain(b *testing.B, sys *system, bg background, run *snap) snap {
 		s := e.snapshot(b)
 		expect := bg.perSecond() * s.at.Sub(last.at).Seconds()
 		if float64(s.redisCmds-last.redisCmds) <= expect+drainSlack {
-			return e.countedSnapshot(b)
+			return e.countedSnapshot(b, true)
 		}
 		last = s
 	}
 	b.Logf("drain: the rateleased processes were still busy %s after the run", maxDrain)
-	return e.countedSnapshot(b)
+	return e.countedSnapshot(b, true)
 }
 
 // daemonMetric sums the unlabelled sample name over the rateleased
@@ -362,50 +362,61 @@ func (s *snap) exclude(x, y snap) {
 }
 
 // countedSnapshot is snapshot with the rateleased processes' fleet-view
-// commands (peerCmds), read on both sides of it, again until no heartbeat
-// fell between the two reads, so that the count and INFO's agree. Only the
-// measurement's ends read it (a run's, the idle window's, the debt
-// read's): each /metrics read costs the servers some CPU, a fraction of a
-// millisecond, which a read on the inside of the measurement charges to
-// it.
-func (e *env) countedSnapshot(b *testing.B) snap {
+// commands (peerCmds), read on both sides of INFO, again until no
+// heartbeat fell between the two reads, so that the count and INFO's
+// agree. Serving /metrics costs the servers some CPU, a fraction of a
+// millisecond, which must stay outside what is measured: a snapshot that
+// starts a measurement (a run, or the idle window) reads the CPU after
+// the counts (cpuFirst false), one that ends it reads the CPU first; a
+// measurement of the harness's own taken out of a run (snap.exclude) is
+// the other way round, so that its /metrics reads fall inside it. Only
+// the ends of those read the count.
+func (e *env) countedSnapshot(b *testing.B, cpuFirst bool) snap {
 	b.Helper()
+	var s snap
+	if cpuFirst {
+		e.readCPU(b, &s)
+	}
+	counted := false
 	for range 5 {
 		p := e.daemonMetric(b, peerMetric)
-		s := e.snapshot(b)
+		e.readRedis(b, &s)
 		if q := e.daemonMetric(b, peerMetric); q == p {
-			s.peerCmds = p
-			return s
+			s.peerCmds, counted = p, true
+			break
 		}
 	}
-	b.Fatalf("%s kept changing across INFO", peerMetric)
-	return snap{}
+	if !counted {
+		b.Fatalf("%s kept changing across INFO", peerMetric)
+	}
+	if !cpuFirst {
+		e.readCPU(b, &s)
+	}
+	return s
 }
 
 // peerMetric counts a rateleased process's fleet-view Redis commands.
 const peerMetric = "ratelease_peer_commands_total"
 
+// snapshot reads every counter a measurement needs but the fleet view's
+// (see countedSnapshot).
 func (e *env) snapshot(b *testing.B) snap {
 	b.Helper()
-	s := snap{at: time.Now()}
+	var s snap
+	e.readCPU(b, &s)
+	e.readRedis(b, &s)
+	return s
+}
+
+// readCPU reads the CPU counters into s, and the time.
+func (e *env) readCPU(b *testing.B, s *snap) {
+	b.Helper()
+	s.at = time.Now()
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		b.Fatal(err)
 	}
 	s.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	txt, err := e.rdb.Info(context.Background(), "commandstats", "cpu").Result()
-	if err != nil {
-		b.Fatalf("INFO: %v", err)
-	}
-	if s.redisBy, err = commandStats(txt); err != nil {
-		b.Fatal(err)
-	}
-	for _, n := range s.redisBy {
-		s.redisCmds += n
-	}
-	if s.redisCPU, err = redisCPU(txt); err != nil {
-		b.Fatal(err)
-	}
 	for _, d := range e.daemons {
 		c, err := procCPU(d.PID())
 		if err != nil {
@@ -413,10 +424,29 @@ func (e *env) snapshot(b *testing.B) snap {
 		}
 		s.daemonCPU += c
 	}
+	var err error
 	if s.machine, s.steal, err = machineCPU(); err != nil {
 		b.Fatal(err)
 	}
-	return s
+}
+
+// readRedis reads Redis's counters into s (INFO commandstats and cpu).
+func (e *env) readRedis(b *testing.B, s *snap) {
+	b.Helper()
+	txt, err := e.rdb.Info(context.Background(), "commandstats", "cpu").Result()
+	if err != nil {
+		b.Fatalf("INFO: %v", err)
+	}
+	if s.redisBy, err = commandStats(txt); err != nil {
+		b.Fatal(err)
+	}
+	s.redisCmds = 0
+	for _, n := range s.redisBy {
+		s.redisCmds += n
+	}
+	if s.redisCPU, err = redisCPU(txt); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // commandCalls sums the calls of every command in the text of INFO
