@@ -590,9 +590,10 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 				}
 				return d
 			}
-			if ks.shaped.Load() && c.admitted(ks, n, now) {
-				// A shaped key counts its denials as demand (see
-				// applyDirect): a lease of its own is its slice.
+			if c.admitted(ks, n, now) {
+				// A denial counts as demand (see applyDirect): at a
+				// saturated key, or a shaped one, a lease of its own is
+				// this process's share.
 				c.promote(ks)
 			}
 			return Decision{Source: SourceRetryAfter, RetryAfter: time.Duration(du - now), Limits: ks.limitsView()}

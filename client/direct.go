@@ -338,11 +338,14 @@ func (c *Client) applyDirect(r *directReq) Decision {
 			}
 			continue
 		}
-		if ks.shaped.Load() && !kr.Allowed && kr.RetryAfterMillis >= 0 && c.admitted(ks, r.n, now) {
-			// A shaped key counts its denials as demand too: while another
-			// process's lease holds the queue's next slots, a direct Allow
-			// finds no slot that is now, and only a lease of its own (a
-			// fair slice of the schedule among the holders) serves it.
+		if !kr.Allowed && kr.RetryAfterMillis >= 0 && c.admitted(ks, r.n, now) {
+			// A server's denial counts as demand too, on a bucket big
+			// enough to lease (see admitted). At a saturated key the
+			// holders of leases are served in turn, their deferred grants
+			// ahead of the refill, and a process left on direct takes
+			// finds the bucket taken at every retry: only a lease of its
+			// own (its share among the holders) serves it. So with a
+			// shaped key, whose next slots another process's lease holds.
 			c.promote(ks)
 		}
 		if v := c.limitStates(kr.Limits, r.sent); v != nil {
@@ -397,17 +400,19 @@ func keysOf(states []*keyState) []string {
 	return keys
 }
 
-// admitted adds n tokens admitted directly to the key's demand estimate and
-// reports whether the key should now be leased: whether this process was
-// admitted at least Config.LeaseMinTokens over one lease TTL, or half of
-// them since its first admission at a pace of twice that, on a bucket of at
-// least four times that.
+// admitted adds n tokens admitted directly, or denied (see applyDirect), to
+// the key's demand estimate and reports whether the key should now be
+// leased: whether this process was admitted or denied at least
+// Config.LeaseMinTokens over one lease TTL, or half of them since the first
+// at a pace of twice that, on a bucket of at least four times that.
 //
-// The estimate is an event-driven average of the admitted rate with a time
-// constant of one lease TTL: each admission decays it by e^(−Δt/TTL) and
-// adds n/TTL. Admitted, not asked: on a key whose bucket this process
-// shares with many, its demand may be high while its share is small, and a
-// lease of a share that small would only hold tokens the others need.
+// The estimate is an event-driven average of that rate with a time
+// constant of one lease TTL: each decision decays it by e^(−Δt/TTL) and
+// adds n/TTL. Denials count: at a saturated key the lease holders are
+// served in turn, and a process left on direct takes would get nothing;
+// its own lease is granted its share, no more (the server's fair share
+// among the holders), deferred until its turn, so it holds no token the
+// others need.
 func (c *Client) admitted(ks *keyState, n int64, now int64) bool {
 	ttl := ks.leaseTTL.Load()
 	if ttl <= 0 || ks.leasing.Load() || !c.leasable(ks, now) {

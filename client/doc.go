@@ -56,13 +56,18 @@
 //
 // Leased: once this process is admitted at least Config.LeaseMinTokens
 // (default 8) of a key over one lease TTL, or half as many at twice that
-// pace — admitted, not asked: a process
-// whose share of a saturated key is small gains nothing from a lease; the
-// decisions waiting for an answer of a young key count with the admitted
-// tokens, as far as the bucket still had room for them, so that a key hot
-// from its first request is promoted at its first answers — the
-// settle loop takes the key over and leases it batches sized to its demand
-// (below). A lease not spent from by half its TTL is returned, not
+// pace; the decisions waiting for an answer of a young key count with the
+// admitted tokens, as far as the bucket still had room for them, so that a
+// key hot from its first request is promoted at its first answers; and so
+// do its denials, on a bucket big enough to lease. At a saturated key the
+// lease holders are served in turn, their deferred grants ahead of the
+// refill, and a process left on direct takes would find the bucket taken
+// at every retry (measured: a few tokens or none in seconds, while the
+// first process promoted took most of the refill); with its own lease it
+// is served its share. Such a key's first lease asks for two ticks of the
+// bucket's refill only, until one is granted, since a deferred grant waits
+// for its whole batch's refill. The settle loop takes the key over and
+// leases it batches sized to its demand (below). A lease not spent from by half its TTL is returned, not
 // renewed, and the key goes back to direct decisions; so does a key whose
 // demand over a lease TTL falls below half the threshold, and a key the
 // server refuses more leases on (too_many_leases), and a key whose lease

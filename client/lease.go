@@ -226,6 +226,12 @@ type keyState struct {
 		// tokens) but once spent out, by a request that accepts a
 		// deferral: one call per batch.
 		bound bool
+		// starved is set when the key is promoted while denied (its
+		// denials counted as demand, see admitted): its first lease asks
+		// for two ticks of the bucket's refill only, so that a deferred
+		// grant, which waits for the whole batch's refill, serves it soon
+		// (see plan).
+		starved bool
 	}
 }
 

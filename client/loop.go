@@ -156,6 +156,7 @@ func (c *Client) takePromoted() {
 				// lags a demand that just rose.
 				ks.run.ewma = max(ks.directRate(c.nanos()), float64(c.cfg.InitialBatch)/c.cfg.Horizon.Seconds())
 			}
+			ks.run.starved = ks.denyUntil.Load() > c.nanos()
 		}
 	}
 }
@@ -410,7 +411,17 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 		if ks.run.slots[0] == nil && ks.run.slots[1] != nil {
 			slot = 1
 		}
-		p := entry(slot, c.want(ks))
+		want := c.want(ks)
+		if ks.run.starved {
+			// Promoted while denied: the bucket is taken, and a deferred
+			// grant waits for its whole batch's refill. Two ticks of
+			// refill until a first lease is granted; the next one is
+			// sized to the demand.
+			if burst, fill := ks.ruleBurst.Load(), ks.ruleFill.Load(); burst > 0 && fill > 0 {
+				want = min(want, max(1, int64(math.Ceil(float64(burst)*float64(2*c.cfg.SettleInterval)/float64(fill)))))
+			}
+		}
+		p := entry(slot, want)
 		p.deferrable = true // nothing to spend meanwhile
 		return []pending{p}, true
 	}
@@ -772,6 +783,9 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		return
 	}
 	ks.run.bound = res.Granted == 0 || (res.DelayMillis > 0 && !shaped(res.Algorithm))
+	if res.Granted > 0 {
+		ks.run.starved = false
+	}
 	if res.Granted == 0 {
 		ks.run.roomy = false
 		if res.Owned {

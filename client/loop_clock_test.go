@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"regexp"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -398,4 +399,61 @@ func whileYoungWaits(t *testing.T, c *Client, h heldTakes, young string, keys []
 	h.release()
 	require.True(t, (<-first).Allowed)
 	return <-both
+}
+
+// TestDenialsPromote: at a key whose bucket others hold, this process's
+// denials count as demand (on a bucket big enough to lease): the key moves
+// to leases, to be served its share in turn rather than find the bucket
+// taken at every retry, and its first lease asks for two ticks of the
+// bucket's refill only, so that a deferred grant comes soon.
+func TestDenialsPromote(t *testing.T) {
+	const rules = `
+rules:
+  - {name: s, match: "s:*", limit: 100, period: 1s, burst: 100, lease_ttl: 2s}
+`
+	store := leases.NewMemoryStore(leases.MemoryOptions{})
+	srv := leasetest.Start(t, rules, leasetest.Options{Store: store})
+	wants := make(chan string, 16)
+	proxy := bodyProxy(t, srv.URL(), func(r *http.Request, body []byte) bool {
+		if bytes.Contains(body, []byte(`"leases":[{`)) {
+			if m := regexp.MustCompile(`"want":(\d+)`).FindSubmatch(body); m != nil {
+				select {
+				case wants <- string(m[1]):
+				default:
+				}
+			}
+		}
+		return true
+	})
+	ctx := context.Background()
+	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 100, Period: time.Second, Burst: 100, LeaseTTL: 2 * time.Second}
+	// Another process took the whole bucket.
+	res, err := store.Take(ctx, []leases.TakeOp{{Key: "s:k", Bucket: b, Cost: 100}})
+	require.NoError(t, err)
+	require.True(t, res[0].Taken)
+
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{proxy}}, clk)
+	ks := c.state("s:k")
+	d := c.Allow(ctx, "s:k")
+	require.False(t, d.Allowed)
+	require.Equal(t, SourceDirect, d.Source, "denied by the server")
+	for range 8 {
+		d := c.Allow(ctx, "s:k")
+		require.False(t, d.Allowed)
+	}
+	require.True(t, ks.leasing.Load(), "its denials promoted it")
+
+	// The loop takes the key over at its next tick, while it is denied,
+	// and asks for its first lease once the denial has run out: two ticks
+	// of refill, 2 tokens at 100/s, not a batch sized to its demand.
+	clk.advance(t, 0)
+	clk.advance(t, time.Duration(ks.denyUntil.Load()-clk.nanos()))
+	clk.advance(t, 0)
+	select {
+	case w := <-wants:
+		assert.Equal(t, "2", w)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no lease asked for")
+	}
 }
