@@ -505,19 +505,33 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 		d = Decision{Allowed: true, Source: SourceLease, Remaining: -1}
 		return true
 	}
-	// restart undoes what a wait for a lease of ks left, the decision to
-	// start again from its first key (see letGo): the token the lease l
-	// served it (nil: none did), or the demand it counted. (Were l of a
+	var i int // the key being decided
+	// leaseWaited ends a wait for a lease of ks, which served it l (nil:
+	// none did), again telling whether letGo let the keys before it go.
+	// It reports whether the decision goes on: with l, or from its first
+	// key again (i = -1) when letGo did, l's token given back (or the
+	// demand ks counted taken back: it will count again). Were l of a
 	// shaping rule, its slot would be lost: the waits that let go are not
-	// made on a shaped key's lease.)
-	restart := func(ks *keyState, l *lease) {
-		if l != nil {
+	// made on a shaped key's lease. Otherwise, without l, ks is decided
+	// as if no lease had been waited for.
+	leaseWaited := func(ks *keyState, l *lease, again bool) bool {
+		now = 0 // read again after a wait
+		switch {
+		case again && l != nil:
 			l.giveBack(n)
-			return
+		case again:
+			ks.unserved.Add(-n)
+		case l != nil:
+			done = append(done, spent{l: l, ks: ks})
+			d.leased(l, ks)
+			return true
+		default:
+			return false
 		}
-		ks.unserved.Add(-n)
+		i = -1
+		return true
 	}
-	for i := 0; i < len(states); i++ {
+	for i = 0; i < len(states); i++ {
 		ks := states[i]
 		if ks.dead.Load() {
 			ks = c.state(ks.key)
@@ -628,15 +642,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 				waitedLease = true
 				again := letGo()
 				nl := c.awaitLease(ctx, ks, n, budget(), func() bool { return ks.active.Load() == l })
-				now = 0 // read again after a wait
-				if again {
-					restart(ks, nl)
-					i = -1
-					continue
-				}
-				if nl != nil {
-					done = append(done, spent{l: nl, ks: ks})
-					d.leased(nl, ks)
+				if leaseWaited(ks, nl, again) {
 					continue
 				}
 			}
@@ -681,15 +687,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 				l := c.awaitLease(ctx, ks, n, budget(), func() bool {
 					return ks.active.Load() == nil && ks.deadline.Load() == 0 && ks.leasing.Load()
 				})
-				now = 0 // read again after a wait
-				if again {
-					restart(ks, l)
-					i = -1
-					continue
-				}
-				if l != nil {
-					done = append(done, spent{l: l, ks: ks})
-					d.leased(l, ks)
+				if leaseWaited(ks, l, again) {
 					continue
 				}
 			}

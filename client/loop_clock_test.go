@@ -20,6 +20,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// sRules is the rules file of the tests on a driven clock: "s:*", 1,000 a
+// second, a lease TTL of 2 s.
+const sRules = `
+rules:
+  - {name: s, match: "s:*", limit: 1000, period: 1s, lease_ttl: 2s}
+`
+
 // testClock is a clock the test drives: time moves only by advance, and
 // the settle loop ticks only when advance hands it a tick (the channel is
 // unbuffered, so advance returns once the loop has taken it).
@@ -111,12 +118,8 @@ func (k *testClock) advance(t *testing.T, d time.Duration) {
 // its new lease. The server runs on real time; only the
 // client's is driven.
 func TestLoopOnChosenTimes(t *testing.T) {
-	const rules = `
-rules:
-  - {name: s, match: "s:*", limit: 1000, period: 1s, lease_ttl: 2s}
-`
 	store := leases.NewMemoryStore(leases.MemoryOptions{})
-	srv := leasetest.Start(t, rules, leasetest.Options{Store: store})
+	srv := leasetest.Start(t, sRules, leasetest.Options{Store: store})
 	clk := newTestClock()
 	c := clockedClient(t, Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 50}, clk)
 	ctx := context.Background()
@@ -179,11 +182,7 @@ rules:
 // clock read in eight spends until its late renewal point (three quarters
 // of its TTL), past half its TTL too, and with one per spend from then on.
 func TestStrictFromLateRenewalPoint(t *testing.T) {
-	const rules = `
-rules:
-  - {name: s, match: "s:*", limit: 1000, period: 1s, lease_ttl: 2s}
-`
-	srv := leasetest.Start(t, rules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
+	srv := leasetest.Start(t, sRules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
 	clk := newTestClock()
 	c := clockedClient(t, Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 50}, clk)
 	ctx := context.Background()
@@ -214,11 +213,7 @@ rules:
 // waits 0.1 s at most for the key's first lease (held at the proxy), then
 // takes directly.
 func TestDecisionWaitsRequestTimeoutInAll(t *testing.T) {
-	const rules = `
-rules:
-  - {name: s, match: "s:*", limit: 1000, period: 1s, lease_ttl: 2s}
-`
-	srv := leasetest.Start(t, rules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
+	srv := leasetest.Start(t, sRules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
 	releaseTake, done := make(chan struct{}), make(chan struct{})
 	takeArrived, leaseArrived := make(chan struct{}, 1), make(chan struct{}, 1)
 	var takes atomic.Int64
@@ -282,11 +277,7 @@ rules:
 // the first key's lease is given back during the wait, so the other
 // decisions of the process may spend it, and taken again after.
 func TestMultiKeyDecisionHoldsNothingWhileWaiting(t *testing.T) {
-	const rules = `
-rules:
-  - {name: s, match: "s:*", limit: 1000, period: 1s, lease_ttl: 2s}
-`
-	srv := leasetest.Start(t, rules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
+	srv := leasetest.Start(t, sRules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
 	proxy, held := holdTakesOf(t, srv.URL(), "s:b")
 	clk := newTestClock()
 	c := clockedClient(t, Config{Servers: []string{proxy}, LeaseMinTokens: 1, RequestTimeout: time.Second, ProbeTimeout: -1}, clk)
