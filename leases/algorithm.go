@@ -63,29 +63,29 @@ type keyState interface {
 var algorithms = map[Algorithm]*algorithm{
 	TokenBucket: {
 		newState: func(b *Bucket, now int64) keyState { return newTBState(b, now) },
-		script:   tokenBucketLua,
+		script:   leaseCommonLua + tokenBucketLua,
 	},
 	FixedWindow: {
 		newState: func(b *Bucket, now int64) keyState { return newFWState(b, now, false) },
-		script:   windowLeasesLua + "local COUNTER = false\n" + fixedWindowLua,
+		script:   leaseCommonLua + windowLeasesLua + "local COUNTER = false\n" + fixedWindowLua,
 		tag:      "fw",
 		validate: validateWindow,
 	},
 	SlidingWindowCounter: {
 		newState: func(b *Bucket, now int64) keyState { return newFWState(b, now, true) },
-		script:   windowLeasesLua + "local COUNTER = true\n" + fixedWindowLua,
+		script:   leaseCommonLua + windowLeasesLua + "local COUNTER = true\n" + fixedWindowLua,
 		tag:      "swc",
 		validate: validateWindow,
 	},
 	SlidingWindowLog: {
 		newState: func(b *Bucket, now int64) keyState { return newSWLState(b) },
-		script:   windowLeasesLua + slidingWindowLogLua,
+		script:   leaseCommonLua + windowLeasesLua + slidingWindowLogLua,
 		tag:      "swl",
 		validate: validateWindow,
 	},
 	LeakyBucket: {
 		newState: func(b *Bucket, now int64) keyState { return newLBState(b, now) },
-		script:   leakyBucketLua,
+		script:   leaseCommonLua + leakyBucketLua,
 		tag:      "lb",
 		validate: validateLeaky,
 	},

@@ -283,7 +283,8 @@
 // W; Burst has no meaning (the rules layer sets it to Limit, and validation
 // refuses any other value). Their lease bookkeeping is written once
 // (windowleases.go; scripts/window_leases.lua, which the Redis store
-// prepends to each window's script): at most one open lease per owner, key
+// prepends to each window's script, after scripts/lease_common.lua, the
+// holders' bookkeeping every algorithm's script shares): at most one open lease per owner, key
 // and slot, recorded "<id> <granted> <deadline µs> <window µs>" under
 // "<slot>|<client>/<process>"; a settle needs the lease's ID
 // (ErrUnknownLease) and used ≤ granted (ErrUsedExceedsGranted); a grant

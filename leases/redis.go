@@ -13,11 +13,18 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// Every algorithm's script begins with what they all share (the clock, the
+// formatting of numbers, the bookkeeping of the holders of the open leases:
+// lease_common.lua), followed by the algorithm's own (see algorithms).
+//
+//go:embed scripts/lease_common.lua
+var leaseCommonLua string
+
 //go:embed scripts/token_bucket.lua
 var tokenBucketLua string
 
 // The window algorithms' scripts are the shared lease bookkeeping
-// (window_leases.lua) followed by the algorithm's body.
+// (lease_common.lua, window_leases.lua) followed by the algorithm's body.
 var (
 	//go:embed scripts/window_leases.lua
 	windowLeasesLua string
@@ -48,8 +55,10 @@ type RedisOptions struct {
 // number of lease servers can share them. It takes a redis.UniversalClient:
 // a single node, Sentinel (failover) and Cluster are all configuration.
 //
-// Every operation on a key runs as one Lua script (one per algorithm,
-// scripts/<algorithm>.lua, embedded) under EVALSHA, atomically, with the time taken from Redis TIME.
+// Every operation on a key runs as one Lua script (one per algorithm:
+// scripts/lease_common.lua, the holders' bookkeeping every algorithm
+// shares, followed by scripts/<algorithm>.lua; embedded) under EVALSHA,
+// atomically, with the time taken from Redis TIME.
 // A bucket with no lease open is a string (rl:{key}: its level and refill
 // clock, and the ownership while a lease server owns it, written with its
 // TTL in one SET PX, as a per-request limiter writes); with leases open it is a hash that holds the level, the refill

@@ -120,7 +120,7 @@ function A.next(f) return A.retry(f + 1) end
 function A.window_end() return ms(start + W - now) end
 
 function A.save()
-  if nopen == 0 and cur == 0 and prev == 0 and taken == 0 then
+  if n == 0 and cur == 0 and prev == 0 and taken == 0 then
     -- The same as no state: the next call starts afresh in its window.
     redis.call('DEL', H)
     return

@@ -1,7 +1,9 @@
 -- Leaky bucket (a shaper, GCRA) with leases: the Redis twin of
 -- leakybucket.go. Both must do the same floating-point operations in the
 -- same order; TestStoresAgreeLeaky runs random operations against both
--- stores and requires equal answers.
+-- stores and requires equal answers. The Redis store runs lease_common.lua
+-- followed by this as one script: the clock, the number formatting and the
+-- bookkeeping of the holders (recs, pc, close_lease, …) are there.
 --
 -- Keys, arguments and reply shapes are those of token_bucket.lua (see its
 -- header); the lease reply carries one value more, the lease's TTL in µs
@@ -29,36 +31,10 @@
 -- the leases in H are no longer dropped at their expiry; they count as
 -- holders until H expires (fairness only: an expiry credits nothing).
 
-if redis.replicate_commands then redis.replicate_commands() end
-
-local H, Z = KEYS[1], KEYS[2]
-local mode = ARGV[1]
-local now
-if ARGV[2] ~= '' then
-  now = tonumber(ARGV[2])
-else
-  local tm = redis.call('TIME')
-  now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
-end
 local limit = tonumber(ARGV[3])
 local period = tonumber(ARGV[4])
 local burst = tonumber(ARGV[5])
-local ttl = tonumber(ARGV[6])
-local pfloor = tonumber(ARGV[17]) or 0 -- the priority floor (LeaseOp.Floor)
 local t = period / limit -- the emission interval T, µs
-local eps = 1e-9
-local dry = mode == 'state'
-
-local function fmtf(v)
-  local s = string.format('%.15g', v)
-  if tonumber(s) ~= v then
-    s = string.format('%.16g', v)
-    if tonumber(s) ~= v then s = string.format('%.17g', v) end
-  end
-  return s
-end
-
-local function fmti(v) return string.format('%d', v) end
 
 -- ms_up rounds a duration in µs up to whole milliseconds.
 local function ms_up(us)
@@ -74,28 +50,6 @@ local function free(start)
   return math.floor(burst - (start - now) / t + eps)
 end
 
-local CHUNK = 1000
-local function call_chunked(cmd, key, items)
-  local out = {}
-  for i = 1, #items, CHUNK do
-    local part = {}
-    for j = i, math.min(i + CHUNK - 1, #items) do part[#part + 1] = items[j] end
-    local r = redis.call(cmd, key, unpack(part))
-    if type(r) == 'table' then
-      for j = 1, #r do out[#out + 1] = r[j] end
-    end
-  end
-  return out
-end
-
-local client, process, slot, field, ofield
-if mode == 'lease' then
-  client, process, slot = ARGV[7], ARGV[8], ARGV[13]
-  local owner = client .. '/' .. process
-  field = slot .. '|' .. owner
-  if slot == '0' then ofield = '1|' .. owner else ofield = '0|' .. owner end
-end
-
 local st
 if mode == 'lease' then
   st = redis.call('HMGET', H, 'a', 'o', 'n', 'c', 'x', field, ofield, 'p|' .. client)
@@ -103,12 +57,7 @@ else
   st = redis.call('HMGET', H, 'a', 'o', 'n', 'c', 'x')
 end
 local existed = st[1] ~= false
-local tat, out, n, clients, maxexp
-local recs = {}   -- lease field -> record, or false when none
-local pc = {}     -- client -> processes holding
-local pdirty = {} -- clients whose count changed
-local pend = {}   -- lease fields to write at save: a record, or false to delete
-local changed = false
+local tat
 if existed then
   tat = tonumber(st[1])
   out = tonumber(st[2]) or 0
@@ -117,7 +66,6 @@ if existed then
   maxexp = tonumber(st[5]) or 0
 else
   tat = now
-  out, n, clients, maxexp = 0, 0, 0, 0
   if ARGV[16] ~= '1' then
     -- The hash lost while leases were open: restart the queue at the
     -- latest expiry, after every slice handed out.
@@ -139,75 +87,13 @@ local function parse(rec)
   return id, tonumber(g), tonumber(e), tonumber(s), tonumber(en)
 end
 
-local function sibling(f)
-  local s = string.sub(f, 1, 1)
-  if s == '0' then return '1' .. string.sub(f, 2) end
-  return '0' .. string.sub(f, 2)
-end
-
-local function client_of(f)
-  local rest = string.sub(f, 3)
-  local i = string.find(rest, '/', 1, true)
-  return string.sub(rest, 1, i - 1)
-end
-
-local function adj(c, d)
-  local old = pc[c]
-  local new = old + d
-  if old == 0 and new > 0 then clients = clients + 1 end
-  if old > 0 and new <= 0 then clients = clients - 1 end
-  pc[c] = new
-  pdirty[c] = true
-end
-
--- load loads the records of fs and of their siblings into recs.
-local function load(fs)
-  local fields = {}
-  for i = 1, #fs do
-    local f = fs[i]
-    if recs[f] == nil then fields[#fields + 1] = f end
-    local sib = sibling(f)
-    if recs[sib] == nil then fields[#fields + 1] = sib end
-  end
-  if #fields > 0 then
-    local vals = call_chunked('HMGET', H, fields)
-    for i = 1, #fields do
-      if recs[fields[i]] == nil then recs[fields[i]] = vals[i] end
-    end
-  end
-end
-
-local function close_lease(f, g)
-  changed = true
-  out = out - g
-  n = n - 1
-  recs[f] = false
-  pend[f] = false
-  if not recs[sibling(f)] then adj(client_of(f), -1) end
-  if n <= 0 then maxexp = 0 end
-end
-
 -- expire drops the leases whose expiry is at or before now; nothing comes
 -- back.
-local expired = 0
 if n > 0 then
   local due = redis.call('ZRANGEBYSCORE', Z, '-inf', now)
   if #due > 0 then
-    load(due)
-    local need, cs = {}, {}
-    for i = 1, #due do
-      local c = client_of(due[i])
-      if pc[c] == nil and not need[c] then
-        need[c] = true
-        cs[#cs + 1] = c
-      end
-    end
-    if #cs > 0 then
-      local pf = {}
-      for i = 1, #cs do pf[i] = 'p|' .. cs[i] end
-      local pv = call_chunked('HMGET', H, pf)
-      for i = 1, #cs do pc[cs[i]] = tonumber(pv[i]) or 0 end
-    end
+    load_recs(due)
+    load_counts(due)
     for i = 1, #due do
       local rec = recs[due[i]]
       if rec then
@@ -228,17 +114,7 @@ if mode == 'state' then
   local level = 0
   if tat > now then level = (tat - now) / t end
   local k = 0
-  if n > 0 then
-    local fs = redis.call('ZRANGEBYSCORE', Z, '(' .. fmti(now), '+inf')
-    local seen = {}
-    for i = 1, #fs do
-      local o = string.sub(fs[i], 3)
-      if not seen[o] then
-        seen[o] = true
-        k = k + 1
-      end
-    end
-  end
+  if n > 0 then k = count_owners(redis.call('ZRANGEBYSCORE', Z, '(' .. fmtd(now), '+inf')) end
   local start = tat
   if now > start then start = now end
   local f = free(start)
@@ -248,7 +124,7 @@ if mode == 'state' then
     nx = ms_up(start - now - (burst - (f + 1)) * t)
     full = ms_up(tat - now)
   end
-  return { fmtf(level), out, n, fmti(now), k, f, nx, full, 0 }
+  return { fmtf(level), out, n, fmtd(now), k, f, nx, full, 0 }
 end
 
 local function save()
@@ -260,22 +136,9 @@ local function save()
   local hold = tat - now
   if n > 0 and maxexp - now > hold then hold = maxexp - now end
   local px = math.ceil(hold / 1000) + 1000
-  local args = { 'a', fmtf(tat), 'o', fmti(out), 'n', fmti(n), 'c', fmti(clients), 'x', fmti(maxexp) }
+  local args = { 'a', fmtf(tat), 'o', fmtd(out), 'n', fmtd(n), 'c', fmtd(clients), 'x', fmtd(maxexp) }
   local dels = {}
-  for f, v in pairs(pend) do
-    if v then
-      args[#args + 1] = f; args[#args + 1] = v
-    else
-      dels[#dels + 1] = f
-    end
-  end
-  for c in pairs(pdirty) do
-    if pc[c] > 0 then
-      args[#args + 1] = 'p|' .. c; args[#args + 1] = fmti(pc[c])
-    else
-      dels[#dels + 1] = 'p|' .. c
-    end
-  end
+  pending_writes(args, dels)
   call_chunked('HSET', H, args)
   if #dels > 0 then call_chunked('HDEL', H, dels) end
   redis.call('PEXPIRE', H, px)
@@ -338,12 +201,6 @@ if mode == 'refund' then
 end
 
 -- mode == 'lease'
-local want = tonumber(ARGV[9])
-local settle_id = ARGV[10]
-local used = tonumber(ARGV[11])
-local new_id = ARGV[12]
-local max_leases = tonumber(ARGV[14])
-local max_procs = tonumber(ARGV[15])
 
 local cur = recs[field]
 local settled = 0
@@ -378,12 +235,7 @@ elseif cur then
   expired = expired + 1
 end
 
-local holds = recs[field] or recs[ofield]
-local hc = clients
-if pc[client] == 0 then hc = hc + 1 end
-local hp = pc[client]
-if not holds then hp = hp + 1 end
-local h = hc * hp
+local holds, h = asker_holders()
 
 if want > 0 and not cur then
   if n >= max_leases or (not holds and pc[client] >= max_procs) then
@@ -409,14 +261,8 @@ if want > 0 then
     tat = en
     local e = math.ceil(en)
     if now + ttl > e then e = now + ttl end
-    if not holds then adj(client, 1) end
-    out = out + g
-    n = n + 1
-    if e > maxexp then maxexp = e end
-    recs[field] = new_id .. ' ' .. fmti(g) .. ' ' .. fmti(e) .. ' ' .. fmtf(start) .. ' ' .. fmtf(en)
-    pend[field] = recs[field]
-    redis.call('ZADD', Z, fmti(e), field)
-    changed = true
+    open_lease(new_id .. ' ' .. fmtd(g) .. ' ' .. fmtd(e) .. ' ' .. fmtf(start) .. ' ' .. fmtf(en), g, e)
+    redis.call('ZADD', Z, fmtd(e), field)
     granted = g
     delay = ms_up(start - now)
     lttl = e - now

@@ -25,7 +25,7 @@ end
 
 -- tidy forgets the latest end of a log that counts nothing.
 local function tidy()
-  if sum == 0 and nopen == 0 then maxend = 0 end
+  if sum == 0 and n == 0 then maxend = 0 end
 end
 
 local A = {}
@@ -101,7 +101,7 @@ function A.retry(need)
     bn = redis.call('HMGET', H, unpack(f))
   end
   local ls = {}
-  if nopen > 0 then ls = redis.call('ZRANGE', Z, 0, RETRY_WALK - 1, 'WITHSCORES') end
+  if n > 0 then ls = redis.call('ZRANGE', Z, 0, RETRY_WALK - 1, 'WITHSCORES') end
   local lf = {}
   for i = 1, #ls, 2 do lf[#lf + 1] = ls[i] end
   load_recs(lf)
@@ -183,7 +183,7 @@ end
 function A.window_end() return 0 end
 
 function A.save()
-  if sum == 0 and nopen == 0 then
+  if sum == 0 and n == 0 then
     -- The log counts nothing: the same as no state.
     redis.call('DEL', H, X)
     return

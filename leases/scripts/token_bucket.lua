@@ -1,6 +1,9 @@
 -- Token bucket with leases: the Redis twin of tokenbucket.go. Both must do
 -- the same floating-point operations in the same order; TestStoresAgree
 -- runs random operations against both stores and requires equal answers.
+-- The Redis store runs lease_common.lua followed by this as one script:
+-- the clock, the number formatting and the bookkeeping of the holders
+-- (recs, pc, close_lease, …) are there.
 --
 -- KEYS[1] H  the bucket: while no lease is open, a string
 --            "<level> <refill clock µs>" written with SET PX (one command
@@ -76,66 +79,15 @@
 -- until x passes, then Z is rebuilt from H and they are closed in order.
 -- Without S, the fair-share clocks start afresh (fairness only).
 
-if redis.replicate_commands then redis.replicate_commands() end
-
-local H, Z, S = KEYS[1], KEYS[2], KEYS[3]
-local mode = ARGV[1]
-local now
-if ARGV[2] ~= '' then
-  now = tonumber(ARGV[2])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local S = KEYS[3]
 local limit = tonumber(ARGV[3])
 local period = tonumber(ARGV[4])
 local burst = tonumber(ARGV[5])
-local ttl = tonumber(ARGV[6])
-local pfloor = tonumber(ARGV[17]) or 0 -- the priority floor (LeaseOp.Floor)
 local maxdelay = tonumber(ARGV[18]) or 0 -- µs a grant may be deferred (LeaseOp.MaxDelay)
 local rate = limit / period
-local eps = 1e-9
 local RETRY_WALK = 64
 local INLINE = 16 -- open leases indexed inline in H; more move the index to Z
-local dry = mode == 'state'
 
--- fmtf formats x as the shortest decimal that reads back as x.
-local function fmtf(x)
-  local s = string.format('%.15g', x)
-  if tonumber(s) ~= x then
-    s = string.format('%.16g', x)
-    if tonumber(s) ~= x then s = string.format('%.17g', x) end
-  end
-  return s
-end
-
--- Lua passes at most a few thousand values to one call (unpack): a key
--- whose thousands of leases expire together must not fail on that, so
--- long argument lists go in chunks.
-local CHUNK = 1000
-
--- call_chunked runs cmd on key with prefix then items, CHUNK items a call,
--- and returns the replies joined.
-local function call_chunked(cmd, key, items)
-  local out = {}
-  for i = 1, #items, CHUNK do
-    local part = {}
-    for j = i, math.min(i + CHUNK - 1, #items) do part[#part + 1] = items[j] end
-    local r = redis.call(cmd, key, unpack(part))
-    if type(r) == 'table' then
-      for j = 1, #r do out[#out + 1] = r[j] end
-    end
-  end
-  return out
-end
-
-local client, process, slot, field, ofield, owner
-if mode == 'lease' then
-  client, process, slot = ARGV[7], ARGV[8], ARGV[13]
-  owner = client .. '/' .. process
-  field = slot .. '|' .. owner
-  if slot == '0' then ofield = '1|' .. owner else ofield = '0|' .. owner end
-end
 -- The bucket is a string while no lease is open, a hash while any is. The
 -- read that fits the mode's usual case comes first: GET for takes (keys
 -- decided directly), HMGET for leases; a WRONGTYPE error sends it to the
@@ -185,17 +137,12 @@ if not is_hash then
   end
 end
 
-local level, last, out, n, maxexp, clients
-local changed = false -- the state changed beyond what the refill computes
+local level, last
 local had_inline = st[7] ~= false
 -- inl lists the open leases' fields while the index is inline, nil once it
 -- is in Z.
 local inl = nil
 local minexp = 0 -- with inl: at most the earliest expiry of its leases
-local pend = {} -- lease fields to write to H at save: a record, or false to delete
-local recs = {}    -- lease field -> record, or false when none
-local pc = {}      -- client -> processes holding
-local pdirty = {}  -- clients whose count changed
 if st[1] then
   level = tonumber(st[1])
   last = tonumber(st[2])
@@ -245,13 +192,13 @@ else
     out = burst
     n = 1
     maxexp = e
-    recs['g|'] = 'ghost ' .. string.format('%d', burst) .. ' ' .. string.format('%d', e)
+    recs['g|'] = 'ghost ' .. fmtd(burst) .. ' ' .. fmtd(e)
     inl = nil
     changed = true
     if not dry then
       is_hash = true
       redis.call('HSET', H, 'g|', recs['g|'])
-      redis.call('ZADD', Z, string.format('%d', e), 'g|')
+      redis.call('ZADD', Z, fmtd(e), 'g|')
     end
   end
 end
@@ -269,30 +216,6 @@ end
 
 local function grant_of(rec)
   return tonumber(string.match(rec, ' (%d+) '))
-end
-
-local function sibling(f)
-  local s = string.sub(f, 1, 1)
-  if s == '0' then return '1' .. string.sub(f, 2) end
-  if s == '1' then return '0' .. string.sub(f, 2) end
-  return nil
-end
-
--- client_of returns the client of a lease field, nil for the ghost.
-local function client_of(f)
-  local rest = string.sub(f, 3)
-  local i = string.find(rest, '/', 1, true)
-  if not i then return nil end
-  return string.sub(rest, 1, i - 1)
-end
-
-local function adj(c, d)
-  local old = pc[c]
-  local new = old + d
-  if old == 0 and new > 0 then clients = clients + 1 end
-  if old > 0 and new <= 0 then clients = clients - 1 end
-  pc[c] = new
-  pdirty[c] = true
 end
 
 -- cap_level returns lv capped at c, the burst less what is outstanding,
@@ -317,44 +240,11 @@ local function refill_to(t)
   level = cap_level(level, burst - out, prev)
 end
 
--- close_lease closes the lease in field f of grant g; the caller credits
--- what it should. Every lease field closed here was loaded into recs, and
--- so was its sibling.
-local function close_lease(f, g)
-  changed = true
-  out = out - g
-  n = n - 1
-  recs[f] = false
-  local sib = sibling(f)
-  if sib and not recs[sib] then
-    adj(client_of(f), -1)
-  end
-  if n <= 0 then maxexp = 0 end
-end
-
 -- expire closes the leases that expired at or before now in (expiry,
 -- member) order, refilling piecewise up to each expiry under the cap that
 -- held until then.
-local expired = 0
 local function exp_of(rec)
   return tonumber(string.match(rec, ' (%d+)$'))
-end
-
--- load loads the records of fs and of their siblings into recs.
-local function load(fs)
-  local fields = {}
-  for i = 1, #fs do
-    local f = fs[i]
-    if recs[f] == nil then fields[#fields + 1] = f end
-    local sib = sibling(f)
-    if sib and recs[sib] == nil then fields[#fields + 1] = sib end
-  end
-  if #fields > 0 then
-    local vals = call_chunked('HMGET', H, fields)
-    for i = 1, #fields do
-      if recs[fields[i]] == nil then recs[fields[i]] = vals[i] end
-    end
-  end
 end
 
 -- by_expiry orders {field, expiry} pairs as a sorted set orders members.
@@ -366,7 +256,7 @@ end
 -- inline_open returns the open leases of the inline index in expiry order,
 -- as "field, expiry, field, expiry, …" like ZRANGE WITHSCORES.
 local function inline_open(upto)
-  load(inl)
+  load_recs(inl)
   local l = {}
   for i = 1, #inl do
     local rec = recs[inl[i]]
@@ -413,20 +303,8 @@ local function expire()
   if #due == 0 then return end
   local fields = {}
   for i = 1, #due, 2 do fields[#fields + 1] = due[i] end
-  load(fields)
-  local need = {}
-  for i = 1, #fields do
-    local c = client_of(fields[i])
-    if c and pc[c] == nil and not need[c] then need[c] = true end
-  end
-  local cs = {}
-  for c in pairs(need) do cs[#cs + 1] = c end
-  if #cs > 0 then
-    local pf = {}
-    for i = 1, #cs do pf[i] = 'p|' .. cs[i] end
-    local pv = call_chunked('HMGET', H, pf)
-    for i = 1, #cs do pc[cs[i]] = tonumber(pv[i]) or 0 end
-  end
+  load_recs(fields)
+  load_counts(fields)
   local dels = {}
   for i = 1, #due, 2 do
     local f = due[i]
@@ -444,7 +322,6 @@ local function expire()
   elseif not dry then
     redis.call('ZREMRANGEBYSCORE', Z, '-inf', now)
   end
-  for i = 1, #dels do pend[dels[i]] = false end
 end
 
 if n > 0 then
@@ -518,7 +395,7 @@ local function retry_after(target)
     if #first > 0 then
       local fields = {}
       for i = 1, #first, 2 do fields[#fields + 1] = first[i] end
-      load(fields)
+      load_recs(fields)
       local vals = {}
       for j = 1, #fields do vals[j] = recs[fields[j]] end
       for j = 1, #fields do
@@ -577,11 +454,11 @@ local function save()
     -- No lease open: the bucket is a string, written with its TTL. A hash
     -- left from the leases is dropped whole (its counts are all zero).
     if is_hash then redis.call('DEL', H) end
-    local v = fmtf(level) .. ' ' .. string.format('%d', last)
+    local v = fmtf(level) .. ' ' .. fmtd(last)
     if ow then
-      v = v .. ' ' .. string.format('%d', odl) .. ' ' .. ocon .. ' ' .. ow
+      v = v .. ' ' .. fmtd(odl) .. ' ' .. ocon .. ' ' .. ow
     elseif tk then
-      v = v .. ' t ' .. string.format('%d', tkat) .. ' ' .. string.format('%d', tkmix) .. ' ' .. tk
+      v = v .. ' t ' .. fmtd(tkat) .. ' ' .. fmtd(tkmix) .. ' ' .. tk
     end
     redis.call('SET', H, v, 'PX', px)
     return
@@ -608,31 +485,18 @@ local function save()
     kept = rms + hpx
   end
   ensure_hash()
-  local args = { 'l', fmtf(level), 't', string.format('%d', last),
-    'o', string.format('%d', out), 'n', string.format('%d', n),
-    'x', string.format('%d %d', maxexp - last, kept - math.floor(last / 1000)), 'c', string.format('%d', clients) }
+  local args = { 'l', fmtf(level), 't', fmtd(last),
+    'o', fmtd(out), 'n', fmtd(n),
+    'x', string.format('%d %d', maxexp - last, kept - math.floor(last / 1000)), 'c', fmtd(clients) }
   local dels = {}
   if inl then
     args[#args + 1] = 'L'; args[#args + 1] = table.concat(inl, '\n')
-    args[#args + 1] = 'm'; args[#args + 1] = string.format('%d', minexp - last)
+    args[#args + 1] = 'm'; args[#args + 1] = fmtd(minexp - last)
   elseif had_inline then
     dels[#dels + 1] = 'L'
     dels[#dels + 1] = 'm'
   end
-  for f, v in pairs(pend) do
-    if v then
-      args[#args + 1] = f; args[#args + 1] = v
-    else
-      dels[#dels + 1] = f
-    end
-  end
-  for c in pairs(pdirty) do
-    if pc[c] > 0 then
-      args[#args + 1] = 'p|' .. c; args[#args + 1] = string.format('%d', pc[c])
-    else
-      dels[#dels + 1] = 'p|' .. c
-    end
-  end
+  pending_writes(args, dels)
   call_chunked('HSET', H, args) -- field-value pairs: CHUNK is even
   if #dels > 0 then call_chunked('HDEL', H, dels) end
   if hpx then redis.call('PEXPIRE', H, hpx) end
@@ -648,7 +512,7 @@ local function holders()
   if n <= 0 then return 0 end
   local fs = inl
   if not fs then
-    fs = redis.call('ZRANGEBYSCORE', Z, '(' .. string.format('%d', now), '+inf')
+    fs = redis.call('ZRANGEBYSCORE', Z, '(' .. fmtd(now), '+inf')
     if #fs == 0 then
       local all = redis.call('HGETALL', H)
       for i = 1, #all, 2 do
@@ -657,16 +521,7 @@ local function holders()
       end
     end
   end
-  local seen, k = {}, 0
-  for i = 1, #fs do
-    local f = fs[i]
-    local s = string.sub(f, 1, 2)
-    if (s == '0|' or s == '1|') and not seen[string.sub(f, 3)] then
-      seen[string.sub(f, 3)] = true
-      k = k + 1
-    end
-  end
-  return k
+  return count_owners(fs)
 end
 
 if ow then
@@ -675,7 +530,7 @@ if ow then
   local function owned_ms(tk) return us_ms(odl - now + microsceil(tk)) end
   if mode == 'state' then
     refill_to(now) -- the most the owner can hold
-    return { fmtf(level), 0, 0, string.format('%d', now), 0, 0, owned_ms(1), owned_ms(burst), 0, ow }
+    return { fmtf(level), 0, 0, fmtd(now), 0, 0, owned_ms(1), owned_ms(burst), 0, ow }
   end
   if mode == 'own' then
     if ow ~= ARGV[7] then return { 0, 0, '0', now, 0, us_ms(odl - now) } end
@@ -761,7 +616,7 @@ if mode == 'state' then
     if missing < tk then tk = missing end
     nx, full = refill_ms(tk), refill_ms(missing)
   end
-  return { fmtf(level), out, n, string.format('%d', now), holders(), free, nx, full, 0 }
+  return { fmtf(level), out, n, fmtd(now), holders(), free, nx, full, 0 }
 end
 
 if mode == 'take' then
@@ -793,12 +648,6 @@ if mode == 'refund' then
 end
 
 -- mode == 'lease'
-local want = tonumber(ARGV[9])
-local settle_id = ARGV[10]
-local used = tonumber(ARGV[11])
-local new_id = ARGV[12]
-local max_leases = tonumber(ARGV[14])
-local max_procs = tonumber(ARGV[15])
 
 local cur = recs[field]
 local settled = 0
@@ -817,7 +666,6 @@ if settle_id ~= '' then
   -- shrank, an old lease returned unused must not bring back the old
   -- burst.
   level = cap_level(level + (g - used), burst - out, level)
-  pend[field] = false
   if inl then inline_remove(field) else redis.call('ZREM', Z, field) end
   settled = 1
 elseif cur then
@@ -825,19 +673,13 @@ elseif cur then
   -- spent.
   local g = grant_of(cur)
   close_lease(field, g)
-  pend[field] = false
   if inl then inline_remove(field) else redis.call('ZREM', Z, field) end
   if g > 0 then expired = expired + 1 end
 end
 
 -- Holders from this owner's view: clients (its own counted) times the
 -- processes of its client (itself counted).
-local holds = recs[field] or recs[ofield]
-local hc = clients
-if pc[client] == 0 then hc = hc + 1 end
-local hp = pc[client]
-if not holds then hp = hp + 1 end
-local h = hc * hp
+local holds, h = asker_holders()
 
 if want > 0 and not cur then
   if n >= max_leases or (not holds and pc[client] >= max_procs) then
@@ -855,16 +697,16 @@ local function index_add(f, e)
     return
   end
   if inl then
-    load(inl)
+    load_recs(inl)
     local args = {}
     for i = 1, #inl do
-      args[#args + 1] = string.format('%d', exp_of(recs[inl[i]]))
+      args[#args + 1] = fmtd(exp_of(recs[inl[i]]))
       args[#args + 1] = inl[i]
     end
     if #args > 0 then redis.call('ZADD', Z, unpack(args)) end
     inl = nil
   end
-  redis.call('ZADD', Z, string.format('%d', e), f)
+  redis.call('ZADD', Z, fmtd(e), f)
 end
 
 -- deferral returns the wait (ms) after which a batch of g tokens, refused
@@ -954,12 +796,7 @@ if want > 0 then
   if g > 0 then
     level = level - g
     local e = now + ttl
-    if not holds then adj(client, 1) end
-    out = out + g
-    n = n + 1
-    if e > maxexp then maxexp = e end
-    recs[field] = new_id .. ' ' .. string.format('%d', g) .. ' ' .. string.format('%d', e)
-    pend[field] = recs[field]
+    open_lease(new_id .. ' ' .. fmtd(g) .. ' ' .. fmtd(e), g, e)
     index_add(field, e)
     if shared then
       -- The clock advances by the tokens taken from the share; tokens
@@ -985,11 +822,7 @@ if want > 0 then
       -- A waiter holds a lease of nothing for one TTL, so that the others'
       -- fair share counts it while it waits.
       local e = now + ttl
-      if not holds then adj(client, 1) end
-      n = n + 1
-      if e > maxexp then maxexp = e end
-      recs[field] = '- 0 ' .. string.format('%d', e)
-      pend[field] = recs[field]
+      open_lease('- 0 ' .. fmtd(e), 0, e)
       index_add(field, e)
     end
   end

@@ -1,7 +1,9 @@
 -- Lease bookkeeping of the window algorithms: the Redis twin of
--- windowleases.go. The Redis store runs this prelude followed by one
--- algorithm's body (fixed_window.lua, sliding_window_log.lua) as one script;
--- the body defines the algorithm's callbacks (a table A) and ends with
+-- windowleases.go. The Redis store runs lease_common.lua, then this, then
+-- one algorithm's body (fixed_window.lua, sliding_window_log.lua) as one
+-- script; lease_common.lua has the clock, the number formatting and the
+-- bookkeeping of the holders (recs, pc, close_lease, …), and the body
+-- defines the algorithm's callbacks (a table A) and ends with
 -- "return run(A)".
 --
 -- KEYS, ARGV and replies are those of token_bucket.lua, and a lease reply
@@ -22,41 +24,11 @@
 --
 -- No call scans the leases: they are read by owner (H fields) and by
 -- deadline (Z); a call costs O(log n) plus the leases it closes.
---
--- Numbers passed to Redis are formatted with fmtd/fmtf: Lua's own
--- conversion keeps 14 digits, too few for a time in µs.
 
-if redis.replicate_commands then redis.replicate_commands() end
-
-local H, Z, X = KEYS[1], KEYS[2], KEYS[3]
-local mode = ARGV[1]
-local now
-if ARGV[2] ~= '' then
-  now = tonumber(ARGV[2])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local X = KEYS[3]
 local limit = tonumber(ARGV[3])
 local W = tonumber(ARGV[4]) -- the window, µs
-local ttl = tonumber(ARGV[6])
-local pfloor = tonumber(ARGV[17]) or 0 -- the priority floor (LeaseOp.Floor)
-local eps = 1e-9
 local RETRY_WALK = 64
-local CHUNK = 1000
-local dry = mode == 'state'
-
-local function fmtd(x) return string.format('%d', x) end
-
--- fmtf formats x as the shortest decimal that reads back as x.
-local function fmtf(x)
-  local s = string.format('%.15g', x)
-  if tonumber(s) ~= x then
-    s = string.format('%.16g', x)
-    if tonumber(s) ~= x then s = string.format('%.17g', x) end
-  end
-  return s
-end
 
 -- floor_to returns the largest multiple of q at or below t; ceil_to the
 -- smallest at or above. Products of integers below 2^53 are exact.
@@ -78,35 +50,7 @@ local function ms(us)
   return math.floor((us + 999) / 1000)
 end
 
-local function call_chunked(cmd, key, items)
-  local out = {}
-  for i = 1, #items, CHUNK do
-    local part = {}
-    for j = i, math.min(i + CHUNK - 1, #items) do part[#part + 1] = items[j] end
-    local r = redis.call(cmd, key, unpack(part))
-    if type(r) == 'table' then
-      for j = 1, #r do out[#out + 1] = r[j] end
-    end
-  end
-  return out
-end
-
-local client, process, slot, field, ofield
-if mode == 'lease' then
-  client, process, slot = ARGV[7], ARGV[8], ARGV[13]
-  local owner = client .. '/' .. process
-  field = slot .. '|' .. owner
-  if slot == '0' then ofield = '1|' .. owner else ofield = '0|' .. owner end
-end
-
-local out, nopen, clients = 0, 0, 0
 local had_leases = false
-local changed = false -- the state changed beyond what the next call recomputes
-local expired = 0
-local recs = {}   -- lease field -> record, or false when none
-local pend = {}   -- lease fields to write at save: a record, or false to delete
-local pc = {}     -- client -> processes holding
-local pdirty = {} -- clients whose count changed
 
 -- load reads the shared fields and the algorithm's (names) in one HMGET
 -- and returns the algorithm's by name.
@@ -118,9 +62,9 @@ local function load(names)
   end
   local r = redis.call('HMGET', H, unpack(f))
   out = tonumber(r[1]) or 0
-  nopen = tonumber(r[2]) or 0
+  n = tonumber(r[2]) or 0
   clients = tonumber(r[3]) or 0
-  had_leases = nopen > 0
+  had_leases = n > 0
   local vals = {}
   for i = 1, #names do vals[names[i]] = r[3 + i] end
   if mode == 'lease' then
@@ -138,79 +82,17 @@ local function parse(rec)
   return id, tonumber(g), tonumber(dl), tonumber(win)
 end
 
-local function sibling(f)
-  local s = string.sub(f, 1, 1)
-  if s == '0' then return '1' .. string.sub(f, 2) end
-  return '0' .. string.sub(f, 2)
-end
-
-local function client_of(f)
-  local rest = string.sub(f, 3)
-  local i = string.find(rest, '/', 1, true)
-  return string.sub(rest, 1, i - 1)
-end
-
-local function adj(c, d)
-  local old = pc[c]
-  local new = old + d
-  if old == 0 and new > 0 then clients = clients + 1 end
-  if old > 0 and new <= 0 then clients = clients - 1 end
-  pc[c] = new
-  pdirty[c] = true
-end
-
--- load_recs loads the records of fs and of their siblings into recs.
-local function load_recs(fs)
-  local fields = {}
-  for i = 1, #fs do
-    local f = fs[i]
-    if recs[f] == nil then fields[#fields + 1] = f end
-    local sib = sibling(f)
-    if recs[sib] == nil then fields[#fields + 1] = sib end
-  end
-  if #fields > 0 then
-    local vals = call_chunked('HMGET', H, fields)
-    for i = 1, #fields do
-      if recs[fields[i]] == nil then recs[fields[i]] = vals[i] end
-    end
-  end
-end
-
--- close_lease closes the lease in field f of grant g; its record and its
--- sibling's are loaded.
-local function close_lease(f, g)
-  changed = true
-  out = out - g
-  nopen = nopen - 1
-  recs[f] = false
-  pend[f] = false
-  if not recs[sibling(f)] then adj(client_of(f), -1) end
-end
-
 -- expire closes the leases whose deadline is at or before now in
 -- (deadline, member) order, calling on_expire(granted, deadline, window)
 -- for each after closing it.
 local function expire(on_expire)
-  if nopen == 0 then return end
+  if n == 0 then return end
   local due = redis.call('ZRANGEBYSCORE', Z, '-inf', fmtd(now), 'WITHSCORES')
   if #due == 0 then return end
   local fields = {}
   for i = 1, #due, 2 do fields[#fields + 1] = due[i] end
   load_recs(fields)
-  local cs, seen = {}, {}
-  for i = 1, #fields do
-    local c = client_of(fields[i])
-    if pc[c] == nil and not seen[c] then
-      seen[c] = true
-      cs[#cs + 1] = c
-    end
-  end
-  if #cs > 0 then
-    local pf = {}
-    for i = 1, #cs do pf[i] = 'p|' .. cs[i] end
-    local pv = call_chunked('HMGET', H, pf)
-    for i = 1, #cs do pc[cs[i]] = tonumber(pv[i]) or 0 end
-  end
+  load_counts(fields)
   for i = 1, #fields do
     local rec = recs[fields[i]]
     if rec then
@@ -223,65 +105,29 @@ local function expire(on_expire)
   if not dry then redis.call('ZREMRANGEBYSCORE', Z, '-inf', fmtd(now)) end
 end
 
--- holds reports whether the asking owner holds a lease in either slot.
-local function holds() return recs[field] or recs[ofield] end
-
--- open_lease opens the asking owner's lease in its slot.
-local function open_lease(rec, g, dl)
-  if not holds() then adj(client, 1) end
-  out = out + g
-  nopen = nopen + 1
-  recs[field] = rec
-  pend[field] = rec
-  changed = true
-  redis.call('ZADD', Z, fmtd(dl), field)
-end
-
 -- save_common writes the algorithm's fields (args, field-value pairs) with
 -- the shared ones, and gives the keys px ms to live.
 local function save_common(args, px)
   local dels = {}
-  if nopen > 0 then
+  if n > 0 then
     args[#args + 1] = 'o'; args[#args + 1] = fmtd(out)
-    args[#args + 1] = 'n'; args[#args + 1] = fmtd(nopen)
+    args[#args + 1] = 'n'; args[#args + 1] = fmtd(n)
     args[#args + 1] = 'k'; args[#args + 1] = fmtd(clients)
   elseif had_leases then
     dels[#dels + 1] = 'o'; dels[#dels + 1] = 'n'; dels[#dels + 1] = 'k'
   end
-  for f, v in pairs(pend) do
-    if v then
-      args[#args + 1] = f; args[#args + 1] = v
-    else
-      dels[#dels + 1] = f
-    end
-  end
-  for c in pairs(pdirty) do
-    if pc[c] > 0 then
-      args[#args + 1] = 'p|' .. c; args[#args + 1] = fmtd(pc[c])
-    else
-      dels[#dels + 1] = 'p|' .. c
-    end
-  end
+  pending_writes(args, dels)
   if #dels > 0 then call_chunked('HDEL', H, dels) end
   call_chunked('HSET', H, args) -- field-value pairs: CHUNK is even
   redis.call('PEXPIRE', H, px)
-  if nopen > 0 then redis.call('PEXPIRE', Z, px) end
+  if n > 0 then redis.call('PEXPIRE', Z, px) end
 end
 
 -- holders counts the distinct owners of the leases open at now (a dry run
 -- leaves the expired ones in Z: the range skips them).
 local function holders()
-  if nopen <= 0 then return 0 end
-  local fs = redis.call('ZRANGEBYSCORE', Z, '(' .. fmtd(now), '+inf')
-  local seen, k = {}, 0
-  for i = 1, #fs do
-    local o = string.sub(fs[i], 3)
-    if not seen[o] then
-      seen[o] = true
-      k = k + 1
-    end
-  end
-  return k
+  if n <= 0 then return 0 end
+  return count_owners(redis.call('ZRANGEBYSCORE', Z, '(' .. fmtd(now), '+inf'))
 end
 
 -- run answers the call with the algorithm's callbacks A:
@@ -303,7 +149,7 @@ local function run(A)
     local f = A.free()
     local nx, full = 0, 0
     if f < limit then nx, full = A.next(f), A.reset() end
-    return { A.level(), out, nopen, fmtd(now), holders(), f, nx, full, A.window_end() }
+    return { A.level(), out, n, fmtd(now), holders(), f, nx, full, A.window_end() }
   end
   if mode == 'take' then
     local cost = tonumber(ARGV[9])
@@ -325,12 +171,6 @@ local function run(A)
     return {}
   end
   -- mode == 'lease'
-  local want = tonumber(ARGV[9])
-  local settle_id = ARGV[10]
-  local used = tonumber(ARGV[11])
-  local new_id = ARGV[12]
-  local max_leases = tonumber(ARGV[14])
-  local max_procs = tonumber(ARGV[15])
 
   local cur = recs[field]
   local settled = 0
@@ -360,12 +200,9 @@ local function run(A)
     A.replaced(g, dl, win)
     expired = expired + 1
   end
-  local hc, hp = clients, pc[client]
-  if hp == 0 then hc = hc + 1 end
-  if not holds() then hp = hp + 1 end
-  local h = hc * hp
+  local holds, h = asker_holders()
   if want > 0 and not cur then
-    if nopen >= max_leases or (not holds() and pc[client] >= max_procs) then
+    if n >= max_leases or (not holds and pc[client] >= max_procs) then
       A.save()
       return { 3, 0, 0, 0, 0, 0, expired }
     end
@@ -382,6 +219,7 @@ local function run(A)
     if g > 0 then
       local dl, win = A.grant(g)
       open_lease(new_id .. ' ' .. fmtd(g) .. ' ' .. fmtd(dl) .. ' ' .. fmtd(win), g, dl)
+      redis.call('ZADD', Z, fmtd(dl), field)
       granted = g
       lttl = dl - now
     else
