@@ -5,7 +5,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -369,14 +368,10 @@ func testLBConcurrent(t *testing.T, f *fixture, ticks int) {
 	tUs := int64(time.Second/time.Microsecond) / limit
 	b := leaky(limit, time.Second, burst, 5*time.Millisecond)
 	var (
-		mu     sync.Mutex
-		slots  []int64 // µs
-		late   []string
-		tick   atomic.Int64
-		done   atomic.Bool
-		ops    atomic.Int64
-		wg     sync.WaitGroup
-		failed atomic.Value
+		mu    sync.Mutex
+		slots []int64 // µs
+		late  []string
+		cr    crowd
 	)
 	// record records n slots from start, handed out at now.
 	record := func(now, start, n int64) {
@@ -390,74 +385,58 @@ func testLBConcurrent(t *testing.T, f *fixture, ticks int) {
 			}
 		}
 	}
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 11))
-			owner := own(fmt.Sprintf("w%d/1", w%3))
-			owner.Process = fmt.Sprint(w)
-			var id string
-			var granted, start, at int64
-			for !done.Load() {
-				f.clock.Hold(func(nowT time.Time) {
-					now := nowT.UnixMicro()
-					defer ops.Add(1)
-					if rng.IntN(4) == 0 {
-						cost := 1 + rng.Int64N(2)
-						out, err := f.store.Take(f.ctx, []leases.TakeOp{{Key: "hot", Bucket: b, Cost: cost}})
-						if err != nil {
-							failed.Store(err)
-							return
-						}
-						if o := out[0]; o.Taken {
-							record(now, now+o.Delay.Microseconds(), cost)
-						}
-						return
-					}
-					var used int64
-					if granted > 0 {
-						used = rng.Int64N(granted + 1)
-					}
-					leaseID := id
-					if rng.IntN(8) == 0 {
-						leaseID = "" // abandoned: replaced, as fully used
-					}
-					out, err := f.store.Lease(f.ctx, owner, []leases.LeaseOp{{Key: "hot", Bucket: b, Want: 1 + rng.Int64N(8), LeaseID: leaseID, Used: used, NewLeaseID: leases.NewLeaseID()}})
+	cr.start(workers, func(w int) {
+		rng := rand.New(rand.NewPCG(uint64(w), 11))
+		owner := own(fmt.Sprintf("w%d/1", w%3))
+		owner.Process = fmt.Sprint(w)
+		var id string
+		var granted, start, at int64
+		for !cr.done.Load() {
+			f.clock.Hold(func(nowT time.Time) {
+				now := nowT.UnixMicro()
+				defer cr.ops.Add(1)
+				if rng.IntN(4) == 0 {
+					cost := 1 + rng.Int64N(2)
+					out, err := f.store.Take(f.ctx, []leases.TakeOp{{Key: "hot", Bucket: b, Cost: cost}})
 					if err != nil {
-						failed.Store(err)
+						cr.fail(err)
 						return
 					}
-					o := out[0]
-					switch {
-					case o.Err == nil && o.Settled:
-						record(at, start, used)
-					case o.Err == nil || o.Err == leases.ErrUnknownLease:
-						record(at, start, granted) // nothing came back
-					default:
-						failed.Store(fmt.Errorf("%v: %w", owner, o.Err))
-						return
+					if o := out[0]; o.Taken {
+						record(now, now+o.Delay.Microseconds(), cost)
 					}
-					id, granted, at = o.LeaseID, o.Granted, now
-					start = now + o.Delay.Microseconds()
-				})
-			}
-			record(at, start, granted)
-		}()
-	}
-	for i := 1; i <= ticks; i++ {
-		target := ops.Load() + 2*workers
-		for ops.Load() < target && failed.Load() == nil {
-			time.Sleep(20 * time.Microsecond)
+					return
+				}
+				var used int64
+				if granted > 0 {
+					used = rng.Int64N(granted + 1)
+				}
+				leaseID := id
+				if rng.IntN(8) == 0 {
+					leaseID = "" // abandoned: replaced, as fully used
+				}
+				out, err := f.store.Lease(f.ctx, owner, []leases.LeaseOp{{Key: "hot", Bucket: b, Want: 1 + rng.Int64N(8), LeaseID: leaseID, Used: used, NewLeaseID: leases.NewLeaseID()}})
+				if err != nil {
+					cr.fail(err)
+					return
+				}
+				o := out[0]
+				switch {
+				case o.Err == nil && o.Settled:
+					record(at, start, used)
+				case o.Err == nil || o.Err == leases.ErrUnknownLease:
+					record(at, start, granted) // nothing came back
+				default:
+					cr.fail(fmt.Errorf("%v: %w", owner, o.Err))
+					return
+				}
+				id, granted, at = o.LeaseID, o.Granted, now
+				start = now + o.Delay.Microseconds()
+			})
 		}
-		tick.Store(int64(i))
-		f.clock.Advance(time.Millisecond)
-	}
-	done.Store(true)
-	wg.Wait()
-	if err := failed.Load(); err != nil {
-		t.Fatalf("store failed: %v", err)
-	}
+		record(at, start, granted)
+	})
+	cr.drive(t, f, ticks, workers)
 	assert.Empty(t, late, "slots beyond the queue's horizon")
 	slices.Sort(slots)
 	require.NotEmpty(t, slots)

@@ -553,11 +553,7 @@ func testConcurrentBoundOpts(t *testing.T, f *fixture, ticks int, deferred bool)
 	var (
 		mu        sync.Mutex
 		events    []grantEvent
-		tick      atomic.Int64
-		done      atomic.Bool
-		ops       atomic.Int64
-		wg        sync.WaitGroup
-		failed    atomic.Value
+		cr        crowd
 		deferrals atomic.Int64
 	)
 	// Tokens are attributed to the instant of their grant: the bound
@@ -569,87 +565,70 @@ func testConcurrentBoundOpts(t *testing.T, f *fixture, ticks int, deferred bool)
 			mu.Unlock()
 		}
 	}
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			owner := fmt.Sprintf("w/%d", w)
-			var leaseID string
-			var granted int64
-			var leaseTick int
-			for !done.Load() {
-				want := rng.Int64N(20)
-				var maxDelay time.Duration
-				if deferred && rng.IntN(2) == 0 {
-					maxDelay = time.Duration(rng.Int64N(int64(20*time.Millisecond))) + time.Millisecond
-				}
-				var used int64
-				if granted > 0 {
-					used = rng.Int64N(granted + 1)
-					if deferred && rng.IntN(4) != 0 {
-						// Mostly spent whole: the bucket then runs out of
-						// level rather than of room under burst − O,
-						// which is where a grant can be deferred.
-						used = granted
-					}
-				}
-				id := leaseID
-				if rng.IntN(10) == 0 {
-					id = "" // abandon the lease: it is replaced or expires unsettled
-				}
-				f.clock.Hold(func(now time.Time) {
-					// The tick of now, not of the counter: the main loop
-					// moves the counter just before the clock.
-					tk := int(now.Sub(epoch) / time.Millisecond)
-					out, err := f.store.Lease(f.ctx, own(owner), []leases.LeaseOp{{Key: "hot", Bucket: b, Want: want, LeaseID: id, Used: used, NewLeaseID: leases.NewLeaseID(), MaxDelay: maxDelay}})
-					ops.Add(1)
-					if err != nil {
-						failed.Store(err)
-						return
-					}
-					o := out[0]
-					switch {
-					case o.Err == nil && o.Settled:
-						// The settled lease's tokens were spent at its grant.
-						record(leaseTick, used)
-					case o.Err == nil || o.Err == leases.ErrUnknownLease:
-						// Abandoned or expired: the store credits nothing,
-						// so count every token as spent.
-						record(leaseTick, granted)
-					default:
-						failed.Store(fmt.Errorf("owner %s: %w", owner, o.Err))
-					}
-					if o.Err != nil {
-						if id == "" {
-							failed.Store(fmt.Errorf("owner %s: %w without a lease ID", owner, o.Err))
-						}
-						leaseID, granted = "", 0
-						return
-					}
-					leaseID, granted, leaseTick = o.LeaseID, o.Granted, tk+int(o.Delay/time.Millisecond)
-					if o.Delay > 0 {
-						deferrals.Add(1)
-					}
-				})
+	cr.start(workers, func(w int) {
+		rng := rand.New(rand.NewPCG(uint64(w), 7))
+		owner := fmt.Sprintf("w/%d", w)
+		var leaseID string
+		var granted int64
+		var leaseTick int
+		for !cr.done.Load() {
+			want := rng.Int64N(20)
+			var maxDelay time.Duration
+			if deferred && rng.IntN(2) == 0 {
+				maxDelay = time.Duration(rng.Int64N(int64(20*time.Millisecond))) + time.Millisecond
 			}
-			record(leaseTick, granted)
-		}()
-	}
-	for i := 1; i <= ticks; i++ {
-		// Let the workers run a few operations at each instant.
-		target := ops.Load() + 2*workers
-		for ops.Load() < target && failed.Load() == nil {
-			time.Sleep(20 * time.Microsecond)
+			var used int64
+			if granted > 0 {
+				used = rng.Int64N(granted + 1)
+				if deferred && rng.IntN(4) != 0 {
+					// Mostly spent whole: the bucket then runs out of
+					// level rather than of room under burst − O,
+					// which is where a grant can be deferred.
+					used = granted
+				}
+			}
+			id := leaseID
+			if rng.IntN(10) == 0 {
+				id = "" // abandon the lease: it is replaced or expires unsettled
+			}
+			f.clock.Hold(func(now time.Time) {
+				// The tick of the instant the driven clock reads, held
+				// for this call (crowd.drive moves it between calls).
+				tk := int(now.Sub(epoch) / time.Millisecond)
+				out, err := f.store.Lease(f.ctx, own(owner), []leases.LeaseOp{{Key: "hot", Bucket: b, Want: want, LeaseID: id, Used: used, NewLeaseID: leases.NewLeaseID(), MaxDelay: maxDelay}})
+				cr.ops.Add(1)
+				if err != nil {
+					cr.fail(err)
+					return
+				}
+				o := out[0]
+				switch {
+				case o.Err == nil && o.Settled:
+					// The settled lease's tokens were spent at its grant.
+					record(leaseTick, used)
+				case o.Err == nil || o.Err == leases.ErrUnknownLease:
+					// Abandoned or expired: the store credits nothing,
+					// so count every token as spent.
+					record(leaseTick, granted)
+				default:
+					cr.fail(fmt.Errorf("owner %s: %w", owner, o.Err))
+				}
+				if o.Err != nil {
+					if id == "" {
+						cr.fail(fmt.Errorf("owner %s: %w without a lease ID", owner, o.Err))
+					}
+					leaseID, granted = "", 0
+					return
+				}
+				leaseID, granted, leaseTick = o.LeaseID, o.Granted, tk+int(o.Delay/time.Millisecond)
+				if o.Delay > 0 {
+					deferrals.Add(1)
+				}
+			})
 		}
-		tick.Store(int64(i))
-		f.clock.Advance(time.Millisecond)
-	}
-	done.Store(true)
-	wg.Wait()
-	if err := failed.Load(); err != nil {
-		t.Fatalf("store failed: %v", err)
-	}
+		record(leaseTick, granted)
+	})
+	cr.drive(t, f, ticks, workers)
 
 	if deferred {
 		t.Logf("%d grants deferred", deferrals.Load())

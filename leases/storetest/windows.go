@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -311,13 +310,9 @@ func testWinConcurrent(t *testing.T, f *fixture, a leases.Algorithm, ticks int) 
 	)
 	b := window(a, limit, wTicks*time.Millisecond, 15*time.Millisecond)
 	var (
-		mu     sync.Mutex
-		spent  = make([]int64, ticks+2)
-		tick   atomic.Int64
-		done   atomic.Bool
-		ops    atomic.Int64
-		wg     sync.WaitGroup
-		failed atomic.Value
+		mu    sync.Mutex
+		spent = make([]int64, ticks+2)
+		cr    crowd
 	)
 	record := func(tk int, n int64) {
 		if n > 0 {
@@ -326,84 +321,68 @@ func testWinConcurrent(t *testing.T, f *fixture, a leases.Algorithm, ticks int) 
 			mu.Unlock()
 		}
 	}
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 11))
-			owner := fmt.Sprintf("w%d/%d", w%3, w)
-			var (
-				id             string
-				granted, used  int64
-				deadline       time.Time
-				haveLease      bool
-				leaseOpsBefore int
-			)
-			for !done.Load() {
-				f.clock.Hold(func(now time.Time) {
-					defer ops.Add(1)
-					// The tick of now, not of the counter: the main loop moves the
-					// counter just before the clock.
-					tk := int(now.Sub(epoch) / time.Millisecond)
-					// Spend from the open lease while it is valid.
-					if haveLease && now.Before(deadline) && used < granted && rng.IntN(2) == 0 {
-						n := 1 + rng.Int64N(granted-used)
-						used += n
-						record(tk, n)
-					}
-					if rng.IntN(4) == 0 {
-						cost := 1 + rng.Int64N(5)
-						out, err := f.store.Take(f.ctx, []leases.TakeOp{{Key: "hot", Bucket: b, Cost: cost}})
-						if err != nil {
-							failed.Store(err)
-							return
-						}
-						if out[0].Taken {
-							record(tk, cost)
-						}
-						return
-					}
-					leaseOpsBefore++
-					if haveLease && now.Before(deadline) && leaseOpsBefore%3 != 0 {
-						return // keep spending this lease
-					}
-					settleID := id
-					if rng.IntN(8) == 0 {
-						settleID = "" // abandon: replaced as spent
-					}
-					if !haveLease {
-						settleID = ""
-					}
-					out, err := f.store.Lease(f.ctx, own(owner), []leases.LeaseOp{{Key: "hot", Bucket: b, Want: 1 + rng.Int64N(20), LeaseID: settleID, Used: used, NewLeaseID: leases.NewLeaseID()}})
+	cr.start(workers, func(w int) {
+		rng := rand.New(rand.NewPCG(uint64(w), 11))
+		owner := fmt.Sprintf("w%d/%d", w%3, w)
+		var (
+			id             string
+			granted, used  int64
+			deadline       time.Time
+			haveLease      bool
+			leaseOpsBefore int
+		)
+		for !cr.done.Load() {
+			f.clock.Hold(func(now time.Time) {
+				defer cr.ops.Add(1)
+				// The tick of the instant the driven clock reads, held
+				// for this call (crowd.drive moves it between calls).
+				tk := int(now.Sub(epoch) / time.Millisecond)
+				// Spend from the open lease while it is valid.
+				if haveLease && now.Before(deadline) && used < granted && rng.IntN(2) == 0 {
+					n := 1 + rng.Int64N(granted-used)
+					used += n
+					record(tk, n)
+				}
+				if rng.IntN(4) == 0 {
+					cost := 1 + rng.Int64N(5)
+					out, err := f.store.Take(f.ctx, []leases.TakeOp{{Key: "hot", Bucket: b, Cost: cost}})
 					if err != nil {
-						failed.Store(err)
+						cr.fail(err)
 						return
 					}
-					o := out[0]
-					if o.Err != nil && !(o.Err == leases.ErrUnknownLease && !now.Before(deadline)) {
-						failed.Store(fmt.Errorf("owner %s at tick %d: %w", owner, tk, o.Err))
-						return
+					if out[0].Taken {
+						record(tk, cost)
 					}
-					haveLease = o.Err == nil && o.Granted > 0
-					id, granted, used = o.LeaseID, o.Granted, 0
-					deadline = now.Add(o.TTL)
-				})
-			}
-		}()
-	}
-	for i := 1; i <= ticks; i++ {
-		target := ops.Load() + 2*workers
-		for ops.Load() < target && failed.Load() == nil {
-			time.Sleep(20 * time.Microsecond)
+					return
+				}
+				leaseOpsBefore++
+				if haveLease && now.Before(deadline) && leaseOpsBefore%3 != 0 {
+					return // keep spending this lease
+				}
+				settleID := id
+				if rng.IntN(8) == 0 {
+					settleID = "" // abandon: replaced as spent
+				}
+				if !haveLease {
+					settleID = ""
+				}
+				out, err := f.store.Lease(f.ctx, own(owner), []leases.LeaseOp{{Key: "hot", Bucket: b, Want: 1 + rng.Int64N(20), LeaseID: settleID, Used: used, NewLeaseID: leases.NewLeaseID()}})
+				if err != nil {
+					cr.fail(err)
+					return
+				}
+				o := out[0]
+				if o.Err != nil && !(o.Err == leases.ErrUnknownLease && !now.Before(deadline)) {
+					cr.fail(fmt.Errorf("owner %s at tick %d: %w", owner, tk, o.Err))
+					return
+				}
+				haveLease = o.Err == nil && o.Granted > 0
+				id, granted, used = o.LeaseID, o.Granted, 0
+				deadline = now.Add(o.TTL)
+			})
 		}
-		tick.Store(int64(i))
-		f.clock.Advance(time.Millisecond)
-	}
-	done.Store(true)
-	wg.Wait()
-	if err := failed.Load(); err != nil {
-		t.Fatalf("store failed: %v", err)
-	}
+	})
+	cr.drive(t, f, ticks, workers)
 
 	prefix := make([]int64, len(spent)+1)
 	for i, s := range spent {
