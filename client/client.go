@@ -631,17 +631,25 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			// leases keep.
 			ks.need.Store(true)
 			c.wake()
-			if l := ks.active.Load(); !waitedLease && l != nil && l.shape == nil && ks.room() >= 2*l.granted {
+			if l := ks.active.Load(); !waitedLease && c.ranOutRoomy(ks, l) {
 				// But a roomy key (the bucket held at least twice its
 				// lease at its latest answer) ran out only because its
 				// renewal came late (a paused process, a starved CPU; a
 				// roomy key renews with a sixteenth of its batch left,
 				// see lateOffset): its tokens are there, so the decision
 				// waits for the renewal, as for a first lease, rather
-				// than be denied.
+				// than be denied. So it does when the loop has closed the
+				// spent-out lease to ask for the next (l nil, or nil by
+				// the time it waits: a closing wakes no waiter). It waits
+				// for the answer, unless that came already (a lease
+				// neither l nor nil, or need cleared: a refusal) or the
+				// key is no longer leased.
 				waitedLease = true
 				again := letGo()
-				nl := c.awaitLease(ctx, ks, n, budget(), func() bool { return ks.active.Load() == l })
+				nl := c.awaitLease(ctx, ks, n, budget(), func() bool {
+					a := ks.active.Load()
+					return (a == l || a == nil) && ks.need.Load() && ks.leasing.Load()
+				})
 				if leaseWaited(ks, nl, again) {
 					continue
 				}
@@ -749,6 +757,19 @@ func (d *Decision) leased(l *lease, ks *keyState) {
 		d.Remaining = r
 		d.Limits = ks.limitsView()
 	}
+}
+
+// ranOutRoomy reports whether a decision on leased key ks, which no lease
+// could serve, waits for the key's next lease rather than be denied: l,
+// the active lease, ran out (or is nil: the loop closed the spent-out
+// lease, or the expired one, and asks for the next), it is not a schedule
+// of slots, and the bucket held at least twice the latest lease's grant
+// at its latest answer.
+func (c *Client) ranOutRoomy(ks *keyState, l *lease) bool {
+	if l == nil {
+		return !ks.shaped.Load() && ks.room() >= 2*ks.lastGrant.Load()
+	}
+	return l.shape == nil && ks.room() >= 2*l.granted
 }
 
 // awaitChange waits until the state of ks changes (see keyState.notify),

@@ -93,7 +93,9 @@
 // its decisions are denied (they count as demand for the next batch) —
 // but on a roomy key (see below), whose lease runs out only when its
 // renewal is late (a paused process, a starved CPU), they wait for the
-// renewal like a first lease.
+// renewal like a first lease, until its answer (a refusal ends the wait
+// too), whether or not the settle loop has already closed the spent-out
+// lease.
 //
 // The fallback (Config.Fallback) decides only while no server answers: a
 // slow answer is waited for, because a fallback decision made while the

@@ -176,6 +176,7 @@ type keyState struct {
 	dead         atomic.Bool                  // forgotten by the client; resolve again
 	closedUsed   atomic.Int64                 // tokens used from leases no longer active
 	deadline     atomic.Int64                 // client clock: deadline of the latest lease
+	lastGrant    atomic.Int64                 // tokens granted in the latest lease (see Client.ranOutRoomy)
 	leasing      atomic.Bool                  // the key is leased: the settle loop keeps its leases
 	lastDirect   atomic.Int64                 // client clock of the last direct decision, or of creation
 	unlimitedExp atomic.Int64                 // client clock: a key a direct take found unlimited is asked again then; 0: never

@@ -854,6 +854,7 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		ks.extendDenial(at)
 	}
 	ks.need.Store(false)
+	ks.lastGrant.Store(l.granted)
 	if old := c.setActive(ks, l); old != nil {
 		used := ks.closeLease(old)
 		if ks.run.slots[old.slot] == old {
