@@ -631,7 +631,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			// leases keep.
 			ks.need.Store(true)
 			c.wake()
-			if l := ks.active.Load(); !waitedLease && c.ranOutRoomy(ks, l) {
+			if l := ks.active.Load(); !waitedLease && c.ranOutRoomy(ks, l, now) {
 				// But a roomy key (the bucket held at least twice its
 				// lease at its latest answer) ran out only because its
 				// renewal came late (a paused process, a starved CPU; a
@@ -641,17 +641,27 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 				// than be denied. So it does when the loop has closed the
 				// spent-out lease to ask for the next (l nil, or nil by
 				// the time it waits: a closing wakes no waiter). It waits
-				// for the answer, unless that came already (a lease
-				// neither l nor nil, or need cleared: a refusal) or the
-				// key is no longer leased.
+				// for the key's next change, unless the answer came
+				// already (a lease neither l nor nil, or need cleared: a
+				// refusal), or the key is no longer leased or forgotten.
+				// (A key the loop is demoting meanwhile has no lease
+				// either: its decision waits for that change, then is
+				// denied, as it would have been at once.)
 				waitedLease = true
 				again := letGo()
 				nl := c.awaitLease(ctx, ks, n, budget(), func() bool {
 					a := ks.active.Load()
-					return (a == l || a == nil) && ks.need.Load() && ks.leasing.Load()
+					return (a == l || a == nil) && ks.need.Load() && ks.leasing.Load() && !ks.dead.Load()
 				})
 				if leaseWaited(ks, nl, again) {
 					continue
+				}
+				if now = c.nanos(); ks.denyUntil.Load() > now {
+					// The renewal was refused: denied for as long as the
+					// server said.
+					c.undo(n, done)
+					c.denied.Add(1)
+					return Decision{Source: SourceRetryAfter, RetryAfter: time.Duration(ks.denyUntil.Load() - now), Limits: ks.limitsView()}
 				}
 			}
 			c.undo(n, done)
@@ -759,15 +769,17 @@ func (d *Decision) leased(l *lease, ks *keyState) {
 	}
 }
 
-// ranOutRoomy reports whether a decision on leased key ks, which no lease
-// could serve, waits for the key's next lease rather than be denied: l,
-// the active lease, ran out (or is nil: the loop closed the spent-out
-// lease, or the expired one, and asks for the next), it is not a schedule
-// of slots, and the bucket held at least twice the latest lease's grant
-// at its latest answer.
-func (c *Client) ranOutRoomy(ks *keyState, l *lease) bool {
+// ranOutRoomy reports whether a decision on leased key ks at now, which
+// no lease could serve, waits for the key's next lease rather than be
+// denied: l, the active lease, ran out, it is not a schedule of slots, and
+// the bucket held at least twice the latest lease's grant at its latest
+// answer. l is nil when the loop closed the spent-out lease, or the expired
+// one, to ask for the next; or when it returns the key's leases (a server
+// refused it more, see directUntil, or its demand fell), which no wait
+// can serve.
+func (c *Client) ranOutRoomy(ks *keyState, l *lease, now int64) bool {
 	if l == nil {
-		return !ks.shaped.Load() && ks.room() >= 2*ks.lastGrant.Load()
+		return !ks.shaped.Load() && now >= ks.directUntil.Load() && ks.room() >= 2*ks.lastGrant.Load()
 	}
 	return l.shape == nil && ks.room() >= 2*l.granted
 }

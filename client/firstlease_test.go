@@ -375,6 +375,8 @@ rules:
 				}
 				if tc.refused {
 					assert.False(t, d.Allowed, "nothing granted: denied at the answer")
+					assert.Equal(t, SourceRetryAfter, d.Source)
+					assert.Equal(t, 500*time.Millisecond, d.RetryAfter, "for as long as the server said")
 					return
 				}
 				assert.True(t, d.Allowed)

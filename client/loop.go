@@ -853,7 +853,6 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		l.strict.Store(true)
 		ks.extendDenial(at)
 	}
-	ks.need.Store(false)
 	ks.lastGrant.Store(l.granted)
 	if old := c.setActive(ks, l); old != nil {
 		used := ks.closeLease(old)
@@ -861,6 +860,9 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 			ks.run.returnUsed[old.slot] = used
 		}
 	}
+	// After the lease is active: a decision waiting for it (see
+	// Client.decide) sees the lease, or need still set, never neither.
+	ks.need.Store(false)
 	// After the lease is active: a key with a deadline is never cold.
 	ks.deadline.Store(l.deadline)
 }

@@ -55,9 +55,9 @@ function A.level()
   return fmtf(l)
 end
 
-function A.spend(n)
-  cur = cur + n
-  taken = taken + n
+function A.spend(k)
+  cur = cur + k
+  taken = taken + k
 end
 
 function A.grant(g)
@@ -106,11 +106,11 @@ end
 -- window's admissions count.
 function A.refund(cost, at)
   if at <= 0 or floor_to(at, W) ~= start then return end
-  local n = cost
-  if taken < n then n = taken end
-  cur = cur - n
+  local k = cost
+  if taken < k then k = taken end
+  cur = cur - k
   if cur < 0 then cur = 0 end
-  taken = taken - n
+  taken = taken - k
 end
 
 function A.finish() end

@@ -13,12 +13,12 @@ local maxend = tonumber(st.e) or 0
 local q = math.floor(W / 64)
 if q < 1000 then q = 1000 end
 
--- add adds n tokens to the bucket ending at e. In a dry run (state) it
+-- add adds k tokens to the bucket ending at e. In a dry run (state) it
 -- is skipped: the sum does not change, and the bucket is after now − W.
-local function add(e, n)
-  if n == 0 or dry then return end
+local function add(e, k)
+  if k == 0 or dry then return end
   local m = fmtd(e)
-  redis.call('HINCRBY', H, 'b|' .. m, fmtd(n))
+  redis.call('HINCRBY', H, 'b|' .. m, fmtd(k))
   redis.call('ZADD', X, m, m)
   changed = true
 end
@@ -59,11 +59,11 @@ end
 
 function A.level() return fmtf(A.free()) end
 
-function A.spend(n)
-  if n == 0 then return end
+function A.spend(k)
+  if k == 0 then return end
   local e = ceil_to(now, q)
-  add(e, n)
-  sum = sum + n
+  add(e, k)
+  sum = sum + k
   if e > maxend then maxend = e end
 end
 
@@ -109,20 +109,20 @@ function A.retry(need)
   local nb, nl = #bs / 2, #lf
   local freed = 0
   for _ = 1, RETRY_WALK do
-    local e, n
+    local e, k
     local le = nil
     if li <= nl then le = ceil_to(tonumber(ls[2 * li]), q) end
     if bi <= nb and (le == nil or tonumber(bs[2 * bi]) <= le) then
-      e, n = tonumber(bs[2 * bi]), tonumber(bn[bi]) or 0
+      e, k = tonumber(bs[2 * bi]), tonumber(bn[bi]) or 0
       bi = bi + 1
     elseif le ~= nil then
       local _, g = parse(recs[lf[li]])
-      e, n = le, g
+      e, k = le, g
       li = li + 1
     else
       break
     end
-    freed = freed + n
+    freed = freed + k
     if freed >= target then
       local w = e + W - now
       if w < 0 then w = 0 end
@@ -148,14 +148,14 @@ function A.refund(cost, at)
   local m = fmtd(ceil_to(at, q))
   local v = tonumber(redis.call('HGET', H, 'b|' .. m))
   if not v then return end
-  local n = cost
-  if v < n then n = v end
-  sum = sum - n
-  if v - n == 0 then
+  local k = cost
+  if v < k then k = v end
+  sum = sum - k
+  if v - k == 0 then
     redis.call('HDEL', H, 'b|' .. m)
     redis.call('ZREM', X, m)
   else
-    redis.call('HINCRBY', H, 'b|' .. m, fmtd(-n))
+    redis.call('HINCRBY', H, 'b|' .. m, fmtd(-k))
   end
   tidy()
 end

@@ -133,7 +133,7 @@ end
 -- run answers the call with the algorithm's callbacks A:
 --   advance()            bring the state to now (closing expired leases)
 --   free()               whole tokens a spend may take now
---   spend(n)             a take of n tokens now
+--   spend(k)             a take of k tokens now
 --   grant(g)             a lease of g now: returns its deadline and window
 --   settled(g, used, dl, win) / replaced(g, dl, win)
 --   retry(need)          ms until free reaches need, −1 never

@@ -14,7 +14,7 @@ type crowd struct {
 	done   atomic.Bool
 	ops    atomic.Int64
 	wg     sync.WaitGroup
-	failed atomic.Value // error
+	failed atomic.Pointer[error]
 }
 
 // start runs loop(w) on a goroutine of its own for each of workers.
@@ -24,8 +24,8 @@ func (c *crowd) start(workers int, loop func(w int)) {
 	}
 }
 
-// fail keeps err as the run's failure.
-func (c *crowd) fail(err error) { c.failed.Store(err) }
+// fail keeps err as the run's failure, unless one came first.
+func (c *crowd) fail(err error) { c.failed.CompareAndSwap(nil, &err) }
 
 // drive advances f's clock by one millisecond ticks times, each once the
 // workers have made about two calls each at the instant before (observed
@@ -43,6 +43,6 @@ func (c *crowd) drive(t *testing.T, f *fixture, ticks, workers int) {
 	c.done.Store(true)
 	c.wg.Wait()
 	if err := c.failed.Load(); err != nil {
-		t.Fatalf("store failed: %v", err)
+		t.Fatalf("store failed: %v", *err)
 	}
 }
