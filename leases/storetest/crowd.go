@@ -40,6 +40,13 @@ func (c *crowd) drive(t *testing.T, f *fixture, ticks, workers int) {
 		}
 		f.clock.Advance(time.Millisecond)
 	}
+	c.stop(t)
+}
+
+// stop stops the workers, waits for them, and fails t if any of them
+// failed.
+func (c *crowd) stop(t *testing.T) {
+	t.Helper()
 	c.done.Store(true)
 	c.wg.Wait()
 	if err := c.failed.Load(); err != nil {

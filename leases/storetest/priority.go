@@ -3,7 +3,6 @@ package storetest
 import (
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -94,78 +93,71 @@ func testPrioritySaturation(t *testing.T, f *fixture, ticks int) {
 	require.EqualValues(t, 20, lowFloor)
 	require.EqualValues(t, 0, critFloor)
 	var (
-		ops                   atomic.Int64
-		done                  atomic.Bool
-		wg                    sync.WaitGroup
-		failed                atomic.Value
+		cr                    crowd
 		lowAsked, lowAdmitted atomic.Int64
 	)
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 11))
-			owner := fmt.Sprintf("low/%d", w)
-			var leaseID string
-			var granted int64
-			var last time.Time
-			n := 0
-			for !done.Load() {
-				// Three operations per worker and tick: demand far above
-				// the refill, without starving the clock.
-				if now := f.clock.Now(); now != last {
-					last, n = now, 0
-				} else if n >= 3 {
-					time.Sleep(20 * time.Microsecond)
-					continue
-				}
-				n++
-				f.clock.Hold(func(time.Time) {
-					defer ops.Add(1)
-					if rng.IntN(2) == 0 {
-						out, err := f.store.Take(f.ctx, []leases.TakeOp{{Key: "prio", Bucket: b, Cost: 1, Floor: lowFloor}})
-						if err != nil {
-							failed.Store(err)
-							return
-						}
-						lowAsked.Add(1)
-						if out[0].Taken {
-							lowAdmitted.Add(1)
-						}
-						return
-					}
-					// A lease of a batch, spent whole before the next.
-					out, err := f.store.Lease(f.ctx, own(owner), []leases.LeaseOp{{Key: "prio", Bucket: b, Want: 10, LeaseID: leaseID, Used: granted, NewLeaseID: leases.NewLeaseID(), Floor: lowFloor}})
-					if err != nil {
-						failed.Store(err)
-						return
-					}
-					if out[0].Err != nil {
-						leaseID, granted = "", 0
-						return
-					}
-					lowAsked.Add(10)
-					lowAdmitted.Add(out[0].Granted)
-					leaseID, granted = out[0].LeaseID, out[0].Granted
-				})
+	cr.start(workers, func(w int) {
+		rng := rand.New(rand.NewPCG(uint64(w), 11))
+		owner := fmt.Sprintf("low/%d", w)
+		var leaseID string
+		var granted int64
+		var last time.Time
+		n := 0
+		for !cr.done.Load() {
+			// Three operations per worker and tick: demand far above
+			// the refill, without starving the clock.
+			if now := f.clock.Now(); now != last {
+				last, n = now, 0
+			} else if n >= 3 {
+				time.Sleep(20 * time.Microsecond)
+				continue
 			}
-		}()
-	}
+			n++
+			f.clock.Hold(func(time.Time) {
+				defer cr.ops.Add(1)
+				if rng.IntN(2) == 0 {
+					out, err := f.store.Take(f.ctx, []leases.TakeOp{{Key: "prio", Bucket: b, Cost: 1, Floor: lowFloor}})
+					if err != nil {
+						cr.fail(err)
+						return
+					}
+					lowAsked.Add(1)
+					if out[0].Taken {
+						lowAdmitted.Add(1)
+					}
+					return
+				}
+				// A lease of a batch, spent whole before the next.
+				out, err := f.store.Lease(f.ctx, own(owner), []leases.LeaseOp{{Key: "prio", Bucket: b, Want: 10, LeaseID: leaseID, Used: granted, NewLeaseID: leases.NewLeaseID(), Floor: lowFloor}})
+				if err != nil {
+					cr.fail(err)
+					return
+				}
+				if out[0].Err != nil {
+					leaseID, granted = "", 0
+					return
+				}
+				lowAsked.Add(10)
+				lowAdmitted.Add(out[0].Granted)
+				leaseID, granted = out[0].LeaseID, out[0].Granted
+			})
+		}
+	})
 	var critAsked, critAdmitted int
 	// The workers do at most 3 operations per tick: the count to wait for
 	// is taken before the clock moves, or workers that did all theirs at
 	// the new tick before it is read would never reach it.
-	base := ops.Load()
-	for i := 1; i <= ticks && failed.Load() == nil; i++ {
+	base := cr.ops.Load()
+	for i := 1; i <= ticks && cr.failed.Load() == nil; i++ {
 		target := base + 2*workers
-		for ops.Load() < target && failed.Load() == nil {
+		for cr.ops.Load() < target && cr.failed.Load() == nil {
 			time.Sleep(20 * time.Microsecond)
 		}
 		if i%critEach == 0 {
 			f.clock.Hold(func(time.Time) {
 				out, err := f.store.Take(f.ctx, []leases.TakeOp{{Key: "prio", Bucket: b, Cost: 1, Floor: critFloor}})
 				if err != nil {
-					failed.Store(err)
+					cr.fail(err)
 					return
 				}
 				critAsked++
@@ -174,14 +166,10 @@ func testPrioritySaturation(t *testing.T, f *fixture, ticks int) {
 				}
 			})
 		}
-		base = ops.Load()
+		base = cr.ops.Load()
 		f.clock.Advance(time.Millisecond)
 	}
-	done.Store(true)
-	wg.Wait()
-	if err := failed.Load(); err != nil {
-		t.Fatal(err)
-	}
+	cr.stop(t)
 	st := PriorityStats{CriticalAsked: critAsked, CriticalAdmitted: critAdmitted, LowAsked: int(lowAsked.Load()), LowAdmitted: int(lowAdmitted.Load())}
 	t.Logf("critical: %d of %d admitted (%.1f%%); low: %d of %d tokens asked (%.1f%%); the bucket refilled %d in %d ms",
 		st.CriticalAdmitted, st.CriticalAsked, 100*float64(st.CriticalAdmitted)/float64(max(1, st.CriticalAsked)),
