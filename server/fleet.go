@@ -79,7 +79,8 @@ func (s *Server) snapshot(name string, now time.Time) statusSnapshot {
 }
 
 // published is the status snapshot a server last published: under which
-// name, and when.
+// name, and when. Its mutex is held for a whole heartbeat, so heartbeats
+// run one at a time (see heartbeatLocked).
 type published struct {
 	mu   sync.Mutex
 	name string
@@ -96,6 +97,17 @@ type published struct {
 // and let it expire; or when none is (the server's first heartbeat, or a
 // new name). The store's cost does not depend on the traffic.
 func (s *Server) heartbeat() (string, error) {
+	last := &s.ops.published
+	last.mu.Lock()
+	defer last.mu.Unlock()
+	return s.heartbeatLocked(last)
+}
+
+// heartbeatLocked is heartbeat with last, s.ops.published, locked: one
+// heartbeat at a time, the operator loop's (at start, when Run has bound
+// the listener, and every PeerInterval) or a test's that counts the
+// commands of its own.
+func (s *Server) heartbeatLocked(last *published) (string, error) {
 	name := selfName(*s.listenAddr.Load())
 	if s.ops.peers == nil {
 		return name, nil
@@ -106,9 +118,6 @@ func (s *Server) heartbeat() (string, error) {
 	if err := s.ops.peers.Beat(ctx, name, now); err != nil {
 		return name, err
 	}
-	last := &s.ops.published
-	last.mu.Lock()
-	defer last.mu.Unlock()
 	if last.name == name && now.Sub(last.at) < snapshotRefresh-PeerInterval/2 && !now.Before(last.at) {
 		return name, nil
 	}
