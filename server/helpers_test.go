@@ -107,6 +107,17 @@ type fixture struct {
 // opts.RulesPath, opts.Logger and opts.Registry are filled in. The server
 // is shut down at the end of the test, which fails if Run then fails,
 // unless the test canceled Run itself.
+// frozenStore returns a memory store whose clock stands still: its buckets
+// do not refill, so a test can assert their levels exactly, however long
+// its requests take on a loaded machine.
+func frozenStore(t *testing.T) leases.Store {
+	t.Helper()
+	at := time.UnixMilli(1_700_000_000_000)
+	ms := leases.NewMemoryStore(leases.MemoryOptions{Now: func() time.Time { return at }})
+	t.Cleanup(func() { _ = ms.Close() })
+	return ms
+}
+
 func newFixture(t *testing.T, rules string, store leases.Store, opts Options) *fixture {
 	t.Helper()
 	if store == nil {
