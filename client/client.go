@@ -644,25 +644,22 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 				// for the key's next change, unless the answer came
 				// already (a lease neither l nor nil, or need cleared: a
 				// refusal), or the key is no longer leased or forgotten.
-				// (A key the loop is demoting meanwhile has no lease
-				// either: its decision waits for that change, then is
-				// denied, as it would have been at once.)
+				// Served by no lease, the decision is made again (no
+				// second wait): denied for as long as the server said if
+				// it refused the renewal, directly if the key went back
+				// to direct decisions meanwhile (a key the loop was
+				// demoting has no lease either), else denied as below.
 				waitedLease = true
 				again := letGo()
 				nl := c.awaitLease(ctx, ks, n, budget(), func() bool {
 					a := ks.active.Load()
 					return (a == l || a == nil) && ks.need.Load() && ks.leasing.Load() && !ks.dead.Load()
 				})
-				if leaseWaited(ks, nl, again) {
-					continue
+				if !leaseWaited(ks, nl, again) {
+					ks.unserved.Add(-n) // counted again
+					i--
 				}
-				if now = c.nanos(); ks.denyUntil.Load() > now {
-					// The renewal was refused: denied for as long as the
-					// server said.
-					c.undo(n, done)
-					c.denied.Add(1)
-					return Decision{Source: SourceRetryAfter, RetryAfter: time.Duration(ks.denyUntil.Load() - now), Limits: ks.limitsView()}
-				}
+				continue
 			}
 			c.undo(n, done)
 			c.denied.Add(1)

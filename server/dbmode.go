@@ -88,23 +88,26 @@ func (s *Server) watchDB() {
 	// subscription took effect sends its notice to nobody: once Redis has
 	// confirmed the subscription, sync once, so that such a change applies
 	// now, not at the next tick. (Redis down: the ticker's syncs go on.)
+	sync := func() {
+		sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
+		defer scancel()
+		s.dbSynced(s.SyncRuleDB(sctx))
+	}
 	rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
 	_, err := ps.Receive(rctx)
 	rcancel()
-	first := err == nil
 	msgs := ps.Channel()
+	if err == nil {
+		sync()
+	}
 	t := time.NewTicker(d.interval)
 	defer t.Stop()
 	for {
-		if first {
-			first = false
-		} else {
-			select {
-			case <-s.stop:
-				return
-			case <-t.C:
-			case <-msgs:
-			}
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		case <-msgs:
 		}
 		// Drain what else came meanwhile: one sync covers it all.
 		for drained := false; !drained; {
@@ -114,10 +117,7 @@ func (s *Server) watchDB() {
 				drained = true
 			}
 		}
-		sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
-		err := s.SyncRuleDB(sctx)
-		scancel()
-		s.dbSynced(err)
+		sync()
 	}
 }
 

@@ -377,22 +377,19 @@ func (e *env) countedSnapshot(b *testing.B, cpuFirst bool) snap {
 	if cpuFirst {
 		e.readCPU(b, &s)
 	}
-	counted := false
 	for range 5 {
 		p := e.daemonMetric(b, peerMetric)
 		e.readRedis(b, &s)
 		if q := e.daemonMetric(b, peerMetric); q == p {
-			s.peerCmds, counted = p, true
-			break
+			s.peerCmds = p
+			if !cpuFirst {
+				e.readCPU(b, &s)
+			}
+			return s
 		}
 	}
-	if !counted {
-		b.Fatalf("%s kept changing across INFO", peerMetric)
-	}
-	if !cpuFirst {
-		e.readCPU(b, &s)
-	}
-	return s
+	b.Fatalf("%s kept changing across INFO", peerMetric)
+	return snap{}
 }
 
 // peerMetric counts a rateleased process's fleet-view Redis commands.
