@@ -113,6 +113,12 @@ type agreeCase struct {
 	// the lease TTL, so that grants are deferred and levels go into debt;
 	// 0: none, and the random sequence is the one it always was.
 	defers int
+	// seed seeds the random sequence; zero means {1, 2}.
+	seed [2]uint64
+	// offset puts the clock's start this long after 2026-03-01 00:00 UTC:
+	// the windows' cases start off the second, so that their windows and
+	// log buckets do not line up with the whole seconds of the steps.
+	offset time.Duration
 }
 
 // randomOwn returns an OwnOp on key: an acquire or renewal two times in
@@ -222,20 +228,28 @@ func TestStoresAgree(t *testing.T) {
 	}
 }
 
+// agree is the walk of TestStoresAgree, TestStoresAgreeLeaky and
+// TestStoresAgreeWindows: c's random operations against both stores on one
+// driven clock, identical answers and states required after every step,
+// and the algorithm's invariant on the level (see checkLevel); at the end,
+// each case must have reached the paths it is for.
 func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 	ctx := context.Background()
 	require.NoError(t, rdb.FlushDB(ctx).Err())
-	clock := storetest.NewClock(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
+	clock := storetest.NewClock(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC).Add(c.offset))
 	mem := leases.NewMemoryStore(leases.MemoryOptions{Now: clock.Now, SweepInterval: -1})
 	t.Cleanup(func() { _ = mem.Close() })
 	red := leases.NewRedisStore(rdb, leases.RedisOptions{Now: clock.Now})
-	rng := rand.New(rand.NewPCG(1, 2))
+	if c.seed == [2]uint64{} {
+		c.seed = [2]uint64{1, 2}
+	}
+	rng := rand.New(rand.NewPCG(c.seed[0], c.seed[1]))
 	type held struct {
 		id string
 		g  int64
 	}
 	open := map[string]held{} // owner|key|slot -> lease, as the memory store saw it
-	var settled, expired, waiters, refused, denied, acquired, contested, released, deferred, debts int
+	var settled, expired, waiters, refused, takes, denied, refunds, acquired, contested, released, deferred, debts int
 	for step := range c.steps {
 		clock.Advance(time.Duration(rng.Int64N(int64(c.maxStep))))
 		ki := rng.IntN(len(c.keys))
@@ -273,13 +287,16 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 			ro, err := red.Take(ctx, op)
 			require.NoError(t, err)
 			require.Equal(t, mo, ro, "step %d take %+v", step, op[0])
+			takes++
 			if !mo[0].Taken {
 				denied++
 			}
+			expired += mo[0].Expired
 		case r == 1 && c.takes > 2:
 			op := []leases.TakeOp{{Key: key, Bucket: b, Cost: rng.Int64N(3)}}
 			require.NoError(t, mem.Refund(ctx, op))
 			require.NoError(t, red.Refund(ctx, op))
+			refunds++
 		default:
 			slot := rng.IntN(2)
 			hk := fmt.Sprint(owner, "|", key, "|", slot)
@@ -312,6 +329,16 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 				if o.Delay > 0 && b.Algorithm == leases.TokenBucket {
 					deferred++
 				}
+				if o.Granted > 0 {
+					// A leaky bucket's lease lasts a lease TTL at least,
+					// and until its slice ends; any other, a TTL at most.
+					if b.Algorithm == leases.LeakyBucket {
+						require.GreaterOrEqual(t, o.TTL, b.LeaseTTL, "step %d", step)
+					} else {
+						require.Positive(t, o.TTL, "step %d", step)
+						require.LessOrEqual(t, o.TTL, b.LeaseTTL, "step %d", step)
+					}
+				}
 			case errors.Is(o.Err, leases.ErrUnknownLease):
 				delete(open, hk)
 			case errors.Is(o.Err, leases.ErrTooManyLeases):
@@ -326,14 +353,10 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 		if ms.Level < 0 {
 			debts++
 		}
-		if b.Algorithm == leases.LeakyBucket {
-			require.LessOrEqual(t, ms.Level, float64(b.Burst)+1e-9, "step %d: the queue holds at most burst", step)
-		} else {
-			require.LessOrEqual(t, ms.Level+float64(ms.Outstanding), float64(b.Burst)+1e-9, "step %d: L + O ≤ burst", step)
-		}
+		checkLevel(t, ms, b, step)
 	}
-	t.Logf("%s: %d settles, %d leases expired or replaced unsettled, %d denials to waiters, %d refused by a cap, %d takes denied, %d ownerships acquired, %d contested, %d released, %d grants deferred, %d steps in debt",
-		c.name, settled, expired, waiters, refused, denied, acquired, contested, released, deferred, debts)
+	t.Logf("%s: %d settles, %d leases expired or replaced unsettled, %d denials to waiters, %d refused by a cap, %d takes (%d denied), %d refunds, %d ownerships acquired, %d contested, %d released, %d grants deferred, %d steps in debt",
+		c.name, settled, expired, waiters, refused, takes, denied, refunds, acquired, contested, released, deferred, debts)
 	// Each case must reach the paths it is for.
 	require.Positive(t, settled)
 	require.Positive(t, expired)
@@ -349,6 +372,22 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 		require.Positive(t, acquired)
 		require.Positive(t, contested)
 		require.Positive(t, released)
+	}
+}
+
+// checkLevel requires the invariant of b's algorithm on the state st of
+// one of its keys: a token bucket's level and outstanding tokens together
+// never above the burst, a leaky bucket's queue never above the burst, a
+// window's count never above the limit.
+func checkLevel(t *testing.T, st leases.BucketState, b leases.Bucket, step int) {
+	t.Helper()
+	switch b.Algorithm {
+	case leases.TokenBucket:
+		require.LessOrEqual(t, st.Level+float64(st.Outstanding), float64(b.Burst)+1e-9, "step %d: L + O ≤ burst", step)
+	case leases.LeakyBucket:
+		require.LessOrEqual(t, st.Level, float64(b.Burst)+1e-9, "step %d: the queue holds at most burst", step)
+	default:
+		require.LessOrEqual(t, st.Level, float64(b.Limit), "step %d: a window's count at most its limit", step)
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -63,99 +62,9 @@ func TestStoresAgreeWindows(t *testing.T) {
 			floors: true,
 		}}
 		for _, c := range cases {
-			t.Run(string(alg)+"/"+c.name, func(t *testing.T) { agreeWindows(t, rdb, c) })
+			c.seed, c.offset = [2]uint64{3, 4}, 123_456*time.Microsecond
+			t.Run(string(alg)+"/"+c.name, func(t *testing.T) { agree(t, rdb, c) })
 		}
-	}
-}
-
-func agreeWindows(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
-	ctx := context.Background()
-	require.NoError(t, rdb.FlushDB(ctx).Err())
-	clock := storetest.NewClock(time.Date(2026, 3, 1, 0, 0, 0, 123_456_000, time.UTC))
-	mem := leases.NewMemoryStore(leases.MemoryOptions{Now: clock.Now, SweepInterval: -1})
-	t.Cleanup(func() { _ = mem.Close() })
-	red := leases.NewRedisStore(rdb, leases.RedisOptions{Now: clock.Now})
-	rng := rand.New(rand.NewPCG(3, 4))
-	type held struct {
-		id string
-		g  int64
-	}
-	open := map[string]held{}
-	var settled, expired, denied, refused, takes, refunds int
-	for step := range c.steps {
-		clock.Advance(time.Duration(rng.Int64N(int64(c.maxStep))))
-		ki := rng.IntN(len(c.keys))
-		key, b := c.keys[ki], c.buckets[ki%len(c.buckets)]
-		owner := own(c.owners[rng.IntN(len(c.owners))])
-		switch r := rng.IntN(c.takes); {
-		case r == 0:
-			op := []leases.TakeOp{{Key: key, Bucket: b, Cost: rng.Int64N(c.maxCost + 1)}}
-			op[0].Floor = c.randomFloor(rng, b)
-			mo, err := mem.Take(ctx, op)
-			require.NoError(t, err)
-			ro, err := red.Take(ctx, op)
-			require.NoError(t, err)
-			require.Equal(t, mo, ro, "step %d take %+v", step, op[0])
-			takes++
-			if !mo[0].Taken {
-				denied++
-			}
-			expired += mo[0].Expired
-		case r == 1:
-			op := []leases.TakeOp{{Key: key, Bucket: b, Cost: rng.Int64N(3)}}
-			require.NoError(t, mem.Refund(ctx, op))
-			require.NoError(t, red.Refund(ctx, op))
-			refunds++
-		default:
-			slot := rng.IntN(2)
-			hk := fmt.Sprint(owner, "|", key, "|", slot)
-			h := open[hk]
-			op := leases.LeaseOp{Key: key, Bucket: b, Want: rng.Int64N(b.Limit + 2), NewLeaseID: leases.NewLeaseID(), Slot: slot, Limits: c.limits}
-			op.Floor = c.randomFloor(rng, b)
-			if h.id != "" && (c.abandon == 0 || rng.IntN(c.abandon) != 0) {
-				op.LeaseID = h.id
-				op.Used = rng.Int64N(h.g + 2) // sometimes one too many
-			}
-			mo, err := mem.Lease(ctx, owner, []leases.LeaseOp{op})
-			require.NoError(t, err)
-			ro, err := red.Lease(ctx, owner, []leases.LeaseOp{op})
-			require.NoError(t, err)
-			require.Equal(t, mo, ro, "step %d lease %+v", step, op)
-			o := mo[0]
-			expired += o.Expired
-			switch {
-			case o.Err == nil:
-				open[hk] = held{o.LeaseID, o.Granted}
-				if o.Settled {
-					settled++
-				}
-				if op.Want > 0 && o.Granted == 0 {
-					denied++
-				}
-				if o.Granted > 0 {
-					require.LessOrEqual(t, o.TTL, b.LeaseTTL)
-					require.Positive(t, o.TTL)
-				}
-			case errors.Is(o.Err, leases.ErrUnknownLease):
-				delete(open, hk)
-			case errors.Is(o.Err, leases.ErrTooManyLeases):
-				refused++
-			}
-		}
-		ms, err := mem.State(ctx, key, b)
-		require.NoError(t, err)
-		rs, err := red.State(ctx, key, b)
-		require.NoError(t, err)
-		requireSameState(t, ms, rs, step)
-		require.LessOrEqual(t, ms.Level, float64(b.Limit), "step %d", step)
-	}
-	t.Logf("%s: %d settles, %d expired or replaced, %d denials, %d refused by a cap, %d takes, %d refunds",
-		c.name, settled, expired, denied, refused, takes, refunds)
-	require.Positive(t, settled)
-	require.Positive(t, expired)
-	require.Positive(t, denied)
-	if c.limits != (leases.LeaseLimits{}) {
-		require.Positive(t, refused)
 	}
 }
 
