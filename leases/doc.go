@@ -476,12 +476,16 @@
 // parameters; responses report the base limit, what remains of it and the
 // overage in use. Shadow (Rule.Shadow) runs the limits as usual but admits
 // every request: a lease is granted what was asked, and its ID remembers
-// what the store granted ("<id>~<granted>"), so that its settle charges the
-// store no more than that; Report.ShadowDenials counts what would have been
-// denied. Elastic (Rule.Elastic, a pool key governed by a rule of one
-// limit) lets a request its own limits deny borrow from the pool: each key
-// admits at most its own bound plus what it borrowed, and all keys together
-// borrow at most the pool's bound (elastic.go has the details of leases).
+// what the store granted, so that its settle charges the store no more
+// than that; Report.ShadowDenials counts what would have been denied.
+// Elastic (Rule.Elastic, a pool key governed by a rule of one limit) lets a
+// request its own limits deny borrow from the pool: each key admits at most
+// its own bound plus what it borrowed, and all keys together borrow at most
+// the pool's bound (elastic.go has the details of leases). The engine keeps
+// no state of its own, so these lease IDs carry what the settle needs, with
+// a MAC under a key the store keeps for every server that shares it
+// (IDKeyStore, leaseid.go): a client cannot make a settle give the pool
+// back more than it lent, nor pass an entry off as a settle.
 //
 // # Priorities with reserves
 //

@@ -3,8 +3,6 @@ package leases
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/ratelease/ratelease/protocol"
@@ -24,9 +22,10 @@ import (
 // A lease entry whose own limits granted less than it wanted takes the
 // shortfall from the pool outright (a take, not a lease: the pool is shared
 // by every caller of every key of the rule), and is granted the sum. Its
-// lease ID remembers both parts, "<id>~<own>~<borrowed>~<stamp>", so that
-// its settle charges the own limits with at most what they granted and
-// gives the pool back what was borrowed and not used. When the own limits
+// lease ID remembers both parts and the take's stamp, authenticated (see
+// leaseid.go), so that its settle charges the own limits with at most what
+// they granted and gives the pool back what was borrowed and not used, and
+// no more whatever the client sends. When the own limits
 // granted nothing there is no own lease to prove the settle is the first,
 // so the pool's unused tokens are not given back: they count as spent, a
 // cost in the pool's utilization, never in a bound.
@@ -34,51 +33,6 @@ import (
 // Bound: each key admits at most its own limits' bound plus what it
 // borrowed, and all the keys of all elastic rules together borrow at most
 // the pool's bound.
-
-// leaseIDSep separates, in a lease ID the engine returns for a shadow or
-// elastic rule, the store's lease ID from what it remembers. Lease IDs of
-// NewLeaseID never contain it.
-const leaseIDSep = "~"
-
-// leaseIDParts is what a lease ID of a shadow or elastic rule remembers.
-type leaseIDParts struct {
-	storeID  string
-	own      int64 // what the own limits granted
-	borrowed int64 // taken from the pool (elastic)
-	stamp    int64 // the pool take's stamp (TakeOutcome.At)
-	elastic  bool
-}
-
-// parseLeaseID splits a lease ID the engine returned for a shadow or
-// elastic rule; ok is false for any other ID.
-func parseLeaseID(id string) (leaseIDParts, bool) {
-	parts := strings.Split(id, leaseIDSep)
-	var p leaseIDParts
-	switch len(parts) {
-	case 2, 4:
-	default:
-		return p, false
-	}
-	p.storeID = parts[0]
-	var nums [3]int64
-	for i, s := range parts[1:] {
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil || n < 0 {
-			return leaseIDParts{}, false
-		}
-		nums[i] = n
-	}
-	p.own, p.borrowed, p.stamp, p.elastic = nums[0], nums[1], nums[2], len(parts) == 4
-	return p, true
-}
-
-func shadowLeaseID(storeID string, own int64) string {
-	return storeID + leaseIDSep + strconv.FormatInt(own, 10)
-}
-
-func elasticLeaseID(storeID string, own, borrowed, stamp int64) string {
-	return storeID + leaseIDSep + strconv.FormatInt(own, 10) + leaseIDSep + strconv.FormatInt(borrowed, 10) + leaseIDSep + strconv.FormatInt(stamp, 10)
-}
 
 // validateElastic checks the pool of every elastic rule of p: a valid key
 // that a rule of one limit, not itself elastic, governs.
@@ -203,7 +157,7 @@ func (e *Engine) borrowTakes(ctx context.Context, takes []TakeAsk, resps []TakeR
 // borrowLeases lets the entries of elastic rules whose own limits granted
 // less than they wanted take the shortfall from their pools, in one store
 // call, and names their leases so that the settle can split what was used.
-func (e *Engine) borrowLeases(ctx context.Context, asks []LeaseAsk, results []LeaseResult, rep *Report) error {
+func (e *Engine) borrowLeases(ctx context.Context, owner Owner, ids *idSecret, asks []LeaseAsk, results []LeaseResult, rep *Report) error {
 	var ops []TakeOp
 	var idx []int
 	for i := range results {
@@ -240,7 +194,11 @@ func (e *Engine) borrowLeases(ctx context.Context, asks []LeaseAsk, results []Le
 			rep.Denials--
 			rep.Grants++
 		}
-		res.LeaseID = elasticLeaseID(storeID, own, ops[j].Cost, o.At)
+		secret, err := ids.get()
+		if err != nil {
+			return err
+		}
+		res.LeaseID = leaseIDParts{storeID: storeID, own: own, borrowed: ops[j].Cost, stamp: o.At, elastic: true}.format(secret, owner.Client, res.Key)
 		res.Granted += ops[j].Cost
 		res.Borrowed = ops[j].Cost
 		res.RetryAfter = 0
@@ -251,13 +209,14 @@ func (e *Engine) borrowLeases(ctx context.Context, asks []LeaseAsk, results []Le
 
 // poolRefunds returns the refunds of the pool tokens that settled elastic
 // leases borrowed and did not use: only for leases whose own limits granted
-// something and settled now (their settle is then known to be the first).
-func (e *Engine) poolRefunds(asks []LeaseAsk, results []LeaseResult) []TakeOp {
+// something and settled now (their settle is then known to be the first),
+// and whose IDs verified (parsed holds what they remember, see Lease).
+func (e *Engine) poolRefunds(parsed []leaseIDParts, asks []LeaseAsk, results []LeaseResult) []TakeOp {
 	var out []TakeOp
 	for i := range asks {
 		res := &results[i]
-		p, ok := parseLeaseID(asks[i].LeaseID)
-		if !ok || !p.elastic || p.borrowed == 0 || p.own == 0 || !res.storeSettled || res.Rule == nil || res.Rule.Elastic == "" {
+		p := parsed[i]
+		if !p.elastic || p.borrowed == 0 || p.own == 0 || !res.storeSettled || res.Rule == nil || res.Rule.Elastic == "" {
 			continue
 		}
 		usedPool := max(0, asks[i].Used-p.own)

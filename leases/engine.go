@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ratelease/ratelease/protocol"
@@ -48,6 +49,9 @@ type Engine struct {
 	onCall func(string, time.Duration, error)
 	// overrides are consulted before policy; nil when none.
 	overrides Overrides
+	// idKey authenticates the lease IDs of shadow and elastic rules when
+	// the store keeps no key for them (see IDKeyStore).
+	idKey []byte
 }
 
 // NewEngine returns an Engine. It panics if opts.Store is nil, which is a
@@ -57,6 +61,9 @@ func NewEngine(opts EngineOptions) *Engine {
 		panic("leases: NewEngine with nil Store")
 	}
 	e := &Engine{store: opts.Store, policy: opts.Policy, limits: opts.Limits, onCall: opts.OnStoreCall, overrides: opts.Overrides}
+	if _, ok := opts.Store.(IDKeyStore); !ok {
+		e.idKey = newIDKey()
+	}
 	if e.policy == nil {
 		e.policy, _ = NewPolicy(RuleSet{})
 	}
@@ -226,8 +233,54 @@ type LeaseResult struct {
 	// the rule's pool because its own limits granted less than Want.
 	Borrowed int64
 
-	settled      bool // a shadow lease of nothing was settled without a store call
-	storeSettled bool // the own limits settled the entry's lease in this call
+	settled      bool  // a shadow lease of nothing was settled without a store call
+	storeSettled bool  // the own limits settled the entry's lease in this call
+	shadow       bool  // a shadow rule's lease: LeaseID is the store's, to be signed with shadowOwn
+	shadowOwn    int64 // what a shadow rule's limits granted
+}
+
+// idSecret fetches, once per call, the key of the lease IDs of shadow and
+// elastic rules (see leaseid.go), only when a call needs it.
+type idSecret struct {
+	e   *Engine
+	ctx context.Context
+	key []byte
+}
+
+func (s *idSecret) get() ([]byte, error) {
+	if s.key == nil {
+		k, err := s.e.secret(s.ctx)
+		if err != nil {
+			return nil, err
+		}
+		s.key = k
+	}
+	return s.key, nil
+}
+
+// secret returns the key of the lease IDs of shadow and elastic rules: the
+// store's (see IDKeyStore), or the engine's own.
+func (e *Engine) secret(ctx context.Context) ([]byte, error) {
+	if s, ok := e.store.(IDKeyStore); ok {
+		return s.IDKey(ctx)
+	}
+	return e.idKey, nil
+}
+
+// parsedAt returns parsed[i], or the zero parts when parsed is nil.
+func parsedAt(parsed []leaseIDParts, i int) leaseIDParts {
+	if parsed == nil {
+		return leaseIDParts{}
+	}
+	return parsed[i]
+}
+
+// parsedAll returns parsed, or n zero parts when it is nil.
+func parsedAll(parsed []leaseIDParts, n int) []leaseIDParts {
+	if parsed == nil {
+		return make([]leaseIDParts, n)
+	}
+	return parsed
 }
 
 // Lease runs asks for owner and returns one result per ask, in order. Asks
@@ -253,6 +306,10 @@ func (e *Engine) Lease(ctx context.Context, owner Owner, asks []LeaseAsk) ([]Lea
 	var ops []LeaseOp
 	var at []int // the ask of each op
 	var rep Report
+	ids := &idSecret{e: e, ctx: ctx}
+	// parsed holds what the verified lease IDs of shadow and elastic
+	// rules remember, by ask; nil while there is none.
+	var parsed []leaseIDParts
 	for i := range asks {
 		a := &asks[i]
 		res := &results[i]
@@ -276,7 +333,19 @@ func (e *Engine) Lease(ctx context.Context, owner Owner, asks []LeaseAsk) ([]Lea
 		res.Rule = r
 		id := NewLeaseID()
 		settleID, used := a.LeaseID, a.Used
-		if lp, ok := parseLeaseID(a.LeaseID); ok {
+		if strings.Contains(a.LeaseID, leaseIDSep) {
+			secret, err := ids.get()
+			if err != nil {
+				return nil, Report{}, err
+			}
+			if lp, ok := parseLeaseID(secret, owner.Client, a.Key, a.LeaseID); ok {
+				if parsed == nil {
+					parsed = make([]leaseIDParts, len(asks))
+				}
+				parsed[i] = lp
+			}
+		}
+		if lp := parsedAt(parsed, i); lp.storeID != "" {
 			// A shadow or elastic rule's lease: the limits granted g of
 			// what the owner was given, so at most g of what it used is
 			// theirs (the rest was the pool's, see elastic.go).
@@ -345,10 +414,19 @@ func (e *Engine) Lease(ctx context.Context, owner Owner, asks []LeaseAsk) ([]Lea
 		_, err := e.store.Lease(ctx, owner, giveBack)
 		e.observe("lease", start, err)
 	}
-	if err := e.borrowLeases(ctx, asks, results, &rep); err != nil {
+	for i := range results {
+		if res := &results[i]; res.shadow {
+			secret, err := ids.get()
+			if err != nil {
+				return nil, Report{}, err
+			}
+			res.LeaseID = leaseIDParts{storeID: res.LeaseID, own: res.shadowOwn}.format(secret, owner.Client, res.Key)
+		}
+	}
+	if err := e.borrowLeases(ctx, owner, ids, asks, results, &rep); err != nil {
 		return nil, Report{}, err
 	}
-	if refunds := e.poolRefunds(asks, results); len(refunds) > 0 {
+	if refunds := e.poolRefunds(parsedAll(parsed, len(asks)), asks, results); len(refunds) > 0 {
 		// What a settled elastic lease borrowed and did not use goes back
 		// to its pool; a failure only costs the pool's utilization.
 		start := time.Now()
@@ -433,7 +511,8 @@ func (e *Engine) combineLease(res *LeaseResult, a *LeaseAsk, ops []LeaseOp, outs
 			res.ShadowDenied = true
 			rep.ShadowDenials++
 		}
-		res.LeaseID = shadowLeaseID(ops[0].NewLeaseID, res.Granted)
+		// Lease signs the ID (see leaseid.go).
+		res.LeaseID, res.shadow, res.shadowOwn = ops[0].NewLeaseID, true, res.Granted
 		if res.TTL == 0 {
 			res.TTL = r.LeaseTTL
 		}

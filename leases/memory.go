@@ -47,6 +47,8 @@ type MemoryStore struct {
 
 	sweepMu   sync.Mutex // serializes sweeps
 	nextSweep int        // shard swept next, under sweepMu
+
+	idKey []byte // see IDKey
 }
 
 type memShard struct {
@@ -63,7 +65,7 @@ var ErrClosed = errors.New("store closed")
 // opts.SweepInterval is negative it starts a goroutine that sweeps idle
 // buckets; Close stops it.
 func NewMemoryStore(opts MemoryOptions) *MemoryStore {
-	s := &MemoryStore{now: opts.Now, seed: maphash.MakeSeed(), closed: make(chan struct{})}
+	s := &MemoryStore{now: opts.Now, seed: maphash.MakeSeed(), closed: make(chan struct{}), idKey: newIDKey()}
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -281,6 +283,9 @@ func (s *MemoryStore) Len() int {
 
 // Ping implements Store; it fails only after Close.
 func (s *MemoryStore) Ping(ctx context.Context) error { return s.check(ctx) }
+
+// IDKey implements IDKeyStore: a random key of this store, made with it.
+func (s *MemoryStore) IDKey(context.Context) ([]byte, error) { return s.idKey, nil }
 
 // Close implements Store: it stops the sweeper. Later calls fail with
 // ErrClosed.

@@ -66,6 +66,7 @@ type OwningStore struct {
 	own   Owning
 	opts  OwningOptions
 	now   func() int64 // µs, monotonic
+	idKey []byte       // see IDKey: nil when inner keeps one
 
 	mu   sync.Mutex
 	keys map[string]*ownedKey // guarded by mu: every key known
@@ -151,6 +152,9 @@ func NewOwningStore(inner Store, opts OwningOptions) (*OwningStore, error) {
 	if s.now == nil {
 		base := time.Now()
 		s.now = func() int64 { return time.Since(base).Microseconds() }
+	}
+	if _, ok := inner.(IDKeyStore); !ok {
+		s.idKey = newIDKey()
 	}
 	if opts.manual {
 		close(s.done)
@@ -441,6 +445,15 @@ func (s *OwningStore) Ping(ctx context.Context) error { return s.inner.Ping(ctx)
 
 // Close stops the loop, releases every owned bucket (within 2 s), and
 // closes the store underneath.
+// IDKey implements IDKeyStore: the inner store's key, or, when it keeps
+// none, a random key of this store.
+func (s *OwningStore) IDKey(ctx context.Context) ([]byte, error) {
+	if k, ok := s.inner.(IDKeyStore); ok {
+		return k.IDKey(ctx)
+	}
+	return s.idKey, nil
+}
+
 func (s *OwningStore) Close() error {
 	select {
 	case <-s.stop:

@@ -3,11 +3,13 @@ package leases
 import (
 	"context"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -96,7 +98,8 @@ type RedisStore struct {
 	rdb        redis.UniversalClient
 	scripts    map[Algorithm]*redis.Script
 	now        func() time.Time
-	noEviction string // the script's ARGV[16]; ARGV[17] is the op's Floor
+	noEviction string                 // the script's ARGV[16]; ARGV[17] is the op's Floor
+	idKey      atomic.Pointer[[]byte] // see IDKey; nil until read
 }
 
 // NewRedisStore returns a store over rdb. The caller keeps ownership of rdb:
@@ -457,3 +460,33 @@ func (s *RedisStore) Ping(ctx context.Context) error {
 
 // Close implements Store. It does not close the Redis client.
 func (s *RedisStore) Close() error { return nil }
+
+// redisIDKey is the Redis key that holds the key of the lease IDs of shadow
+// and elastic rules (see IDKeyStore). Every key of a bucket has a hash tag,
+// so no bucket's key is this one.
+const redisIDKey = "rl:lease-id-key"
+
+// IDKey implements IDKeyStore: the key kept in Redis under
+// "rl:lease-id-key", written by the first server that asks for it (SET NX)
+// and read once per store. A Redis that lost its data lost the buckets and
+// their leases too; servers that read the key before then keep it until
+// they restart, and an ID that one of them signed is then unknown to the
+// others, which errs toward the limit.
+func (s *RedisStore) IDKey(ctx context.Context) ([]byte, error) {
+	if k := s.idKey.Load(); k != nil {
+		return *k, nil
+	}
+	if err := s.rdb.SetNX(ctx, redisIDKey, hex.EncodeToString(newIDKey()), 0).Err(); err != nil {
+		return nil, unavailable(err)
+	}
+	v, err := s.rdb.Get(ctx, redisIDKey).Result()
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	if len(v) < 32 {
+		return nil, fmt.Errorf("redis: %w: %s holds %d bytes, not a key of 32 or more", ErrStoreUnavailable, redisIDKey, len(v))
+	}
+	k := []byte(v)
+	s.idKey.CompareAndSwap(nil, &k)
+	return *s.idKey.Load(), nil
+}

@@ -63,7 +63,7 @@ func newHeldKeys() *heldKeys { return &heldKeys{keys: make(map[string]*heldKey)}
 
 // admit decides the entries of one call of a principal, before they reach
 // the engine. Entries that want no tokens are not tracked. An entry that
-// wants tokens is admitted when it settles a lease (it has a LeaseID), when
+// wants tokens is admitted when it settles a lease (see settles), when
 // the principal holds its key, when fewer than max keys are held, or when
 // no rule of policy matches its key (the engine keeps no state for it);
 // otherwise it is refused. admit appends to held,
@@ -86,7 +86,7 @@ func (h *heldKeys) admit(entries []protocol.LeaseEntry, now int64, max int, poli
 			k = nil
 		}
 		if k == nil {
-			if e.LeaseID == "" && len(h.keys) >= max && !h.freeSlot(now, max) && limited(policy, e.Key) {
+			if !settles(e.LeaseID) && len(h.keys) >= max && !h.freeSlot(now, max) && limited(policy, e.Key) {
 				refused = append(refused, i)
 				held = append(held, nil)
 				continue
@@ -99,6 +99,13 @@ func (h *heldKeys) admit(entries []protocol.LeaseEntry, now int64, max int, poli
 	}
 	h.mu.Unlock()
 	return held, refused
+}
+
+// settles reports whether an entry with lease ID id settles a lease: it
+// has one, and not the ID of a shadow or elastic rule's lease whose limits
+// granted nothing, which settles nothing (see leases.SettlesLease).
+func settles(id string) bool {
+	return id != "" && leases.SettlesLease(id)
 }
 
 // limited reports whether a rule of policy matches key.

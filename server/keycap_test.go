@@ -362,6 +362,43 @@ func TestMaxKeysPerClient(t *testing.T) {
 	assert.Equal(t, protocol.CodeTooManyKeys, r.problem(t).Code)
 }
 
+// TestMaxKeysPerClientForgedLeaseID: an entry on a new key whose lease_id
+// has the shape of a shadow or elastic rule's ID is no way past the cap.
+// One found by review: "x~0" ("the limits granted nothing") was let
+// through as a settle and then served as a new request; a client at a cap
+// of 2 leased 20 more keys. Such an ID that settles nothing now counts as
+// a new request (refused at the cap), and one that would settle
+// something is unknown to the store unless the engine signed it for this
+// client and key (refused as unknown_lease): nothing is granted either way.
+func TestMaxKeysPerClientForgedLeaseID(t *testing.T) {
+	clock := newFakeClock()
+	f := newFixture(t, authRulesYAML(), nil, Options{MaxKeysPerClient: 2, Now: clock.Now})
+	first := f.lease(alphaToken, "svc-1", want("user:1", 5), want("user:2", 5))
+	require.Nil(t, first[0].Error)
+	require.Nil(t, first[1].Error)
+	for i, tc := range []struct {
+		id   string
+		code protocol.Code
+	}{
+		{"x~0", protocol.CodeUnknownLease}, // no MAC: not such an ID at all
+		{"x~0~AAAAAAAAAAA", protocol.CodeTooManyKeys},
+		{"x~0~0~0~AAAAAAAAAAA", protocol.CodeTooManyKeys},
+		{"x~1~AAAAAAAAAAA", protocol.CodeUnknownLease},
+		{"x~5~9999~1~AAAAAAAAAAA", protocol.CodeUnknownLease},
+		{first[0].LeaseID + "~0", protocol.CodeUnknownLease},
+	} {
+		// With a renewal of a held key, so that the call is a 200 with
+		// an answer per entry.
+		key := fmt.Sprint("user:", 10+i)
+		res := f.lease(alphaToken, "svc-1", protocol.LeaseEntry{Key: key, Want: 5, LeaseID: tc.id}, want("user:1", 1))
+		require.Nil(t, res[1].Error)
+		require.NotNil(t, res[0].Error, "lease_id %q", tc.id)
+		assert.Equal(t, tc.code, res[0].Error.Code, "lease_id %q", tc.id)
+		assert.Zero(t, res[0].Granted, "lease_id %q", tc.id)
+		assert.Zero(t, f.state(key).Outstanding, "lease_id %q: nothing granted on %s", tc.id, key)
+	}
+}
+
 // TestMaxKeysPerClientDefaults: zero is DefaultMaxKeysPerClient; a
 // negative cap is none.
 func TestMaxKeysPerClientDefaults(t *testing.T) {
