@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ratelease/ratelease/protocol"
 )
@@ -250,6 +251,11 @@ func (r *Rule) Validate() error {
 	}
 	if r.Name == "" {
 		return fail("name", "is required")
+	}
+	if !utf8.ValidString(r.Name) {
+		// A name labels metrics, which take UTF-8 only: a rule of the rule
+		// database may come from a percent-encoded path or from Redis.
+		return fail("name", "is not valid UTF-8")
 	}
 	if err := validGlob(r.Match); err != nil {
 		return fail("match", "%v", err)

@@ -129,6 +129,41 @@ func TestPolicyErrors(t *testing.T) {
 	}
 }
 
+// TestRuleNameUTF8 is the regression test of a rule name that is not
+// UTF-8 (FuzzStoredItem found it: the rule database took one from a
+// percent-encoded admin path, and every decision on the rule's keys then
+// panicked labelling its metrics). Validation refuses such a name, and
+// only such a name.
+func TestRuleNameUTF8(t *testing.T) {
+	tests := []struct {
+		name  string
+		rule  string
+		valid bool
+	}{
+		{"ascii", "per-user", true},
+		{"non-ascii", "日本-ü", true},
+		{"replacement character sent as such", "\uFFFD", true},
+		{"invalid byte", "a\xff", false},
+		{"truncated sequence", "a\xe50\x7f", false},
+		{"overlong", "\xc0\xaf", false},
+		{"utf-8 encoded surrogate", "\xed\xa0\x80", false},
+		{"beyond U+10FFFF", "\xf4\x90\x80\x80", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := NewPolicy(RuleSet{Rules: []Rule{{Name: tt.rule, Match: "x:*", Limit: 1, Period: time.Second}}})
+			if tt.valid {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, ErrInvalidRules)
+			assert.Contains(t, err.Error(), "name: is not valid UTF-8")
+			_, err = NewOverrideRule("k", Rule{Name: tt.rule, Limit: 1, Period: time.Second})
+			assert.NoError(t, err, "an override's name is always OverrideRuleName")
+		})
+	}
+}
+
 func TestRuleSeveralLimits(t *testing.T) {
 	p, err := NewPolicy(RuleSet{Rules: []Rule{{Name: "login", Match: "login:*", Limits: []Limit{
 		{Limit: 3, Period: time.Minute},

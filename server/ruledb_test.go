@@ -279,6 +279,54 @@ func TestRuleDBFailedWriteChangesNothing(t *testing.T) {
 	assert.Equal(t, int64(100), f.ruleLimit("", "per-user"))
 }
 
+// TestRuleDBRuleNameNotUTF8 is the regression test of a rule name that is
+// not UTF-8, which FuzzStoredItem found: the admin API took one from a
+// percent-encoded path (PUT /v1/admin/rules/%FF), and every decision on
+// the rule's keys then panicked (a 500) labelling the rule's metrics. Such
+// a name is refused with 422 and stores nothing; one written behind the
+// API's back leaves the rules in force, which keep serving.
+func TestRuleDBRuleNameNotUTF8(t *testing.T) {
+	rs := redistest.Start(t)
+	f := newDBFixture(t, rs, Options{DBCheckInterval: 50 * time.Millisecond})
+	require.Equal(t, http.StatusOK, f.admin(http.MethodPut, protocol.PathAdminRules+"/ok", "", protocol.AdminRule{Match: "ok:*", Limit: 3, Period: "1s"}).status)
+	rdb := rs.Client(t)
+	ctx := context.Background()
+	tests := []struct {
+		name, path string
+	}{
+		{"invalid byte", "%FF"},
+		{"after ASCII", "bad%FE"},
+		{"overlong", "%C0%AF"},
+		{"encoded surrogate", "%ED%A0%80"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := f.admin(http.MethodPut, protocol.PathAdminRules+"/"+tt.path, "", protocol.AdminRule{Match: "bad:*", Limit: 5, Period: "1s"})
+			require.Equal(t, http.StatusUnprocessableEntity, r.status, "body: %s", r.body)
+			p := r.problem(t)
+			assert.Equal(t, protocol.CodeInvalidRule, p.Code)
+			assert.Contains(t, p.Detail, "name: is not valid UTF-8")
+			n, err := rdb.HLen(ctx, DefaultRuleDBPrefix+"rules").Result()
+			require.NoError(t, err)
+			assert.EqualValues(t, 1, n, "nothing was stored")
+			c := f.postJSON(protocol.PathCheck, "", protocol.CheckRequest{Keys: []string{"bad:1", "ok:1"}})
+			require.Equal(t, http.StatusOK, c.status, "body: %s", c.body)
+		})
+	}
+
+	// Behind the API's back: the set is invalid, the rules in force serve.
+	require.NoError(t, rdb.HSet(ctx, DefaultRuleDBPrefix+"rules", "bad\xff", `99|{"match":"bad:*","limit":5,"period":"1s"}`).Err())
+	require.NoError(t, rdb.Incr(ctx, DefaultRuleDBPrefix+"setversion").Err())
+	require.NoError(t, rdb.Publish(ctx, DefaultRuleDBPrefix+"changes", "x").Err())
+	within(t, time.Second, "readyz detail", func() bool {
+		r := f.do(http.MethodGet, protocol.PathReadyz, "", "", nil)
+		return r.status == http.StatusOK && strings.Contains(string(r.body), "is not valid UTF-8")
+	})
+	c := f.postJSON(protocol.PathCheck, "", protocol.CheckRequest{Keys: []string{"bad:1", "ok:1"}})
+	require.Equal(t, http.StatusOK, c.status, "body: %s", c.body)
+	assert.Equal(t, int64(3), f.ruleLimit("", "ok"), "the rules in force still serve")
+}
+
 // TestRuleDBStaleETag: with If-Match, the second of two edits from the
 // same read gets 412 and changes nothing; of concurrent edits from one
 // read exactly one wins.
