@@ -2,7 +2,9 @@ package protocol
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
+	"io"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -51,9 +53,7 @@ func decodeStrict(body []byte, v any) error {
 		return NewProblem(CodeBodyTooLarge, fmt.Sprintf("body is %d bytes; the most is %d", len(body), MaxBodyBytes))
 	}
 	if off := invalidUTF8(body); off >= 0 {
-		return NewProblem(CodeInvalidUTF8, fmt.Sprintf(
-			"body is not valid UTF-8: byte %#02x at offset %d starts no valid UTF-8 sequence; send keys and client_id as UTF-8 text",
-			body[off], off))
+		return invalidUTF8Problem(body, off, "keys and client_id")
 	}
 	if len(bytes.TrimLeft(body, " \t\r\n")) == 0 {
 		return NewProblem(CodeInvalidJSON, "body is empty: send a JSON object")
@@ -69,12 +69,56 @@ func decodeStrict(body []byte, v any) error {
 	// IndexByte.
 	if bytes.IndexByte(body, '\\') >= 0 {
 		if off := loneSurrogate(body); off >= 0 {
-			return NewProblem(CodeInvalidUTF8, fmt.Sprintf(
-				"the escape %s at offset %d is a lone UTF-16 surrogate, which names no character: send the character as UTF-8, or escape it as a surrogate pair",
-				body[off:off+6], off))
+			return loneSurrogateProblem(body, off)
 		}
 	}
 	return nil
+}
+
+// DecodeAdmin decodes the body of an admin API PUT (an AdminRule,
+// AdminClient, AdminOverride or AdminSettings), one JSON value and nothing
+// after it but whitespace, into v. An unknown field is an error
+// (CodeInvalidJSON), so that a typo is reported rather than ignored. As for DecodeLeaseRequest, the body must be valid UTF-8 and its
+// strings must not escape a lone UTF-16 surrogate (CodeInvalidUTF8):
+// encoding/json would decode either silently into U+FFFD, and store, say,
+// the pattern "user:\uFFFD*" for "user:\xff*".
+func DecodeAdmin(body []byte, v any) error {
+	if off := invalidUTF8(body); off >= 0 {
+		return invalidUTF8Problem(body, off, "names, patterns and keys")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return NewProblem(CodeInvalidJSON, "body: "+err.Error())
+	}
+	// Decode reads one value; anything after it but whitespace (a second
+	// object, a stray bracket) makes the body malformed, not ignored.
+	end := dec.InputOffset()
+	if _, err := dec.Token(); err != io.EOF {
+		return NewProblem(CodeInvalidJSON, fmt.Sprintf("body: data after the JSON value, which ends at offset %d: send one JSON object", end))
+	}
+	if bytes.IndexByte(body, '\\') >= 0 {
+		if off := loneSurrogate(body); off >= 0 {
+			return loneSurrogateProblem(body, off)
+		}
+	}
+	return nil
+}
+
+// invalidUTF8Problem is the problem of a body whose byte at off starts no
+// valid UTF-8 sequence; what names the strings to send as UTF-8.
+func invalidUTF8Problem(body []byte, off int, what string) *Problem {
+	return NewProblem(CodeInvalidUTF8, fmt.Sprintf(
+		"body is not valid UTF-8: byte %#02x at offset %d starts no valid UTF-8 sequence; send %s as UTF-8 text",
+		body[off], off, what))
+}
+
+// loneSurrogateProblem is the problem of a body that escapes a lone
+// surrogate at off.
+func loneSurrogateProblem(body []byte, off int) *Problem {
+	return NewProblem(CodeInvalidUTF8, fmt.Sprintf(
+		"the escape %s at offset %d is a lone UTF-16 surrogate, which names no character: send the character as UTF-8, or escape it as a surrogate pair",
+		body[off:off+6], off))
 }
 
 // invalidUTF8 returns the offset of the first byte of body that does not

@@ -125,3 +125,53 @@ func TestLoneSurrogateNeverPanics(t *testing.T) {
 	assert.Equal(t, 1, loneSurrogate([]byte(`"\ud800`)))
 	assert.Equal(t, -1, loneSurrogate([]byte(`\ud800`)), "outside a string")
 }
+
+// TestDecodeAdmin is the regression test of the admin API's decoding of a
+// PUT body, which FuzzAdminBody (package server) found took a body that
+// is not UTF-8, or that escapes a lone surrogate, storing U+FFFD in place
+// of what was sent ("user:\xff*" became the pattern "user:\uFFFD*"), and
+// ignored whatever followed the first JSON value ("{}0", a second object).
+// Both are refused now; a body of one value, whitespace around it, is not.
+func TestDecodeAdmin(t *testing.T) {
+	tests := []struct {
+		name   string
+		body   string
+		code   Code   // "" when the body decodes
+		detail string // in the problem's detail
+		match  string // the decoded Match
+	}{
+		{name: "plain", body: `{"match":"user:*","limit":1,"period":"1s"}`, match: "user:*"},
+		{name: "whitespace around", body: " \r\n{\"match\":\"a:*\"}\t\n ", match: "a:*"},
+		{name: "escaped non-ASCII", body: `{"match":"\u00e9\ud83d\ude00:*"}`, match: "é😀:*"},
+		{name: "replacement character sent", body: `{"match":"\ufffd:*"}`, match: "\uFFFD:*"},
+		{name: "invalid byte", body: "{\"match\":\"user:\xff*\"}", code: CodeInvalidUTF8, detail: "byte 0xff at offset 15"},
+		{name: "overlong", body: "{\"match\":\"\xc0\xaf\"}", code: CodeInvalidUTF8, detail: "offset 10"},
+		{name: "utf-8 encoded surrogate", body: "{\"match\":\"\xed\xa0\x80\"}", code: CodeInvalidUTF8, detail: "offset 10"},
+		{name: "invalid byte outside strings", body: "{\"match\":\"a\"}\xff", code: CodeInvalidUTF8, detail: "offset 13"},
+		{name: "lone high surrogate", body: `{"match":"user:\ud800*"}`, code: CodeInvalidUTF8, detail: `\ud800 at offset 15`},
+		{name: "lone low surrogate", body: `{"match":"\udc00"}`, code: CodeInvalidUTF8, detail: `\udc00 at offset 10`},
+		{name: "number after", body: `{}0`, code: CodeInvalidJSON, detail: "after the JSON value, which ends at offset 2"},
+		{name: "second object", body: `{"match":"a:*"} {"limit":1000}`, code: CodeInvalidJSON, detail: "after the JSON value"},
+		{name: "stray bracket", body: `{"match":"a:*"}]`, code: CodeInvalidJSON, detail: "after the JSON value"},
+		{name: "garbage", body: `{"match":"a:*"}garbage`, code: CodeInvalidJSON, detail: "after the JSON value"},
+		{name: "unknown field", body: `{"match":"a:*","limt":5}`, code: CodeInvalidJSON, detail: `unknown field "limt"`},
+		{name: "empty", body: ``, code: CodeInvalidJSON, detail: "EOF"},
+		{name: "truncated", body: `{"match":`, code: CodeInvalidJSON, detail: "EOF"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var r AdminRule
+			err := DecodeAdmin([]byte(tt.body), &r)
+			if tt.code == "" {
+				require.NoError(t, err)
+				assert.Equal(t, tt.match, r.Match)
+				return
+			}
+			var p *Problem
+			require.ErrorAs(t, err, &p)
+			assert.Equal(t, tt.code, p.Code)
+			assert.Equal(t, tt.code.Status(), p.Status)
+			assert.Contains(t, p.Detail, tt.detail)
+		})
+	}
+}

@@ -1,10 +1,8 @@
 package server
 
 import (
-	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -141,19 +139,29 @@ func writeItem(w http.ResponseWriter, version int64, v any) {
 	writeJSON(w, http.StatusOK, v)
 }
 
-// decodeAdmin decodes a PUT body strictly (an unknown field is an error).
+// decodeAdmin decodes a PUT body strictly (see decodeAdminBody).
 func (s *Server) decodeAdmin(w http.ResponseWriter, r *http.Request, v any) bool {
 	body, ok := s.readBody(w, r)
 	if !ok {
 		return false
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		writeProblem(w, protocol.NewProblem(protocol.CodeInvalidJSON, "body: "+err.Error()))
+	if p := decodeAdminBody(body, v); p != nil {
+		writeProblem(w, p)
 		return false
 	}
 	return true
+}
+
+// decodeAdminBody decodes the body of an admin PUT into v strictly (see
+// protocol.DecodeAdmin).
+func decodeAdminBody(body []byte, v any) *protocol.Problem {
+	if err := protocol.DecodeAdmin(body, v); err != nil {
+		if p, ok := errors.AsType[*protocol.Problem](err); ok {
+			return p
+		}
+		return protocol.NewProblem(protocol.CodeInvalidJSON, "body: "+err.Error())
+	}
+	return nil
 }
 
 // nameMatches checks that the name in a body, when given, is the path's.

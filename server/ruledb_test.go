@@ -327,6 +327,40 @@ func TestRuleDBRuleNameNotUTF8(t *testing.T) {
 	assert.Equal(t, int64(3), f.ruleLimit("", "ok"), "the rules in force still serve")
 }
 
+// TestRuleDBAdminBodyMalformed is the regression test of what
+// FuzzAdminBody found: an admin PUT whose body is not UTF-8, escapes a
+// lone surrogate, or holds data after its JSON value was taken (the
+// pattern "user:\xff*" stored as "user:\uFFFD*"; "{...}{...}" as its
+// first object). Each is refused now, 422 invalid_utf8 or 400
+// invalid_json, and stores nothing.
+func TestRuleDBAdminBodyMalformed(t *testing.T) {
+	rs := redistest.Start(t)
+	f := newDBFixture(t, rs, Options{})
+	rdb := rs.Client(t)
+	ctx := context.Background()
+	tests := []struct {
+		name, path, body string
+		code             protocol.Code
+	}{
+		{"rule pattern not UTF-8", protocol.PathAdminRules + "/r", "{\"match\":\"user:\xff*\",\"limit\":1,\"period\":\"1s\"}", protocol.CodeInvalidUTF8},
+		{"rule pattern with a lone surrogate", protocol.PathAdminRules + "/r", `{"match":"user:\ud800*","limit":1,"period":"1s"}`, protocol.CodeInvalidUTF8},
+		{"client keys not UTF-8", protocol.PathAdminClients + "/c", "{\"token_sha256\":\"" + sha("t") + "\",\"keys\":[\"a\xc0\xaf\"]}", protocol.CodeInvalidUTF8},
+		{"override after a second object", protocol.PathAdminOverrides + "/user:1", `{"limit":1,"period":"1s"}{"limit":1000}`, protocol.CodeInvalidJSON},
+		{"rule with trailing data", protocol.PathAdminRules + "/r", `{"match":"a:*","limit":1,"period":"1s"}0`, protocol.CodeInvalidJSON},
+		{"settings with a stray bracket", protocol.PathAdminSettings, `{"default":"deny"}]`, protocol.CodeInvalidJSON},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := f.do(http.MethodPut, tt.path, adminToken, "application/json", strings.NewReader(tt.body))
+			require.Equal(t, tt.code.Status(), r.status, "body: %s", r.body)
+			assert.Equal(t, tt.code, r.problem(t).Code)
+			n, err := rdb.Exists(ctx, DefaultRuleDBPrefix+"version").Result()
+			require.NoError(t, err)
+			assert.Zero(t, n, "nothing was stored")
+		})
+	}
+}
+
 // TestRuleDBStaleETag: with If-Match, the second of two edits from the
 // same read gets 412 and changes nothing; of concurrent edits from one
 // read exactly one wins.

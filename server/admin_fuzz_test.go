@@ -1,0 +1,169 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/ratelease/ratelease/leases"
+	"github.com/ratelease/ratelease/protocol"
+)
+
+// FuzzAdminBody feeds arbitrary bodies to the decoding of the admin API's
+// PUTs (a rule, a client, an override, the settings). It must never
+// panic; a body it refuses gets a 4xx problem. A body it accepts must be
+// one JSON value and nothing after it, valid UTF-8, and decode to what it
+// says: no string holds a U+FFFD the body did not send (encoding/json
+// puts one, silently, for a byte that is not UTF-8 or a lone surrogate
+// escape, so that "user:\xff*" would be stored as another pattern than the
+// one sent). What it decodes must encode to a body that decodes to the same, and
+// the rule database's validation must refuse it with ErrInvalidRules or
+// compile it to rules within their bounds.
+func FuzzAdminBody(f *testing.F) {
+	h := sha("t")
+	for _, s := range []string{
+		`{"match":"user:*","limit":100,"period":"1s"}`,
+		`{"name":"r","match":"login:*","limits":[{"limit":3,"period":"1m","algorithm":"sliding_window_log"},{"limit":100,"period":"1h"}],"lease_ttl":"2s","soft":0.05,"shadow":true,"reserve":{"critical":0.2}}`,
+		`{"match":"user:*","limit":-1,"period":"-1s"}`,
+		`{"match":"user:*","limit":99999999999999999999,"period":"1s"}`,
+		`{"match":"user:*","limit":1e3,"period":"1s"}`,
+		`{"match":"user:*","limt":100,"period":"1s"}`,
+		`{"token_sha256":"` + h + `","keys":["user:*"],"admin":true}`,
+		`{"token_sha256":"` + h + `","keys":["user:\u00e9*"]}`,
+		`{"key":"user:1","limit":5,"period":"1s"}`,
+		`{"default":"deny"}`,
+		`{"default":"allow","version":7}`,
+		`null`,
+		`[]`,
+		``,
+		`{`,
+		`{"match":"a:*"} {"match":"b:*"}`,
+		`{"match":"a:*"}]`,
+		`{"match":"a:*"}garbage`,
+		"{\"match\":\"user:\xff*\",\"limit\":1,\"period\":\"1s\"}",
+		"{\"token_sha256\":\"" + h + "\",\"keys\":[\"a\xc0\xaf\"]}",
+		`{"match":"user:\ud800*","limit":1,"period":"1s"}`,
+		`{"match":"user:\ud83d\ude00*","limit":1,"period":"1s"}`,
+		`{"match":"user:\ufffd*","limit":1,"period":"1s"}`,
+		"{\"match\":\"user:\uFFFD*\",\"limit\":1,\"period\":\"1s\"}",
+		`{"MATCH":"user:*","Limit":1,"period":"1s"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var rule protocol.AdminRule
+		if decodedAdmin(t, body, &rule) {
+			rule.Name = "r"
+			checkSnapshot(t, body, &ruleSetSnapshot{rules: []protocol.AdminRule{rule}})
+		}
+		var c protocol.AdminClient
+		if decodedAdmin(t, body, &c) {
+			c.Name = "c"
+			checkSnapshot(t, body, &ruleSetSnapshot{clients: []protocol.AdminClient{c}})
+		}
+		var st protocol.AdminSettings
+		if decodedAdmin(t, body, &st) {
+			checkSnapshot(t, body, &ruleSetSnapshot{settings: st})
+		}
+		var o protocol.AdminOverride
+		if decodedAdmin(t, body, &o) {
+			o.Key = "user:1"
+			if r, err := overrideRule(&o); err != nil {
+				if !errors.Is(err, leases.ErrInvalidRules) {
+					t.Fatalf("override %q: error %v does not wrap ErrInvalidRules", body, err)
+				}
+			} else if err := r.Validate(); err != nil {
+				t.Fatalf("override %q accepted as %+v, which does not validate: %v", body, r, err)
+			}
+		}
+	})
+}
+
+// decodedAdmin decodes body into v as the admin API does and checks what
+// FuzzAdminBody says of it; it returns whether body was accepted.
+func decodedAdmin(t *testing.T, body []byte, v any) bool {
+	t.Helper()
+	p := decodeAdminBody(body, v)
+	if p != nil {
+		if p.Status < 400 || p.Status > 499 || p.Status != p.Code.Status() || p.Code == "" || p.Detail == "" {
+			t.Fatalf("%T: bad problem for %q: %+v", v, body, p)
+		}
+		return false
+	}
+	if !json.Valid(body) {
+		t.Fatalf("%T: accepted %q, which is not one JSON value", v, body)
+	}
+	if !utf8.Valid(body) {
+		t.Fatalf("%T: accepted %q, which is not UTF-8", v, body)
+	}
+	sent := bytes.Contains(body, []byte("\uFFFD")) || bytes.Contains(bytes.ToLower(body), []byte(`\ufffd`))
+	for _, s := range stringsOf(reflect.ValueOf(v)) {
+		if !utf8.ValidString(s) || (!sent && strings.ContainsRune(s, utf8.RuneError)) {
+			t.Fatalf("%T: accepted %q as %+v: %q is not what was sent", v, body, v, s)
+		}
+	}
+	enc, err := json.Marshal(v)
+	if err != nil {
+		t.Fatalf("%T: marshal %+v: %v", v, v, err)
+	}
+	again := reflect.New(reflect.TypeOf(v).Elem()).Interface()
+	if p := decodeAdminBody(enc, again); p != nil {
+		t.Fatalf("%T: re-encoded %q is refused: %v", v, enc, p)
+	}
+	if enc2, err := json.Marshal(again); err != nil || !bytes.Equal(enc, enc2) {
+		t.Fatalf("%T: round trip changed %s into %s (%v)", v, enc, enc2, err)
+	}
+	return true
+}
+
+// checkSnapshot fails unless s is refused with ErrInvalidRules or compiles
+// to rules within their bounds.
+func checkSnapshot(t *testing.T, body []byte, s *ruleSetSnapshot) {
+	t.Helper()
+	r, err := s.compile()
+	if err != nil {
+		if !errors.Is(err, leases.ErrInvalidRules) {
+			t.Fatalf("%q: error %v does not wrap ErrInvalidRules", body, err)
+		}
+		return
+	}
+	checkPolicy(t, r)
+}
+
+// stringsOf returns every string in v: fields, elements, map keys and
+// values.
+func stringsOf(v reflect.Value) []string {
+	switch v.Kind() {
+	case reflect.String:
+		return []string{v.String()}
+	case reflect.Pointer, reflect.Interface:
+		if v.IsNil() {
+			return nil
+		}
+		return stringsOf(v.Elem())
+	case reflect.Struct:
+		var out []string
+		for i := range v.NumField() {
+			out = append(out, stringsOf(v.Field(i))...)
+		}
+		return out
+	case reflect.Slice, reflect.Array:
+		var out []string
+		for i := range v.Len() {
+			out = append(out, stringsOf(v.Index(i))...)
+		}
+		return out
+	case reflect.Map:
+		var out []string
+		for it := v.MapRange(); it.Next(); {
+			out = append(out, stringsOf(it.Key())...)
+			out = append(out, stringsOf(it.Value())...)
+		}
+		return out
+	}
+	return nil
+}
