@@ -3,8 +3,12 @@ package client
 import (
 	"bytes"
 	"io"
+	"math"
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/ratelease/ratelease/protocol"
 )
@@ -65,6 +69,74 @@ func FuzzDecodeLeaseResponse(f *testing.F) {
 			}
 			if r.Error == nil && (r.Granted < 0 || r.Granted > e.Want || (r.Granted > 0 && !r.Unlimited && r.LeaseID == "") || (r.Granted > 0 && r.TTLMillis <= 0)) {
 				t.Fatalf("accepted an impossible grant: %+v", r)
+			}
+		}
+	})
+}
+
+// FuzzParseRetryAfter feeds arbitrary Retry-After values, as a lying or
+// broken upstream sends them, to parseRetryAfter and RetryAfterBackoff.
+// Neither may panic. parseRetryAfter answers 0 for what it refuses, and
+// for what it takes a wait that is never negative: for delay-seconds (ASCII
+// digits only) exactly that many seconds, saturated at the largest
+// time.Duration; for an HTTP date the time until it, 0 once it has passed,
+// so never longer for a later now. RetryAfterBackoff never waits less than
+// 0 or more than its max, whatever the header says.
+func FuzzParseRetryAfter(f *testing.F) {
+	now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
+	for _, s := range []string{
+		"0", "1", "120", " 5 ", "\t7\r\n", "-1", "+5", "1.5", "1e3", "0x10", "1_000", "٣", "１",
+		"9223372036", "9223372037", "18446744073709551615", "18446744073709551616", "99999999999999999999999999",
+		now.Add(90 * time.Second).Format(http.TimeFormat), now.Add(-time.Hour).Format(http.TimeFormat),
+		"Fri, 31 Dec 1999 23:59:59 GMT", "Fri, 31 Dec 9999 23:59:59 GMT", "Tue, 24 Nov 2026 12:01:30 PST",
+		"Tuesday, 24-Nov-26 12:01:30 GMT", "Tue Nov 24 12:01:30 2026", "Tue, 24 Nov 2026 25:61:61 GMT",
+		"soon", "", " ", "\x00", "1\x00", "\xff",
+	} {
+		f.Add(s, int64(0))
+	}
+	f.Fuzz(func(t *testing.T, v string, offset int64) {
+		at := now.Add(time.Duration(offset))
+		d, ok := parseRetryAfter(v, at)
+		if !ok {
+			if d != 0 {
+				t.Fatalf("parseRetryAfter(%q) refused with %v", v, d)
+			}
+		} else if d < 0 {
+			t.Fatalf("parseRetryAfter(%q) = %v", v, d)
+		}
+		s := strings.TrimSpace(v)
+		if s != "" && strings.Trim(s, "0123456789") == "" {
+			n, err := strconv.ParseUint(s, 10, 64)
+			want := time.Duration(math.MaxInt64)
+			if err == nil && n <= uint64(math.MaxInt64/int64(time.Second)) {
+				want = time.Duration(n) * time.Second
+			}
+			if !ok || d != want {
+				t.Fatalf("parseRetryAfter(%q) = %v, %v; want %v", v, d, ok, want)
+			}
+		} else if ok {
+			if s[0] >= '0' && s[0] <= '9' {
+				t.Fatalf("parseRetryAfter(%q) took delay-seconds that are not digits only: %v", v, d)
+			}
+			date, err := http.ParseTime(s)
+			if err != nil {
+				date, err = time.Parse(time.RFC1123, s)
+			}
+			if err != nil || d != max(date.Sub(at), 0) {
+				t.Fatalf("parseRetryAfter(%q) = %v for the date %v (%v) at %v", v, d, date, err, at)
+			}
+			if later, ok := parseRetryAfter(v, at.Add(time.Second)); !ok || later > d {
+				t.Fatalf("parseRetryAfter(%q) is %v a second later, %v now", v, later, d)
+			}
+		}
+
+		for _, status := range []int{http.StatusTooManyRequests, http.StatusServiceUnavailable, http.StatusOK} {
+			resp := &http.Response{StatusCode: status, Header: http.Header{"Retry-After": []string{v}}}
+			for _, maxWait := range []time.Duration{0, time.Millisecond, 30 * time.Second} {
+				w := RetryAfterBackoff(time.Millisecond, maxWait, int(offset%64), resp)
+				if w < 0 || w > maxWait {
+					t.Fatalf("RetryAfterBackoff(max %v) after %d with Retry-After %q = %v", maxWait, status, v, w)
+				}
 			}
 		}
 	})

@@ -217,6 +217,12 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 		return 0, false
 	}
 	if v[0] >= '0' && v[0] <= '9' {
+		// Digits only: ParseUint reports a range error as soon as the
+		// digits overflow, before it looks at what follows them, so
+		// "99999999999999999999x" would otherwise be the longest wait.
+		if strings.ContainsFunc(v, func(r rune) bool { return r < '0' || r > '9' }) {
+			return 0, false
+		}
 		s, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
 			var ne *strconv.NumError

@@ -140,6 +140,9 @@ func TestTransportUpstreamRetryAfter(t *testing.T) {
 		{name: "429 without Retry-After", status: 429},
 		{name: "429 unparsable", status: 429, retryAfter: "soon"},
 		{name: "429 negative", status: 429, retryAfter: "-1"},
+		// FuzzParseRetryAfter: overflowing digits then garbage were the
+		// longest wait.
+		{name: "429 huge digits then garbage", status: 429, retryAfter: "18700000000000000000A"},
 		{name: "200 with Retry-After", status: 200, retryAfter: "1"},
 		{name: "500 with Retry-After", status: 500, retryAfter: "1"},
 		{name: "turned off", status: 429, retryAfter: "1", opts: client.TransportOptions{IgnoreUpstreamRetryAfter: true}},
