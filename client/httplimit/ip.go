@@ -153,6 +153,7 @@ func appendForwarded(out []string, v string) []string {
 			i++ // '='
 			var val string
 			if i < len(v) && v[i] == '"' {
+				open := i
 				i++
 				var b strings.Builder
 				closed := false
@@ -170,8 +171,25 @@ func appendForwarded(out []string, v string) []string {
 					}
 					b.WriteByte(c)
 				}
-				if !closed {
+				next := i
+				for next < len(v) && (v[next] == ' ' || v[next] == '\t') {
+					next++
+				}
+				if !closed || (next < len(v) && v[next] != ';' && v[next] != ',') {
+					// An unclosed quoted-string, or one that a quote of
+					// a later element closed: the client may write
+					// `for="` so that the elements the proxies append
+					// (", for=192.0.2.1", `, for="[2001:db8::1]"`) read
+					// as part of its string. The element is bad and ends
+					// at the first ',' after its opening quote, so that
+					// no quote of the client's hides what the proxies
+					// wrote.
 					bad = true
+					if c := strings.IndexByte(v[open:], ','); c >= 0 {
+						i = open + c
+					} else {
+						i = len(v)
+					}
 				}
 				val = b.String()
 			} else {

@@ -80,6 +80,16 @@ func TestClientIPSpoofing(t *testing.T) {
 		{"Forwarded obfuscated: last trusted hop", HeaderForwarded, true, "10.1.2.3:5000", []string{"Forwarded", `for=_hidden`}, "10.1.2.3"},
 		{"Forwarded element without for", HeaderForwarded, true, "10.1.2.3:5000", []string{"Forwarded", `for=6.6.6.6, proto=https`}, "10.1.2.3"},
 		{"Forwarded unterminated quote", HeaderForwarded, true, "10.1.2.3:5000", []string{"Forwarded", `for="198.51.100.1`}, "10.1.2.3"},
+		// FuzzClientIP: a quote the client left open hid the element the
+		// proxy appended on the same line, so the client was identified
+		// as the proxy (its bucket shared by all) instead of itself.
+		{"Forwarded client's open quote, proxy's IPv4 after", HeaderForwarded, true, "10.1.2.3:5000", []string{"Forwarded", `for="6.6.6.6, for=198.51.100.1`}, "198.51.100.1"},
+		{"Forwarded client's open quote closed by the proxy's", HeaderForwarded, true, "10.1.2.3:5000", []string{"Forwarded", `for="6.6.6.6, for="[2001:db8:cafe::17]:4711";proto=https`}, "2001:db8:cafe::17"},
+		{"Forwarded client's open quote without a name", HeaderForwarded, true, "10.1.2.3:5000", []string{"Forwarded", `=", for="[2001:db8:cafe::17]:4711";proto=https`}, "2001:db8:cafe::17"},
+		{"Forwarded client's escape before the proxy's comma", HeaderForwarded, true, "10.1.2.3:5000", []string{"Forwarded", `for=6.6.6.6;by="\, for=198.51.100.1`}, "198.51.100.1"},
+		{"Forwarded client's open quotes, two proxies", HeaderForwarded, true, "10.1.2.3:5000", []string{"Forwarded", `for="a, b="c, for=198.51.100.1, for=10.0.0.7`}, "198.51.100.1"},
+		{"Forwarded junk after a quoted value", HeaderForwarded, true, "10.1.2.3:5000", []string{"Forwarded", `for="198.51.100.9"x, for=198.51.100.1`}, "198.51.100.1"},
+		{"Forwarded quoted value, space, then pairs", HeaderForwarded, true, "10.1.2.3:5000", []string{"Forwarded", `for="198.51.100.1" ;proto=https`}, "198.51.100.1"},
 		{"trusted IPv6 proxy", "", true, "[2001:db8:ffff::1]:443", []string{"X-Forwarded-For", "198.51.100.1"}, "198.51.100.1"},
 		{"trusted proxy as mapped IPv4", "", true, "[::ffff:10.1.2.3]:443", []string{"X-Forwarded-For", "198.51.100.1"}, "198.51.100.1"},
 		{"trusted single address", "", true, "192.0.2.7:1", []string{"X-Forwarded-For", "198.51.100.1"}, "198.51.100.1"},
