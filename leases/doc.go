@@ -169,7 +169,11 @@
 // tag, so a script touches one Redis Cluster slot. The keys expire once the
 // latest open lease has ended and the bucket would be full again, whatever
 // the rule says now, so a reload that shortens lease_ttl cannot drop a
-// bucket under an older, longer lease (ShorterTTLKeepsOpenLeases). The
+// bucket under an older, longer lease (ShorterTTLKeepsOpenLeases). A
+// window whose rule changed its period counts the leases of the old rule
+// still open until they end, and its keys live as long as they do; a key
+// whose rule changed its algorithm keeps the state of each, in both stores
+// (TestRuleChange*). The
 // hash's TTL is set with half again of slack, and the Redis time it runs
 // to is kept beside x; a write whose need it still covers leaves it
 // running, so a renewal runs EVALSHA, TIME, HMGET and HSET, and a PEXPIRE

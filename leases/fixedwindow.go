@@ -16,8 +16,17 @@ import (
 // taken directly (so a refund gives back takes only), and the open leases.
 //
 //	roll:    at a call in a later window: p = c if it is the next window
-//	         (counter only), else 0; c = 0; every open lease has ended (its
-//	         deadline is at most its window's end) and is closed unsettled
+//	         (counter only), else 0; c = the tokens of the leases still
+//	         open. Under one rule there are none: a lease's deadline is at
+//	         most its window's end, so every one has ended and was closed
+//	         unsettled. After a rule change there may be (a shorter period,
+//	         or a longer one whose windows start before the old window's
+//	         end): their tokens may still be spent, so the new window counts
+//	         them (their settle gives nothing back: they are of another
+//	         window). It once started from 0, and a window admitted its
+//	         limit beside them.
+//	fresh:   a state with nothing in it (no count, no lease) starts in
+//	         now's window, as Redis, which deletes such a state, does.
 //	estimate e = c (fixed) or p·(1 − (now − ws)/W) + c (counter)
 //	free:    ⌊limit − e⌋ (+ε against rounding), at least 0
 //	grant:   g ≤ min(want, free, max(1, limit/h)); c += g;
@@ -52,8 +61,10 @@ func (s *fwState) algorithm() Algorithm {
 
 func (s *fwState) leasesOf() *windowLeases { return &s.windowLeases }
 
-// roll moves the counts to the window of now. A clock that went back, or a
-// rule whose longer period puts now's window start before ws, stays in ws.
+// roll moves the counts to the window of now, carrying the tokens of the
+// leases still open (see the top of this file). A clock that went back, or
+// a rule whose longer period puts now's window start before ws, stays in
+// ws.
 func (s *fwState) roll(b *Bucket, now int64) {
 	w := b.Period.Microseconds()
 	st := floorTo(now, w)
@@ -65,10 +76,13 @@ func (s *fwState) roll(b *Bucket, now int64) {
 	} else {
 		s.prev = 0
 	}
-	s.cur, s.taken, s.start = 0, 0, st
+	s.cur, s.taken, s.start = s.out, 0, st
 }
 
 func (s *fwState) advance(b *Bucket, now int64) int {
+	if len(s.leases) == 0 && s.cur == 0 && s.prev == 0 && s.taken == 0 {
+		s.start = floorTo(now, b.Period.Microseconds()) // fresh
+	}
 	n := s.expire(now, nil)
 	s.roll(b, now)
 	return n
@@ -193,6 +207,10 @@ func (s *fwState) snapshot(b *Bucket, now int64) BucketState {
 		out -= l.granted
 	}
 	cp := fwState{counter: s.counter, start: s.start, cur: s.cur, prev: s.prev}
+	if len(s.leases) == 0 && s.cur == 0 && s.prev == 0 && s.taken == 0 {
+		cp.start = floorTo(now, b.Period.Microseconds()) // fresh, as advance
+	}
+	cp.out = out
 	cp.roll(b, now)
 	st := BucketState{
 		Level:       max(float64(b.Limit)-cp.estimate(b, now), 0),

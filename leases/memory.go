@@ -53,7 +53,7 @@ type MemoryStore struct {
 
 type memShard struct {
 	mu sync.Mutex
-	m  map[string]keyState
+	m  map[memKey]keyState
 	_  [48]byte // keep shards on separate cache lines
 }
 
@@ -70,7 +70,7 @@ func NewMemoryStore(opts MemoryOptions) *MemoryStore {
 		s.now = time.Now
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[string]keyState)
+		s.shards[i].m = make(map[memKey]keyState)
 	}
 	if iv := opts.SweepInterval; iv >= 0 {
 		if iv == 0 {
@@ -112,9 +112,19 @@ func (s *MemoryStore) check(ctx context.Context) error {
 	return nil
 }
 
-// with runs fn on key's state under the shard lock, creating the state when
-// missing or kept under another algorithm (a rule changed its algorithm:
-// the key starts afresh, as it would on a new Redis key).
+// memKey names the state of a key under one algorithm. A key keeps one
+// state per algorithm, as in Redis, where each algorithm's keys have a tag
+// of their own: a rule that changes a key's algorithm and back finds the
+// state it left, open leases included. (It once replaced the state: the
+// leases open under it were forgotten, and a token bucket whose whole burst
+// was leased out granted it again.) Idle states are swept like any.
+type memKey struct {
+	key string
+	alg Algorithm
+}
+
+// with runs fn on key's state under b's algorithm, under the shard lock,
+// creating the state when missing.
 func (s *MemoryStore) with(key string, b *Bucket, now int64, fn func(keyState)) error {
 	a, err := algorithmOf(b)
 	if err != nil {
@@ -122,10 +132,11 @@ func (s *MemoryStore) with(key string, b *Bucket, now int64, fn func(keyState)) 
 	}
 	sh := s.shard(key)
 	sh.mu.Lock()
-	st, ok := sh.m[key]
-	if !ok || st.algorithm() != algName(b) {
+	mk := memKey{key, algName(b)}
+	st, ok := sh.m[mk]
+	if !ok {
 		st = a.newState(b, now)
-		sh.m[key] = st
+		sh.m[mk] = st
 	}
 	fn(st)
 	sh.mu.Unlock()
@@ -255,8 +266,8 @@ func (s *MemoryStore) State(ctx context.Context, key string, b Bucket) (BucketSt
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	st, ok := sh.m[key]
-	if !ok || st.algorithm() != algName(&b) {
+	st, ok := sh.m[memKey{key, algName(&b)}]
+	if !ok {
 		a, err := algorithmOf(&b)
 		if err != nil {
 			return BucketState{}, err

@@ -4,24 +4,34 @@
 -- same order; TestStoresAgreeWindows holds them to it.
 --
 -- H fields: w the window's start (µs), c its count, v the previous
--- window's count (counter only), t the part of c taken directly. Z the
--- lease deadlines; X unused.
+-- window's count (counter only), t the part of c taken directly, x the
+-- latest deadline of the leases a roll carried (see roll), while it is
+-- later than the window's end. Z the lease deadlines; X unused.
 
-local st = load({ 'w', 'c', 'v', 't' })
+local st = load({ 'w', 'c', 'v', 't', 'x' })
 local start = tonumber(st.w)
 local cur = tonumber(st.c) or 0
 local prev = tonumber(st.v) or 0
 local taken = tonumber(st.t) or 0
+local carried = tonumber(st.x) or 0
 if not start then start = floor_to(now, W) end
 
--- roll moves the counts to now's window; a clock that went back stays.
+-- roll moves the counts to now's window, carrying the tokens of the leases
+-- still open: none under one rule, some after a rule change (see
+-- fixedwindow.go); the keys then live until the latest of them ends. A
+-- clock that went back stays.
 local function roll()
   local s = floor_to(now, W)
   if s <= start then return end
   if COUNTER and s == start + W then prev = cur else prev = 0 end
-  cur = 0
+  cur = out
   taken = 0
   start = s
+  if n > 0 then
+    local last = redis.call('ZRANGE', Z, -1, -1, 'WITHSCORES')
+    local dl = tonumber(last[2]) or 0
+    if dl > carried then carried = dl end
+  end
 end
 
 local function estimate()
@@ -130,6 +140,11 @@ function A.save()
   local args = { 'w', fmtd(start), 'c', fmtd(cur), 't', fmtd(taken) }
   if COUNTER then
     args[#args + 1] = 'v'; args[#args + 1] = fmtd(prev)
+  end
+  if carried > start + W then
+    -- Leases of an older rule outlive the window: so do the keys.
+    if carried - now > life then life = carried - now end
+    args[#args + 1] = 'x'; args[#args + 1] = fmtd(carried)
   end
   save_common(args, ms(life) + 1000)
 end
