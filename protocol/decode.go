@@ -78,10 +78,11 @@ func decodeStrict(body []byte, v any) error {
 // DecodeAdmin decodes the body of an admin API PUT (an AdminRule,
 // AdminClient, AdminOverride or AdminSettings), one JSON value and nothing
 // after it but whitespace, into v. An unknown field is an error
-// (CodeInvalidJSON), so that a typo is reported rather than ignored. As for DecodeLeaseRequest, the body must be valid UTF-8 and its
-// strings must not escape a lone UTF-16 surrogate (CodeInvalidUTF8):
-// encoding/json would decode either silently into U+FFFD, and store, say,
-// the pattern "user:\uFFFD*" for "user:\xff*".
+// (CodeInvalidJSON), so that a typo is reported rather than ignored. As for
+// DecodeLeaseRequest, the body must be valid UTF-8 and its strings must not
+// escape a lone UTF-16 surrogate (CodeInvalidUTF8): encoding/json would
+// decode either silently into U+FFFD, and store, say, the pattern
+// "user:\uFFFD*" for "user:\xff*".
 func DecodeAdmin(body []byte, v any) error {
 	if off := invalidUTF8(body); off >= 0 {
 		return invalidUTF8Problem(body, off, "names, patterns and keys")
