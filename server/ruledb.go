@@ -149,6 +149,11 @@ func splitItem(v string) (int64, []byte, error) {
 	if err != nil {
 		return 0, nil, fmt.Errorf("stored item %.40q: version: %w", v, err)
 	}
+	if n < 0 {
+		// Never written by a server: served, it was an ETag that If-Match
+		// then refused.
+		return 0, nil, fmt.Errorf("stored item %.40q: version %d is negative", v, n)
+	}
 	return n, []byte(doc), nil
 }
 

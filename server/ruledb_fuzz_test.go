@@ -58,6 +58,7 @@ func FuzzStoredItem(f *testing.F) {
 		{"r", `99999999999999999999|{}`},
 		{"r", `3|{} {}`},
 		{"r", `3|[]`},
+		{"r", `-5|{}`}, // a negative version: refused (it was served as an ETag If-Match refused)
 		{"r", `3|"x"`},
 	} {
 		f.Add(s.name, s.v)
@@ -66,7 +67,7 @@ func FuzzStoredItem(f *testing.F) {
 		checkVersion := func(version int64) {
 			t.Helper()
 			num, _, _ := strings.Cut(v, "|")
-			if want, err := strconv.ParseInt(num, 10, 64); err != nil || want != version {
+			if want, err := strconv.ParseInt(num, 10, 64); err != nil || want != version || version < 0 {
 				t.Fatalf("item %q read with version %d", v, version)
 			}
 		}
