@@ -371,6 +371,13 @@ func decodeLeaseResponse(resp *http.Response, req *protocol.LeaseRequest) (*prot
 			return nil, permanent{&RefusedError{Server: hostOf(resp), Status: resp.StatusCode,
 				Detail: string(bytes.ToValidUTF8(bytes.TrimSpace(data[:min(len(data), 200)]), nil))}}
 		}
+		if resp.StatusCode == http.StatusTooManyRequests && (len(p.Leases) == 0 || len(req.Takes) > 0) {
+			// rateleased's own 429s answer every entry of a call without
+			// takes (a cap refused them all); any other 429 comes from
+			// something in between, problem body or not: a failed server,
+			// not a refusal of this client's configuration.
+			return nil, fmt.Errorf("%w: HTTP 429 (%s) without the answers of its entries", ErrServerResponse, p.Code)
+		}
 		if len(p.Leases) == 0 || len(req.Takes) > 0 {
 			return nil, permanent{&RefusedError{Server: hostOf(resp), Status: resp.StatusCode, Code: p.Code, Detail: p.Detail}}
 		}
@@ -415,8 +422,10 @@ func validateTakes(req *protocol.LeaseRequest, res []protocol.CheckResponse) err
 				return fmt.Errorf("%w: take %d key %q: retry_after_ms out of range", ErrServerResponse, i, k.Key)
 			case k.DelayMillis < 0 || k.DelayMillis > int64(24*time.Hour/time.Millisecond):
 				return fmt.Errorf("%w: take %d key %q: delay_ms out of range", ErrServerResponse, i, k.Key)
-			case k.Burst < 0 || k.Limit < 0 || k.PeriodMillis < 0 || k.LeaseTTLMillis < 0 || k.LeaseTTLMillis > int64(time.Hour/time.Millisecond):
+			case k.Burst < 0 || k.Limit < 0 || !periodOK(k.PeriodMillis) || k.LeaseTTLMillis < 0 || k.LeaseTTLMillis > int64(time.Hour/time.Millisecond):
 				return fmt.Errorf("%w: take %d key %q: rule out of range", ErrServerResponse, i, k.Key)
+			case !limitsOK(k.Limits):
+				return fmt.Errorf("%w: take %d key %q: limits out of range", ErrServerResponse, i, k.Key)
 			}
 		}
 		if r.RetryAfterMillis < 0 || r.RetryAfterMillis > int64(24*time.Hour/time.Millisecond) {
@@ -444,9 +453,14 @@ func validateResults(req *protocol.LeaseRequest, res []protocol.LeaseResult) err
 			continue
 		case r.Granted < 0 || r.Granted > e.Want:
 			return bad("granted " + strconv.FormatInt(r.Granted, 10) + " of " + strconv.FormatInt(e.Want, 10))
-		case r.Granted > 0 && !r.Unlimited && (r.LeaseID == "" || len(r.LeaseID) > protocol.MaxLeaseIDBytes):
+		case r.Granted > 0 && !r.Unlimited && !protocol.ValidLeaseID(r.LeaseID):
+			// An ID the protocol forbids would be sent back at the settle,
+			// and every call carrying it refused whole, as a
+			// misconfiguration of the client, until the lease ended.
 			return bad("grant without a valid lease_id")
-		case r.Granted > 0 && (r.TTLMillis <= 0 || r.TTLMillis > int64(time.Hour/time.Millisecond)):
+		case (r.Granted > 0 && r.TTLMillis <= 0) || r.TTLMillis < 0 || r.TTLMillis > int64(time.Hour/time.Millisecond):
+			// On every answer: an unlimited key is allowed locally for
+			// its TTL (a lying 10^12 ms once pinned one for 31 years).
 			return bad("ttl_ms out of range")
 		case r.RetryAfterMillis < 0 || r.RetryAfterMillis > int64(24*time.Hour/time.Millisecond):
 			return bad("retry_after_ms out of range")
@@ -456,7 +470,34 @@ func validateResults(req *protocol.LeaseRequest, res []protocol.LeaseResult) err
 			return bad("safe_rate out of range")
 		case r.Burst < 0 || r.Limit < 0:
 			return bad("negative limit or burst")
+		case !periodOK(r.PeriodMillis):
+			// A shaped lease spaces its slots period/limit apart: a period
+			// beyond any rule's overflowed them, and admitted more than
+			// the lease held.
+			return bad("period_ms out of range")
+		case !limitsOK(r.Limits):
+			return bad("limits out of range")
 		}
 	}
 	return nil
+}
+
+// periodOK reports whether a period_ms of an answer is one a rule may have
+// (0: not given).
+func periodOK(ms int64) bool { return ms >= 0 && ms <= protocol.MaxPeriodMillis }
+
+// limitsOK reports whether the limits of an answer are as many as a rule
+// may hold, each with a possible period, limit and burst: the decisions
+// carry them to their callers (RateLimit fields), and a lying server once
+// made them carry thousands.
+func limitsOK(ls []protocol.LimitStatus) bool {
+	if len(ls) > protocol.MaxLimits {
+		return false
+	}
+	for i := range ls {
+		if l := &ls[i]; l.Limit < 0 || l.Burst < 0 || !periodOK(l.PeriodMillis) {
+			return false
+		}
+	}
+	return true
 }

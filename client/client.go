@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -314,7 +315,8 @@ func (c *Client) Allow(ctx context.Context, keys ...string) Decision {
 // most the bucket's fill time), without a call. Config.Fallback decides
 // only while no server answers. Keys move to leases by themselves once
 // this process is admitted enough of them (Config.LeaseMinTokens).
-// Invalid keys, or n < 1, are denied with Source SourceDenied.
+// Invalid keys, or n < 1, are denied with Source SourceDenied. A key named
+// twice counts once.
 func (c *Client) AllowN(ctx context.Context, n int64, keys ...string) Decision {
 	if n < 1 || n > protocol.MaxCount || len(keys) == 0 || len(keys) > protocol.MaxEntries {
 		c.denied.Add(1)
@@ -322,7 +324,7 @@ func (c *Client) AllowN(ctx context.Context, n int64, keys ...string) Decision {
 	}
 	var buf [4]*keyState
 	states := buf[:0]
-	for _, k := range keys {
+	for _, k := range distinctKeys(keys) {
 		if protocol.ValidateKey(k) != nil {
 			c.denied.Add(1)
 			return Decision{Source: SourceDenied}
@@ -330,6 +332,43 @@ func (c *Client) AllowN(ctx context.Context, n int64, keys ...string) Decision {
 		states = append(states, c.state(k))
 	}
 	return c.decide(ctx, n, states, 0)
+}
+
+// distinctKeys returns keys without repeats, in the order of their first
+// appearance: keys itself when none repeats. A decision on a key named
+// twice is one decision on it (the keys are all or nothing together). It
+// used to become a take the server refuses whole (duplicate_key), which the
+// client took for a misconfiguration of its own, denying every key for a
+// second.
+func distinctKeys(keys []string) []string {
+	if len(keys) > 16 {
+		seen := make(map[string]struct{}, len(keys))
+		out := keys[:0:0]
+		for _, k := range keys {
+			if _, ok := seen[k]; !ok {
+				seen[k] = struct{}{}
+				out = append(out, k)
+			}
+		}
+		if len(out) == len(keys) {
+			return keys
+		}
+		return out
+	}
+	for i := 1; i < len(keys); i++ {
+		for j := range i {
+			if keys[j] == keys[i] {
+				out := append([]string(nil), keys[:i]...)
+				for _, k := range keys[i+1:] {
+					if !slices.Contains(out, k) {
+						out = append(out, k)
+					}
+				}
+				return out
+			}
+		}
+	}
+	return keys
 }
 
 // Wait blocks until one request may happen for every key, spending one
@@ -366,6 +405,7 @@ func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) error {
 	if n < 1 || n > protocol.MaxCount || len(keys) == 0 || len(keys) > protocol.MaxEntries {
 		return fmt.Errorf("client: WaitN(%d, %d keys): n must be 1 to %d and keys 1 to %d", n, len(keys), protocol.MaxCount, protocol.MaxEntries)
 	}
+	keys = distinctKeys(keys)
 	states := make([]*keyState, len(keys))
 	for i, k := range keys {
 		if err := protocol.ValidateKey(k); err != nil {

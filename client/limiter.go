@@ -18,9 +18,11 @@ type Limiter struct {
 	err    error
 }
 
-// Limiter returns a handle for keys (all of them, all or nothing). If a key
-// is invalid, the Limiter denies every request and Err says why.
+// Limiter returns a handle for keys (all of them, all or nothing; a key
+// named twice counts once). If a key is invalid, the Limiter denies every
+// request and Err says why.
 func (c *Client) Limiter(keys ...string) *Limiter {
+	keys = distinctKeys(keys)
 	l := &Limiter{c: c, keys: append([]string(nil), keys...), states: make([]atomic.Pointer[keyState], len(keys))}
 	if len(keys) == 0 || len(keys) > protocol.MaxEntries {
 		l.err = fmt.Errorf("client: Limiter needs 1 to %d keys, not %d", protocol.MaxEntries, len(keys))

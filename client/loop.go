@@ -812,7 +812,15 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 				wait += time.Duration(rand.Int64N(int64(wait)/2 + 1))
 			}
 		}
-		ks.denyUntil.Store(now + int64(c.denial(ks, wait)))
+		// The server's wait runs from its decision, which came after the
+		// request was sent: counted from the answer's arrival, a slow
+		// round trip lengthened the denial beyond its reason, as the
+		// direct path, which counts from the sending, never did.
+		from := sent
+		if res.RetryAfterMillis <= 0 {
+			from = now
+		}
+		ks.denyUntil.Store(from + int64(c.denial(ks, wait)))
 		ks.need.Store(false)
 		return
 	}

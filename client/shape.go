@@ -46,7 +46,7 @@ type slots struct {
 // after the server's decision, one slot every period/limit.
 func newSlots(granted, limit int64, period time.Duration, delay time.Duration, sent, recv int64) *slots {
 	exact := float64(period) / float64(limit)
-	s := &slots{interval: int64(math.Ceil(exact))}
+	s := &slots{interval: max(1, int64(math.Ceil(exact)))}
 	s.base = sent + int64(max(0, delay-time.Millisecond))
 	s.end = s.base + int64(math.Floor(exact*float64(granted)))
 	s.next = recv + int64(delay)
@@ -63,10 +63,13 @@ func (s *slots) reserve(l *lease, n, now, maxWait int64) (int64, bool) {
 	if at-now > maxWait {
 		return at, false
 	}
-	next := at + n*s.interval
-	if next > s.end {
+	// n slots must fit before the slice ends; compared by division, as
+	// n·interval can pass 2^63 (a large n on a long interval wrapped
+	// around, passed this check and admitted more than the lease held).
+	if at > s.end || n > (s.end-at)/s.interval {
 		return at, false
 	}
+	next := at + n*s.interval
 	// The lease reports as used every slot up to next, counted from base:
 	// the server gives back only the slots after them.
 	used := min(l.granted, (next-s.base+s.interval-1)/s.interval)

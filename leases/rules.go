@@ -40,14 +40,16 @@ const (
 	DefaultLeaseTTL = 2 * time.Second
 	// MaxLeaseTTL is the longest lease TTL a rule may set.
 	MaxLeaseTTL = time.Hour
-	// MaxPeriod is the longest period a rule may set.
-	MaxPeriod = 24 * time.Hour
+	// MaxPeriod is the longest period a rule may set (the protocol's, which
+	// clients check answers against).
+	MaxPeriod = protocol.MaxPeriodMillis * time.Millisecond
 	// MinPeriod is the shortest period a rule may set.
 	MinPeriod = time.Millisecond
 )
 
-// MaxLimitsPerRule is the most limits one rule may hold.
-const MaxLimitsPerRule = 8
+// MaxLimitsPerRule is the most limits one rule may hold (the protocol's,
+// which clients check answers against).
+const MaxLimitsPerRule = protocol.MaxLimits
 
 // Limit is one limit of a rule: Limit tokens per Period under Algorithm.
 // A request needs every limit of its rule ("3 per minute and 100 per

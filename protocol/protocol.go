@@ -27,7 +27,18 @@ const (
 	MaxLeaseIDBytes = 64
 	// Slots is the number of leases a client may hold open per key.
 	Slots = 2
+	// MaxLimits is the most limits of one rule (the limits of a result).
+	MaxLimits = 8
+	// MaxPeriodMillis is the longest period of a limit, in ms (24 h).
+	MaxPeriodMillis = 24 * 60 * 60 * 1000
 )
+
+// ValidLeaseID reports whether id is a lease_id the protocol allows: 1 to
+// MaxLeaseIDBytes bytes of printable ASCII without spaces. A client checks
+// the IDs a server grants with it, as the server checks those it is sent.
+func ValidLeaseID(id string) bool {
+	return id != "" && validID(id, MaxLeaseIDBytes)
+}
 
 // Paths of the v1 API.
 const (

@@ -1,0 +1,316 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ratelease/ratelease/e2e/leasetest"
+	"github.com/ratelease/ratelease/leases"
+	"github.com/ratelease/ratelease/protocol"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// lyingServer answers every POST /v1/leases with what answer makes of the
+// decoded request: the status and the JSON body (a value, marshalled).
+func lyingServer(t *testing.T, answer func(req *protocol.LeaseRequest) (int, any)) (string, *atomic.Int64) {
+	t.Helper()
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		var req protocol.LeaseRequest
+		if err := json.Unmarshal(body, &req); err != nil {
+			http.Error(w, "bad", http.StatusBadRequest)
+			return
+		}
+		status, v := answer(&req)
+		if status >= 400 {
+			w.Header().Set("Content-Type", protocol.ContentTypeProblem)
+		} else {
+			w.Header().Set("Content-Type", "application/json")
+		}
+		w.WriteHeader(status)
+		_ = json.NewEncoder(w).Encode(v)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, &calls
+}
+
+// leakyAnswer answers takes as allowed by a leaky_bucket rule of limit per
+// periodMillis, and grants every lease entry in full under that rule.
+func leakyAnswer(limit, periodMillis int64) func(req *protocol.LeaseRequest) (int, any) {
+	return func(req *protocol.LeaseRequest) (int, any) {
+		var out protocol.LeaseResponse
+		for _, tk := range req.Takes {
+			cr := protocol.CheckResponse{Allowed: true}
+			for _, k := range tk.Keys {
+				cr.Keys = append(cr.Keys, protocol.CheckResult{Key: k, Allowed: true, Remaining: 100,
+					Limit: limit, PeriodMillis: min(periodMillis, 1<<40), Burst: 1000, LeaseTTLMillis: 2000, Algorithm: "leaky_bucket"})
+			}
+			out.Takes = append(out.Takes, cr)
+		}
+		for i, e := range req.Leases {
+			lr := protocol.LeaseResult{Key: e.Key, Slot: e.Slot}
+			if e.Want > 0 {
+				lr.LeaseID = "L" + string(rune('a'+i%26))
+				lr.Granted = min(e.Want, 1)
+				lr.TTLMillis = 2000
+				lr.Limit, lr.PeriodMillis, lr.Burst, lr.Algorithm = limit, periodMillis, 1000, "leaky_bucket"
+			}
+			out.Leases = append(out.Leases, lr)
+		}
+		return http.StatusOK, out
+	}
+}
+
+// allowAnswer answers every take as allowed by a rule of 1,000 a second
+// (burst 1,000, lease TTL 2 s) and every lease entry with a full grant.
+func allowAnswer(req *protocol.LeaseRequest) (int, any) {
+	var out protocol.LeaseResponse
+	for _, tk := range req.Takes {
+		cr := protocol.CheckResponse{Allowed: true}
+		for _, k := range tk.Keys {
+			cr.Keys = append(cr.Keys, protocol.CheckResult{Key: k, Allowed: true, Remaining: 500,
+				Limit: 1000, PeriodMillis: 1000, Burst: 1000, LeaseTTLMillis: 2000})
+		}
+		out.Takes = append(out.Takes, cr)
+	}
+	for _, e := range req.Leases {
+		lr := protocol.LeaseResult{Key: e.Key, Slot: e.Slot, Limit: 1000, PeriodMillis: 1000, Burst: 1000, SafeRate: 1000, Remaining: 500}
+		if e.Want > 0 {
+			lr.LeaseID, lr.Granted, lr.TTLMillis = "lease-"+e.Key, e.Want, 2000
+		}
+		out.Leases = append(out.Leases, lr)
+	}
+	return http.StatusOK, out
+}
+
+// TestShapedLeaseSlotOverflow: a lease of a leaky_bucket rule serves
+// AllowN(n) when n slots of its interval overflow int64 (slots.reserve
+// computes at + n*interval): the wrapped end passes the check against the
+// slice's end, and the request is admitted with far more tokens than the
+// lease holds. A lying server needs n = 2 (a period_ms of 285 years, which
+// nothing bounds); an honest rule of one a minute needs n = 2e8 (an
+// AllowN the API accepts: n <= protocol.MaxCount).
+func TestShapedLeaseSlotOverflow(t *testing.T) {
+	t.Run("lying period_ms, n=2", func(t *testing.T) {
+		url, _ := lyingServer(t, leakyAnswer(1, 9_000_000_000_000))
+		clk := newTestClock()
+		// Such a period is now an invalid answer (no rule has it): no
+		// lease, and the fallback (closed) decides.
+		c := clockedClient(t, Config{Servers: []string{url}, LeaseMinTokens: 1, InitialBatch: 1, Fallback: FallbackClosed}, clk)
+		d := c.AllowN(context.Background(), 2, "lb:x")
+		assert.False(t, d.Allowed, "AllowN(2) was admitted (source %s)", d.Source)
+		assert.Positive(t, c.Stats().ServerErrors, "a period_ms beyond any rule's is an invalid answer")
+		assert.Nil(t, c.state("lb:x").active.Load())
+	})
+	t.Run("real server, one a minute, n=2e8", func(t *testing.T) {
+		srv := leasetest.Start(t, `
+rules:
+  - {name: m, match: "lm:*", algorithm: leaky_bucket, limit: 1, period: 1m, burst: 100, lease_ttl: 2s}
+`, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
+		clk := newTestClock()
+		c := clockedClient(t, Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 4}, clk)
+		l := leaseShaped(t, c, clk, "lm:a")
+		clk.move(time.Duration(l.shape.due(clk.nanos()))) // its first slot is due
+		const n = 200_000_000
+		d := c.AllowN(context.Background(), n, "lm:a")
+		assert.False(t, d.Allowed, "AllowN(%d) on a lease of %d slots was admitted (source %s)", n, l.granted, d.Source)
+	})
+}
+
+// TestDuplicateKeyIsOneDecision: a decision that names one key twice
+// (Allow(ctx, k, k): say a user key and an API key built by templates that
+// came out equal) goes in a direct take that the server refuses as a whole
+// (422 duplicate_key). The client takes that for a refusal of the client
+// (a misconfiguration): for a second every other decision, on any key, is
+// denied with SourceRefused, although the server accepts the client.
+func TestDuplicateKeyIsOneDecision(t *testing.T) {
+	srv := leasetest.Start(t, sRules, leasetest.Options{})
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{srv.URL()}}, clk)
+	ctx := context.Background()
+	require.True(t, c.Allow(ctx, "s:other").Allowed)
+
+	d := c.Allow(ctx, "s:dup", "s:dup")
+	t.Logf("Allow(k, k): allowed %v, source %s, err %v", d.Allowed, d.Source, d.Err)
+
+	other := c.Allow(ctx, "s:other")
+	assert.True(t, other.Allowed, "another key, which the server accepts, is denied: source %s, err %v", other.Source, other.Err)
+	assert.NotEqual(t, SourceRefused, other.Source)
+	assert.Zero(t, c.Stats().Refusals, "no call of a valid client was refused")
+}
+
+// TestProxy429ProblemIsNotRefusal: something in front of the lease server
+// (a gateway's own rate limit) answers 429 with a problem body. rateleased's
+// own 429s carry per-entry results and never answer takes; this one has
+// none, yet the client takes it for a refusal of the client: every decision
+// is denied for a second as a misconfiguration ("check the client's
+// configuration", matching ErrServerRefused), while a 429 without a problem
+// body from the same gateway counts as a failed server, as it should.
+func TestProxy429ProblemIsNotRefusal(t *testing.T) {
+	url, _ := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
+		return http.StatusTooManyRequests, map[string]any{"type": "about:blank", "title": "Too Many Requests", "status": 429, "code": "rate_limited", "detail": "gateway quota"}
+	})
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{url}, Fallback: FallbackClosed, MaxRetryWait: 5 * time.Millisecond}, clk)
+	d := c.Allow(context.Background(), "s:gw")
+	t.Logf("decision: source %s, err %v", d.Source, d.Err)
+	assert.NotErrorIs(t, d.Err, ErrServerRefused, "a gateway's 429 reported as a misconfiguration")
+	assert.Zero(t, c.Stats().Refusals)
+}
+
+// TestUnlimitedNonGrantHugeTTL: ttl_ms was range-checked only on a grant. A
+// lease answer that grants nothing but says unlimited, with ttl_ms 1e12
+// (31 years), makes the key unlimited on the client for that long: a day
+// later it is still allowed locally, without a call, although the server
+// now denies it (a direct take's unlimited answer is asked again after
+// Config.Horizon; a grant's TTL may be at most an hour).
+func TestUnlimitedNonGrantHugeTTL(t *testing.T) {
+	var lied atomic.Bool
+	url, calls := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
+		if len(req.Leases) == 0 {
+			if !lied.Load() {
+				return allowAnswer(req)
+			}
+			var out protocol.LeaseResponse
+			for _, tk := range req.Takes {
+				cr := protocol.CheckResponse{RetryAfterMillis: 1000}
+				for _, k := range tk.Keys {
+					cr.Keys = append(cr.Keys, protocol.CheckResult{Key: k, RetryAfterMillis: 1000, Limit: 1000, PeriodMillis: 1000, Burst: 1000, LeaseTTLMillis: 2000})
+				}
+				out.Takes = append(out.Takes, cr)
+			}
+			return http.StatusOK, out
+		}
+		lied.Store(true)
+		var out protocol.LeaseResponse
+		for _, e := range req.Leases {
+			out.Leases = append(out.Leases, protocol.LeaseResult{Key: e.Key, Slot: e.Slot, Unlimited: true, TTLMillis: 1e12})
+		}
+		return http.StatusOK, out
+	})
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{url}, LeaseMinTokens: 1}, clk)
+	ctx := context.Background()
+	require.True(t, c.Allow(ctx, "s:u").Allowed)
+	clk.advance(t, 0)
+	ks := c.state("s:u")
+	// The answer is invalid now (ttl_ms beyond an hour): a failed call,
+	// and the key is not unlimited.
+	require.Eventually(t, func() bool { return c.Stats().ServerErrors > 0 }, 5*time.Second, time.Millisecond)
+	assert.False(t, ks.unlimited.Load())
+	clk.move(24 * time.Hour)
+	before := calls.Load()
+	d := c.Allow(ctx, "s:u")
+	t.Logf("a day later: allowed %v, source %s, calls %d", d.Allowed, d.Source, calls.Load()-before)
+	assert.NotEqual(t, SourceUnlimited, d.Source, "still unlimited a day after one answer, without asking")
+}
+
+// TestLeaseDenialCountsFromArrival: a lease request refused with
+// retry_after 100 ms, whose answer takes 500 ms to come back (a slow
+// network or server), denies the key locally until 100 ms after the answer
+// arrived: 600 ms after the request was sent, when the server's reason
+// ended at most 100 ms after it (the server decided before it answered).
+// A direct take's denial counts from the request's sending (applyDirect).
+func TestLeaseDenialCountsFromArrival(t *testing.T) {
+	arrived := make(chan struct{}, 1)
+	release := make(chan struct{})
+	url, _ := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
+		if len(req.Leases) == 0 {
+			return allowAnswer(req)
+		}
+		arrived <- struct{}{}
+		<-release
+		var out protocol.LeaseResponse
+		for _, e := range req.Leases {
+			out.Leases = append(out.Leases, protocol.LeaseResult{Key: e.Key, Slot: e.Slot, RetryAfterMillis: 100,
+				Limit: 1000, PeriodMillis: 1000, Burst: 1000, TTLMillis: 2000})
+		}
+		return http.StatusOK, out
+	})
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{url}, LeaseMinTokens: 1}, clk)
+	require.True(t, c.Allow(context.Background(), "s:late").Allowed, "direct, and promotes the key")
+	ks := c.state("s:late")
+	require.True(t, ks.leasing.Load())
+	sent := clk.nanos()
+	clk.advance(t, 0) // the loop asks for the first lease
+	<-arrived
+	clk.move(500 * time.Millisecond)
+	close(release)
+	require.Eventually(t, func() bool { return ks.denyUntil.Load() != 0 }, 5*time.Second, time.Millisecond)
+	over := time.Duration(ks.denyUntil.Load() - sent - int64(100*time.Millisecond))
+	assert.LessOrEqual(t, over, time.Duration(0), "denied %v longer than the server's retry_after from the request", over)
+}
+
+// TestGrantWithInvalidLeaseID: a server that grants a lease whose ID the
+// protocol forbids ("bad id": a space). The client used to take it, send it
+// back at the settle, and have every call refused whole (422
+// invalid_lease_id) as a misconfiguration of its own, denying every key
+// with SourceRefused until the lease's deadline (an hour here). The grant is
+// now an invalid answer: a failed call, no refusal.
+func TestGrantWithInvalidLeaseID(t *testing.T) {
+	url, _ := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
+		if err := req.Validate(); err != nil {
+			p := err.(*protocol.Problem)
+			return p.Status, p
+		}
+		if len(req.Leases) == 0 {
+			return allowAnswer(req)
+		}
+		var out protocol.LeaseResponse
+		for _, e := range req.Leases {
+			lr := protocol.LeaseResult{Key: e.Key, Slot: e.Slot, Limit: 1000, PeriodMillis: 1000, Burst: 1000, Remaining: 10}
+			if e.Want > 0 {
+				lr.LeaseID, lr.Granted, lr.TTLMillis = "bad id", min(e.Want, 2), 3_600_000
+			}
+			out.Leases = append(out.Leases, lr)
+		}
+		return http.StatusOK, out
+	})
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{url}, LeaseMinTokens: 1, InitialBatch: 2}, clk)
+	ctx := context.Background()
+	require.True(t, c.Allow(ctx, "s:p").Allowed, "direct, and promotes the key")
+	clk.advance(t, 0) // the loop asks for its lease
+	require.Eventually(t, func() bool { return c.Stats().ServerErrors > 0 }, 5*time.Second, time.Millisecond)
+	assert.Nil(t, c.state("s:p").active.Load(), "no lease with an ID the protocol forbids")
+	assert.Zero(t, c.Stats().Refusals)
+	d := c.Allow(ctx, "s:unrelated")
+	assert.NotEqual(t, SourceRefused, d.Source, "err %v", d.Err)
+}
+
+// TestLyingLimitsCount: a rule holds at most protocol.MaxLimits limits,
+// but the client took any number in an answer and handed them to every
+// decision on the key (5,000 made the middleware's RateLimit fields take
+// 620 ms and 128 KB). Such an answer is invalid now: a failed call.
+func TestLyingLimitsCount(t *testing.T) {
+	url, _ := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
+		limits := make([]protocol.LimitStatus, 5000)
+		for i := range limits {
+			limits[i] = protocol.LimitStatus{Algorithm: "token_bucket", Limit: int64(i + 1), PeriodMillis: 1000, Burst: 1000, Remaining: 10, ResetMillis: 1000}
+		}
+		var out protocol.LeaseResponse
+		for _, tk := range req.Takes {
+			cr := protocol.CheckResponse{Allowed: true}
+			for _, k := range tk.Keys {
+				cr.Keys = append(cr.Keys, protocol.CheckResult{Key: k, Allowed: true, Remaining: 10, Limit: 1000, PeriodMillis: 1000, Burst: 1000, Limits: limits})
+			}
+			out.Takes = append(out.Takes, cr)
+		}
+		return http.StatusOK, out
+	})
+	c := clockedClient(t, Config{Servers: []string{url}, Fallback: FallbackClosed}, newTestClock())
+	d := c.Allow(context.Background(), "s:many")
+	assert.LessOrEqual(t, len(d.Limits), protocol.MaxLimits)
+	assert.NotEqual(t, SourceDirect, d.Source, "an answer with more limits than a rule holds was taken")
+	assert.Positive(t, c.Stats().ServerErrors)
+}
