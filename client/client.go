@@ -26,10 +26,12 @@ const (
 	// servers' default is allow.
 	SourceUnlimited
 	// SourceFallback: decided by Config.Fallback, because no lease was live
-	// and no server answered.
+	// and no server answered (or the one that did failed on the take).
 	SourceFallback
 	// SourceDenied: denied because the server refused the key (no rule
-	// under default deny, or a key this client may not lease).
+	// under default deny, or a key this client may not lease), or because
+	// the request asked more than the key's rule can ever hold (Err
+	// matches ErrCostExceedsBurst).
 	SourceDenied
 	// SourceClosed: the client is closed.
 	SourceClosed
@@ -148,6 +150,11 @@ var (
 	// *RateLimitedError for the retry time. A refusal by a server (see
 	// ErrServerRefused) never matches it.
 	ErrRateLimited = errors.New("rate limited")
+	// ErrCostExceedsBurst is matched by the error of a decision for more
+	// tokens than a key's rule can ever hold (Decision.Err, Source
+	// SourceDenied): no wait serves it, so Wait returns it at once, and it
+	// never matches ErrRateLimited.
+	ErrCostExceedsBurst = errors.New("cost exceeds the burst of the key's rule")
 )
 
 // RateLimitedError says a request was denied and when to retry. It matches

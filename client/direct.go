@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"net/http"
 	"sync"
@@ -310,8 +311,17 @@ func (c *Client) applyDirect(r *directReq) Decision {
 				ks.extendDenial(now + int64(max(time.Second, c.cfg.Horizon)))
 			}
 			c.cfg.Logger.Warn("ratelease: server refused a key", "keys", keysOf(r.states), "code", p.Code, "detail", p.Detail)
+		case protocol.CodeCostExceedsBurst:
+			// No wait serves it: an error, not a rate limit (it was a
+			// denial without a reason, which Wait reported as
+			// ErrRateLimited with no retry time, inviting a retry forever).
+			return Decision{Source: SourceDenied, Err: fmt.Errorf("%w: %s", ErrCostExceedsBurst, p.Detail)}
 		default:
+			// The server failed on this take (internal, store_unavailable):
+			// as when it does not answer, the fallback decides; it used to
+			// be a denial without a reason.
 			c.cfg.Logger.Error("ratelease: direct take failed", "keys", keysOf(r.states), "code", p.Code, "detail", p.Detail)
+			return c.fallbackAll(r.n, r.states)
 		}
 		if re != nil {
 			return Decision{Source: SourceDenied, Err: re}

@@ -314,3 +314,40 @@ func TestLyingLimitsCount(t *testing.T) {
 	assert.NotEqual(t, SourceDirect, d.Source, "an answer with more limits than a rule holds was taken")
 	assert.Positive(t, c.Stats().ServerErrors)
 }
+
+// TestTakeErrorIsNotRateLimited: a take the server could not decide — a
+// cost above the key's bucket (cost_exceeds_burst, which no wait will
+// ever serve), or a server failure on it (internal) — is reported by Wait
+// as an error matching ErrRateLimited, with RetryAfter 0: a caller told to
+// retry at once, forever, and a decision with no Err saying why. Now the
+// first is a denial whose Err matches ErrCostExceedsBurst, which Wait
+// returns, and the second is decided by the fallback.
+func TestTakeErrorIsNotRateLimited(t *testing.T) {
+	t.Run("cost above the burst, real server", func(t *testing.T) {
+		srv := leasetest.Start(t, sRules, leasetest.Options{})
+		c := clockedClient(t, Config{Servers: []string{srv.URL()}}, newTestClock())
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		d := c.AllowN(ctx, 5000, "s:big") // the rule's burst is 1,000
+		t.Logf("AllowN(5000): source %s, err %v, retry after %v", d.Source, d.Err, d.RetryAfter)
+		assert.Error(t, d.Err, "the decision says why it can never be allowed")
+		err := c.WaitN(ctx, 5000, "s:big")
+		t.Logf("WaitN(5000): %v", err)
+		assert.NotErrorIs(t, err, ErrRateLimited, "a cost no bucket state can serve is not a rate limit")
+	})
+	t.Run("internal error on the take", func(t *testing.T) {
+		url, _ := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
+			var out protocol.LeaseResponse
+			for range req.Takes {
+				out.Takes = append(out.Takes, protocol.CheckResponse{Error: protocol.NewProblem(protocol.CodeInternal, "boom")})
+			}
+			return http.StatusOK, out
+		})
+		// A server that fails on the take did not decide it: the
+		// fallback does, as when no server answers (open here).
+		c := clockedClient(t, Config{Servers: []string{url}, Fallback: FallbackOpen}, newTestClock())
+		d := c.Allow(context.Background(), "s:x")
+		assert.Equal(t, SourceFallback, d.Source, "a server failure on the take is not a denial")
+		assert.True(t, d.Allowed)
+	})
+}
