@@ -647,12 +647,21 @@ func (c *Client) apply(r callResult, retryAt, backoff *int64) {
 	*retryAt = now + *backoff
 	if errors.Is(r.err, ErrServerRefused) {
 		// A server answered, refusing the call: a misconfiguration, not an
-		// outage. The keys that wanted tokens are denied for a while; the
-		// client stays online, so the fallback does not decide.
+		// outage. The keys that wanted tokens are denied while the refusal
+		// stands (refusalHold), and no longer: denied beyond it (for the
+		// Horizon, once), their decisions said SourceRetryAfter without
+		// an Err, a misconfiguration reported as a rate limit. The client
+		// stays online, so the fallback does not decide.
 		c.noteRefused(r.err, now)
+		re, _ := errors.AsType[*RefusedError](r.err)
 		for _, p := range failed {
 			if p.want > 0 {
-				p.ks.extendDenial(now + int64(max(time.Second, c.cfg.Horizon)))
+				// Refused with the call's refusal, so that the denial
+				// says why even once a direct answer (a server that
+				// accepts takes) has ended the client-wide refusal.
+				p.ks.refused.Store(true)
+				p.ks.refusal.Store(re)
+				p.ks.extendDenial(now + int64(refusalHold))
 				p.ks.notify()
 			}
 		}

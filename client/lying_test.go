@@ -351,3 +351,41 @@ func TestTakeErrorIsNotRateLimited(t *testing.T) {
 		assert.True(t, d.Allowed)
 	})
 }
+
+// TestRefusedLeaseCallReportedAsRateLimit: a client whose token the
+// servers stop accepting (a rules reload removed it) after its key was
+// promoted. The loop's lease call is refused (401): the client-wide refusal
+// stands for refusalHold (1 s), but the key was denied for
+// max(1 s, Config.Horizon), so from 1 s to 3 s its decisions said
+// SourceRetryAfter with no Err, and Wait returned an error matching
+// ErrRateLimited: a misconfiguration reported as a rate limit. The key is
+// now denied as refused, with the refusal, for refusalHold only.
+func TestRefusedLeaseCallReportedAsRateLimit(t *testing.T) {
+	var revoked atomic.Bool
+	url, _ := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
+		if revoked.Swap(true) {
+			return http.StatusUnauthorized, protocol.NewProblem(protocol.CodeUnauthorized, "unknown token")
+		}
+		return allowAnswer(req)
+	})
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{url}, LeaseMinTokens: 1, Horizon: 3 * time.Second}, clk)
+	ctx := context.Background()
+	require.True(t, c.Allow(ctx, "s:h").Allowed, "direct, and promotes the key")
+	clk.advance(t, 0) // the loop asks for its lease: refused
+	require.Eventually(t, func() bool { return c.Stats().Refusals > 0 }, 5*time.Second, time.Millisecond)
+	d := c.Allow(ctx, "s:h")
+	require.Equal(t, SourceRefused, d.Source)
+
+	clk.move(1500 * time.Millisecond)
+	d = c.Allow(ctx, "s:h")
+	t.Logf("1.5 s after the refusal: allowed %v, source %s, err %v, retry after %v", d.Allowed, d.Source, d.Err, d.RetryAfter)
+	assert.NotEqual(t, SourceRetryAfter, d.Source, "a refusal reported as a rate limit")
+	assert.ErrorIs(t, d.Err, ErrUnauthorized)
+	wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	err := c.Wait(wctx, "s:h")
+	t.Logf("Wait: %v", err)
+	assert.ErrorIs(t, err, ErrUnauthorized)
+	assert.NotErrorIs(t, err, ErrRateLimited)
+}
