@@ -210,6 +210,7 @@ type Client struct {
 	directBackoff atomic.Int64 // ns; doubles while no server answers a direct call
 	directRetryAt atomic.Int64 // client clock: no direct call before this while offline
 	goneSince     atomic.Int64 // client clock: first direct call canceled by its caller since the last answer (0: none)
+	goneLast      atomic.Int64 // client clock: when the latest such call was canceled (0: none)
 
 	promoMu  sync.Mutex
 	promoted []*keyState // keys moved to leases, for the loop to take over

@@ -268,7 +268,15 @@ func (c *Client) directFailed(now int64) {
 // canceled so: a server that hangs, seen only through callers with
 // shorter deadlines. It is then a failure (directFailed), or the fallback
 // would never decide while callers keep giving up first.
+//
+// The calls given up on must follow each other: one sent more than
+// RequestTimeout after the previous was given up on starts the count again
+// (two callers that gave up two seconds apart, with nothing asked between,
+// once sent the client to the fallback).
 func (c *Client) unansweredTooLong(sent, now int64) bool {
+	if last := c.goneLast.Swap(now); last != 0 && sent-last > int64(c.cfg.RequestTimeout) {
+		c.goneSince.Store(sent)
+	}
 	c.goneSince.CompareAndSwap(0, sent)
 	return now-c.goneSince.Load() >= int64(c.cfg.RequestTimeout)
 }
@@ -276,6 +284,7 @@ func (c *Client) unansweredTooLong(sent, now int64) bool {
 // directAnswered records that a server answered a direct call.
 func (c *Client) directAnswered() {
 	c.goneSince.Store(0)
+	c.goneLast.Store(0)
 	c.accepted()
 	c.directBackoff.Store(0)
 	c.directRetryAt.Store(0)

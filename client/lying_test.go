@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -388,4 +389,36 @@ func TestRefusedLeaseCallReportedAsRateLimit(t *testing.T) {
 	t.Logf("Wait: %v", err)
 	assert.ErrorIs(t, err, ErrUnauthorized)
 	assert.NotErrorIs(t, err, ErrRateLimited)
+}
+
+// TestStaleCallerGoneMarksOffline: unansweredTooLong measures from the first
+// direct call canceled by its caller since the last answered direct call,
+// however long ago. One decision that gave up at t=1 ms and another at
+// t=2 s, with no direct call answered between (every other decision served
+// by leases, or none made), take the server for dead: the fallback decides
+// the next decisions, though nothing went unanswered for RequestTimeout.
+func TestStaleCallerGoneMarksOffline(t *testing.T) {
+	url, _ := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
+		for _, tk := range req.Takes {
+			if strings.HasPrefix(tk.Keys[0], "s:held") {
+				time.Sleep(200 * time.Millisecond) // slower than its caller waits
+			}
+		}
+		return allowAnswer(req)
+	})
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{url}, Fallback: FallbackOpen}, clk)
+	require.True(t, c.Allow(context.Background(), "s:first").Allowed) // the server answers
+	gaveUp := func(key string) Decision {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		return c.Allow(ctx, key)
+	}
+	clk.move(time.Millisecond)
+	t.Logf("t=1ms: %s", gaveUp("s:held1").Source)
+	clk.move(2 * time.Second) // a quiet while: no direct decision at all
+	t.Logf("t=2s: %s", gaveUp("s:held2").Source)
+	d := c.Allow(context.Background(), "s:next")
+	t.Logf("next decision: %s; online %v", d.Source, c.Stats().Online)
+	assert.NotEqual(t, SourceFallback, d.Source, "two callers that gave up two seconds apart made the client fall back")
 }
