@@ -273,6 +273,21 @@
 // answers, it starts, because servers that are down are an outage, which
 // the fallback is for.
 //
+// A decision for more tokens than a key's rule can ever hold is denied with
+// an Err matching ErrCostExceedsBurst, which Wait returns at once: no wait
+// serves it. A 429 that does not answer the call's entries comes from
+// something between the client and the server (a gateway's quota): a
+// failed server, never a refusal of the client.
+//
+// # A server that lies
+//
+// The client checks every answer against what it asked and what any rule
+// could be: a grant larger than asked, a lease ID the protocol forbids, a
+// TTL, delay or retry_after out of range, a period beyond any rule's, more
+// limits than a rule holds, an answer for another key or entry. Such an
+// answer is a failed call (ErrServerResponse), handled as a server that did
+// not answer: nothing of it is spent or believed.
+//
 // # HTTP
 //
 // Client.Transport wraps an http.RoundTripper so that every outgoing request
