@@ -210,8 +210,12 @@ func (e *Engine) borrowLeases(ctx context.Context, owner Owner, ids *idSecret, a
 // poolRefunds returns the refunds of the pool tokens that settled elastic
 // leases borrowed and did not use: only for leases whose own limits granted
 // something and settled now (their settle is then known to be the first),
-// and whose IDs verified (parsed holds what they remember, see Lease).
+// and whose IDs verified (parsed holds what they remember, see Lease; nil
+// when none did).
 func (e *Engine) poolRefunds(parsed []leaseIDParts, asks []LeaseAsk, results []LeaseResult) []TakeOp {
+	if parsed == nil {
+		return nil
+	}
 	var out []TakeOp
 	for i := range asks {
 		res := &results[i]

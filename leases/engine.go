@@ -275,14 +275,6 @@ func parsedAt(parsed []leaseIDParts, i int) leaseIDParts {
 	return parsed[i]
 }
 
-// parsedAll returns parsed, or n zero parts when it is nil.
-func parsedAll(parsed []leaseIDParts, n int) []leaseIDParts {
-	if parsed == nil {
-		return make([]leaseIDParts, n)
-	}
-	return parsed
-}
-
 // Lease runs asks for owner and returns one result per ask, in order. Asks
 // must be valid (see protocol.LeaseRequest.Validate). A store failure
 // fails the whole call with an error wrapping ErrStoreUnavailable; the
@@ -331,6 +323,14 @@ func (e *Engine) Lease(ctx context.Context, owner Owner, asks []LeaseAsk) ([]Lea
 			continue
 		}
 		res.Rule = r
+		if r.Shadow || r.Elastic != "" {
+			// Its lease ID is signed after the store grants: fetch the
+			// key first, so that a store that cannot give it fails the
+			// call before anything is granted.
+			if _, err := ids.get(); err != nil {
+				return nil, Report{}, err
+			}
+		}
 		id := NewLeaseID()
 		settleID, used := a.LeaseID, a.Used
 		if strings.Contains(a.LeaseID, leaseIDSep) {
@@ -426,7 +426,7 @@ func (e *Engine) Lease(ctx context.Context, owner Owner, asks []LeaseAsk) ([]Lea
 	if err := e.borrowLeases(ctx, owner, ids, asks, results, &rep); err != nil {
 		return nil, Report{}, err
 	}
-	if refunds := e.poolRefunds(parsedAll(parsed, len(asks)), asks, results); len(refunds) > 0 {
+	if refunds := e.poolRefunds(parsed, asks, results); len(refunds) > 0 {
 		// What a settled elastic lease borrowed and did not use goes back
 		// to its pool; a failure only costs the pool's utilization.
 		start := time.Now()
