@@ -656,9 +656,9 @@ func (c *Client) apply(r callResult, retryAt, backoff *int64) {
 		re, _ := errors.AsType[*RefusedError](r.err)
 		for _, p := range failed {
 			if p.want > 0 {
-				// Refused with the call's refusal, so that the denial
-				// says why even once a direct answer (a server that
-				// accepts takes) has ended the client-wide refusal.
+				// Refused with the call's refusal, so that the key's
+				// denial says why (decide), whatever ends the
+				// client-wide one.
 				p.ks.refused.Store(true)
 				p.ks.refusal.Store(re)
 				p.ks.extendDenial(now + int64(refusalHold))
