@@ -330,9 +330,12 @@ func (c *Client) AllowN(ctx context.Context, n int64, keys ...string) Decision {
 		c.denied.Add(1)
 		return Decision{Source: SourceDenied}
 	}
+	if len(keys) > 1 {
+		keys = distinctKeys(keys)
+	}
 	var buf [4]*keyState
 	states := buf[:0]
-	for _, k := range distinctKeys(keys) {
+	for _, k := range keys {
 		if protocol.ValidateKey(k) != nil {
 			c.denied.Add(1)
 			return Decision{Source: SourceDenied}
