@@ -443,8 +443,6 @@ func (s *OwningStore) State(ctx context.Context, key string, b Bucket) (BucketSt
 // Ping reports whether the store underneath is reachable.
 func (s *OwningStore) Ping(ctx context.Context) error { return s.inner.Ping(ctx) }
 
-// Close stops the loop, releases every owned bucket (within 2 s), and
-// closes the store underneath.
 // IDKey implements IDKeyStore: the inner store's key, or, when it keeps
 // none, a random key of this store.
 func (s *OwningStore) IDKey(ctx context.Context) ([]byte, error) {
@@ -454,6 +452,8 @@ func (s *OwningStore) IDKey(ctx context.Context) ([]byte, error) {
 	return s.idKey, nil
 }
 
+// Close stops the loop, releases every owned bucket (within 2 s), and
+// closes the store underneath.
 func (s *OwningStore) Close() error {
 	select {
 	case <-s.stop:

@@ -161,3 +161,85 @@ func TestRuleChangeLongerWindowCountsOpenLeases(t *testing.T) {
 		})
 	}
 }
+
+// TestRuleChangeCarrySurvivesDeniedTake (found by the session's final
+// review): a roll that carries an open lease's tokens cannot be recomputed
+// once the lease has ended; a denied take did not save it in Redis, and the
+// next call rolled again from the old window, carrying nothing: Redis then
+// admitted a take of 100 beside the lease, the memory store did not.
+func TestRuleChangeCarrySurvivesDeniedTake(t *testing.T) {
+	for _, alg := range []leases.Algorithm{leases.FixedWindow, leases.SlidingWindowCounter} {
+		t.Run(string(alg), func(t *testing.T) {
+			mem, red, clock := ruleChangeStores(t)
+			ctx := context.Background()
+			clock.Advance(time.Duration(60_000_000-clock.Now().UnixMicro()%60_000_000) * time.Microsecond)
+			minute := leases.Bucket{Algorithm: alg, Limit: 100, Period: time.Minute, Burst: 100, LeaseTTL: 1600 * time.Millisecond}
+			second := minute
+			second.Period = time.Second
+			a := leases.Owner{Client: "a", Process: "1"}
+			for name, s := range map[string]leases.Store{"memory": mem, "redis": red} {
+				out, err := s.Lease(ctx, a, []leases.LeaseOp{{Key: "k", Bucket: minute, Want: 100, NewLeaseID: "L1"}})
+				require.NoError(t, err)
+				require.EqualValues(t, 100, out[0].Granted, name)
+			}
+			clock.Advance(1200 * time.Millisecond) // reload; window [1 s, 2 s); the lease is open until 1.6 s
+			for name, s := range map[string]leases.Store{"memory": mem, "redis": red} {
+				out, err := s.Take(ctx, []leases.TakeOp{{Key: "k", Bucket: second, Cost: 1}})
+				require.NoError(t, err)
+				require.False(t, out[0].Taken, name)
+			}
+			clock.Advance(600 * time.Millisecond) // 1.8 s: the lease has ended, in this window
+			got := map[string]bool{}
+			for name, s := range map[string]leases.Store{"memory": mem, "redis": red} {
+				out, err := s.Take(ctx, []leases.TakeOp{{Key: "k", Bucket: second, Cost: 100}})
+				require.NoError(t, err)
+				got[name] = out[0].Taken
+			}
+			t.Logf("take of 100 at 1.8 s: %v", got)
+			assert.Equal(t, got["memory"], got["redis"], "stores answer alike")
+			assert.False(t, got["redis"], "window [1 s, 2 s) admitted 100 beside the lease of 100 open in it until 1.6 s")
+		})
+	}
+}
+
+// TestRuleChangeShorterWindowWithoutRollKeepsKeys (found by the session's
+// final review): a reload shortens the period, and the first call under
+// the new rule comes in the new rule's first window, which starts where the
+// old one did (no roll): the keys' TTL was set for the new window, though
+// the old lease stays open 29 s more. The keys now live as long as the
+// latest lease granted or carried (field x).
+func TestRuleChangeShorterWindowWithoutRollKeepsKeys(t *testing.T) {
+	mem, red, clock, rdb := ruleChangeStoresRDB(t)
+	ctx := context.Background()
+	clock.Advance(time.Duration(60_000_000-clock.Now().UnixMicro()%60_000_000) * time.Microsecond)
+	minute := leases.Bucket{Algorithm: leases.FixedWindow, Limit: 100, Period: time.Minute, Burst: 100, LeaseTTL: 30 * time.Second}
+	second := minute
+	second.Period = time.Second
+	a := leases.Owner{Client: "a", Process: "1"}
+	for name, s := range map[string]leases.Store{"memory": mem, "redis": red} {
+		out, err := s.Lease(ctx, a, []leases.LeaseOp{{Key: "k", Bucket: minute, Want: 100, NewLeaseID: "L1"}})
+		require.NoError(t, err)
+		require.EqualValues(t, 100, out[0].Granted, name)
+	}
+	clock.Advance(500 * time.Millisecond) // reload; a call in [0, 1 s)
+	for _, s := range []leases.Store{mem, red} {
+		_, err := s.Lease(ctx, leases.Owner{Client: "b", Process: "1"}, []leases.LeaseOp{{Key: "k", Bucket: second, Want: 1, NewLeaseID: "L2"}})
+		require.NoError(t, err)
+	}
+	h, _, _ := leases.AlgorithmRedisKeys("k", leases.FixedWindow)
+	pttl, err := rdb.PTTL(ctx, h).Result()
+	require.NoError(t, err)
+	assert.Greater(t, pttl, 29*time.Second, "redis: key TTL %v while the lease is open for 29.5 s more", pttl)
+	clock.Advance(2 * time.Second) // the Redis key lapsed (driven clock: lapse it for real)
+	if pttl < 29*time.Second {
+		time.Sleep(pttl + 50*time.Millisecond)
+	}
+	got := map[string]bool{}
+	for name, s := range map[string]leases.Store{"memory": mem, "redis": red} {
+		out, err := s.Take(ctx, []leases.TakeOp{{Key: "k", Bucket: second, Cost: 100}})
+		require.NoError(t, err)
+		got[name] = out[0].Taken
+	}
+	assert.Equal(t, got["memory"], got["redis"], "stores answer alike")
+	assert.False(t, got["redis"], "a 1 s window admits 100 beside an open lease of 100")
+}

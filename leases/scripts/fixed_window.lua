@@ -5,8 +5,8 @@
 --
 -- H fields: w the window's start (µs), c its count, v the previous
 -- window's count (counter only), t the part of c taken directly, x the
--- latest deadline of the leases a roll carried (see roll), while it is
--- later than the window's end. Z the lease deadlines; X unused.
+-- latest deadline of the leases granted or carried (see save). Z the lease
+-- deadlines; X unused.
 
 local st = load({ 'w', 'c', 'v', 't', 'x' })
 local start = tonumber(st.w)
@@ -27,6 +27,13 @@ local function roll()
   cur = out
   taken = 0
   start = s
+  if out > 0 then
+    -- Carried counts cannot be recomputed once those leases end: the
+    -- roll must be saved even by a call that changes nothing else (a
+    -- denied take once left it unsaved, and a later roll from the old
+    -- window carried nothing).
+    changed = true
+  end
   if n > 0 then
     local last = redis.call('ZRANGE', Z, -1, -1, 'WITHSCORES')
     local dl = tonumber(last[2]) or 0
@@ -74,6 +81,7 @@ function A.grant(g)
   cur = cur + g
   local dl = now + ttl
   if start + W < dl then dl = start + W end
+  if dl > carried then carried = dl end
   return dl, start
 end
 
@@ -141,8 +149,11 @@ function A.save()
   if COUNTER then
     args[#args + 1] = 'v'; args[#args + 1] = fmtd(prev)
   end
-  if carried > start + W then
-    -- Leases of an older rule outlive the window: so do the keys.
+  if n > 0 and carried > now then
+    -- The keys live as long as the latest lease, whatever the rule is
+    -- now: after a reload to a shorter period, a lease of the old rule
+    -- outlives the new window (a call in the new window's first
+    -- period, which does not roll, once let the keys lapse under it).
     if carried - now > life then life = carried - now end
     args[#args + 1] = 'x'; args[#args + 1] = fmtd(carried)
   end
