@@ -458,7 +458,7 @@ func validateResults(req *protocol.LeaseRequest, res []protocol.LeaseResult) err
 			// and every call carrying it refused whole, as a
 			// misconfiguration of the client, until the lease ended.
 			return bad("grant without a valid lease_id")
-		case (r.Granted > 0 && r.TTLMillis <= 0) || r.TTLMillis < 0 || r.TTLMillis > int64(time.Hour/time.Millisecond):
+		case (r.Granted > 0 && r.TTLMillis <= 0) || r.TTLMillis < 0 || r.TTLMillis > maxTTLMillis(r):
 			// On every answer: an unlimited key is allowed locally for
 			// its TTL (a lying 10^12 ms once pinned one for 31 years).
 			return bad("ttl_ms out of range")
@@ -500,4 +500,20 @@ func limitsOK(ls []protocol.LimitStatus) bool {
 		}
 	}
 	return true
+}
+
+// maxTTLMillis is the longest TTL a server may give the lease of r: a
+// lease TTL of any rule (an hour at most), or, for a slice of a shaping
+// rule (leaky_bucket), until the slice ends, its slots period/limit apart
+// after its delay, plus that hour. (An hour alone once made the client take
+// a correct grant of a slow shaping rule, 2 slots of 10 a day lasting
+// 4h48m, for a failed server.)
+func maxTTLMillis(r *protocol.LeaseResult) int64 {
+	const hour = int64(time.Hour / time.Millisecond)
+	if r.Algorithm != algorithmLeaky || r.Limit <= 0 || r.Granted <= 0 || !periodOK(r.PeriodMillis) || r.DelayMillis < 0 || r.DelayMillis > 24*hour {
+		return hour // out of range ones are refused by their own checks
+	}
+	// Granted ≤ Want ≤ MaxCount (checked before) and PeriodMillis ≤
+	// MaxPeriodMillis: the product fits in an int64.
+	return hour + r.DelayMillis + (r.Granted*r.PeriodMillis+r.Limit-1)/r.Limit
 }

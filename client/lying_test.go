@@ -422,3 +422,22 @@ func TestStaleCallerGoneMarksOffline(t *testing.T) {
 	t.Logf("next decision: %s; online %v", d.Source, c.Stats().Online)
 	assert.NotEqual(t, SourceFallback, d.Source, "two callers that gave up two seconds apart made the client fall back")
 }
+
+// TestSlowShapedLeaseTTL (found by the session's final review): a slice of
+// a slow shaping rule lasts until it ends, longer than any lease TTL: 2
+// slots of a leaky_bucket of 10 a day last 4h48m. The client took such a
+// correct grant for a failed server (a TTL beyond an hour); it accepts it
+// now, up to the slice's end plus an hour, and no further.
+func TestSlowShapedLeaseTTL(t *testing.T) {
+	req := &protocol.LeaseRequest{ClientID: "c", Leases: []protocol.LeaseEntry{{Key: "lb:slow", Want: 2}}}
+	grant := func(ttl time.Duration) []protocol.LeaseResult {
+		return []protocol.LeaseResult{{Key: "lb:slow", LeaseID: "L1", Granted: 2, TTLMillis: ttl.Milliseconds(),
+			Algorithm: algorithmLeaky, Limit: 10, PeriodMillis: (24 * time.Hour).Milliseconds(), Burst: 10}}
+	}
+	require.NoError(t, validateResults(req, grant(4*time.Hour+48*time.Minute)), "the slice's end")
+	require.NoError(t, validateResults(req, grant(5*time.Hour+48*time.Minute)), "an hour past it")
+	require.ErrorIs(t, validateResults(req, grant(5*time.Hour+49*time.Minute)), ErrServerResponse)
+	tb := grant(2 * time.Hour)
+	tb[0].Algorithm = "token_bucket"
+	require.ErrorIs(t, validateResults(req, tb), ErrServerResponse, "a lease TTL is an hour at most")
+}
