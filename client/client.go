@@ -367,16 +367,14 @@ func distinctKeys(keys []string) []string {
 		return out
 	}
 	for i := 1; i < len(keys); i++ {
-		for j := range i {
-			if keys[j] == keys[i] {
-				out := append([]string(nil), keys[:i]...)
-				for _, k := range keys[i+1:] {
-					if !slices.Contains(out, k) {
-						out = append(out, k)
-					}
+		if slices.Contains(keys[:i], keys[i]) {
+			out := slices.Clone(keys[:i])
+			for _, k := range keys[i+1:] {
+				if !slices.Contains(out, k) {
+					out = append(out, k)
 				}
-				return out
 			}
+			return out
 		}
 	}
 	return keys

@@ -27,6 +27,12 @@ func ruleChangeStores(t *testing.T) (*leases.MemoryStore, *leases.RedisStore, *s
 	return mem, red, clock
 }
 
+// named returns the two stores by name, for the tests that run one
+// operation on each and compare.
+func named(mem *leases.MemoryStore, red *leases.RedisStore) map[string]leases.Store {
+	return map[string]leases.Store{"memory": mem, "redis": red}
+}
+
 func ruleChangeStoresRDB(t *testing.T) (*leases.MemoryStore, *leases.RedisStore, *storetest.Clock, *redis.Client) {
 	t.Helper()
 	clock := storetest.NewClock(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
@@ -50,7 +56,7 @@ func TestRuleChangeAlgorithmKeepsOpenLeases(t *testing.T) {
 	tb := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 1, Period: time.Minute, Burst: 100, LeaseTTL: time.Hour}
 	fw := leases.Bucket{Algorithm: leases.FixedWindow, Limit: 100, Period: time.Minute, Burst: 100, LeaseTTL: time.Hour}
 	a := leases.Owner{Client: "a", Process: "1"}
-	for name, s := range map[string]leases.Store{"memory": mem, "redis": red} {
+	for name, s := range named(mem, red) {
 		out, err := s.Lease(ctx, a, []leases.LeaseOp{{Key: "k", Bucket: tb, Want: 100, NewLeaseID: "L1"}})
 		require.NoError(t, err)
 		require.EqualValues(t, 100, out[0].Granted, name)
@@ -62,7 +68,7 @@ func TestRuleChangeAlgorithmKeepsOpenLeases(t *testing.T) {
 	}
 	clock.Advance(time.Millisecond)
 	got := map[string]int64{}
-	for name, s := range map[string]leases.Store{"memory": mem, "redis": red} {
+	for name, s := range named(mem, red) {
 		out, err := s.Lease(ctx, leases.Owner{Client: "b", Process: "1"}, []leases.LeaseOp{{Key: "k", Bucket: tb, Want: 100, NewLeaseID: "L2"}})
 		require.NoError(t, err)
 		got[name] = out[0].Granted
@@ -96,13 +102,13 @@ func shorterWindow(t *testing.T, alg leases.Algorithm) {
 	second := minute
 	second.Period = time.Second
 	a := leases.Owner{Client: "a", Process: "1"}
-	for name, s := range map[string]leases.Store{"memory": mem, "redis": red} {
+	for name, s := range named(mem, red) {
 		out, err := s.Lease(ctx, a, []leases.LeaseOp{{Key: "k", Bucket: minute, Want: 100, NewLeaseID: "L1"}})
 		require.NoError(t, err)
 		require.EqualValues(t, 100, out[0].Granted, name)
 	}
 	clock.Advance(1500 * time.Millisecond) // the reload happened meanwhile
-	for name, s := range map[string]leases.Store{"memory": mem, "redis": red} {
+	for name, s := range named(mem, red) {
 		st, err := s.State(ctx, "k", second)
 		require.NoError(t, err)
 		require.EqualValues(t, 1, st.Leases, "%s: a's lease of 100 is open (deadline at 30 s)", name)
@@ -136,7 +142,7 @@ func TestRuleChangeLongerWindowCountsOpenLeases(t *testing.T) {
 	full := half
 	full.Period = time.Second
 	a := leases.Owner{Client: "a", Process: "1"}
-	for name, s := range map[string]leases.Store{"memory": mem, "redis": red} {
+	for name, s := range named(mem, red) {
 		t.Run(name, func(t *testing.T) {
 			clock.Advance(time.Duration(1_000_000-clock.Now().UnixMicro()%1_000_000) * time.Microsecond) // t = 0 on a second boundary
 			base := clock.Now()
@@ -177,20 +183,20 @@ func TestRuleChangeCarrySurvivesDeniedTake(t *testing.T) {
 			second := minute
 			second.Period = time.Second
 			a := leases.Owner{Client: "a", Process: "1"}
-			for name, s := range map[string]leases.Store{"memory": mem, "redis": red} {
+			for name, s := range named(mem, red) {
 				out, err := s.Lease(ctx, a, []leases.LeaseOp{{Key: "k", Bucket: minute, Want: 100, NewLeaseID: "L1"}})
 				require.NoError(t, err)
 				require.EqualValues(t, 100, out[0].Granted, name)
 			}
 			clock.Advance(1200 * time.Millisecond) // reload; window [1 s, 2 s); the lease is open until 1.6 s
-			for name, s := range map[string]leases.Store{"memory": mem, "redis": red} {
+			for name, s := range named(mem, red) {
 				out, err := s.Take(ctx, []leases.TakeOp{{Key: "k", Bucket: second, Cost: 1}})
 				require.NoError(t, err)
 				require.False(t, out[0].Taken, name)
 			}
 			clock.Advance(600 * time.Millisecond) // 1.8 s: the lease has ended, in this window
 			got := map[string]bool{}
-			for name, s := range map[string]leases.Store{"memory": mem, "redis": red} {
+			for name, s := range named(mem, red) {
 				out, err := s.Take(ctx, []leases.TakeOp{{Key: "k", Bucket: second, Cost: 100}})
 				require.NoError(t, err)
 				got[name] = out[0].Taken
@@ -216,7 +222,7 @@ func TestRuleChangeShorterWindowWithoutRollKeepsKeys(t *testing.T) {
 	second := minute
 	second.Period = time.Second
 	a := leases.Owner{Client: "a", Process: "1"}
-	for name, s := range map[string]leases.Store{"memory": mem, "redis": red} {
+	for name, s := range named(mem, red) {
 		out, err := s.Lease(ctx, a, []leases.LeaseOp{{Key: "k", Bucket: minute, Want: 100, NewLeaseID: "L1"}})
 		require.NoError(t, err)
 		require.EqualValues(t, 100, out[0].Granted, name)
@@ -235,7 +241,7 @@ func TestRuleChangeShorterWindowWithoutRollKeepsKeys(t *testing.T) {
 		time.Sleep(pttl + 50*time.Millisecond)
 	}
 	got := map[string]bool{}
-	for name, s := range map[string]leases.Store{"memory": mem, "redis": red} {
+	for name, s := range named(mem, red) {
 		out, err := s.Take(ctx, []leases.TakeOp{{Key: "k", Bucket: second, Cost: 100}})
 		require.NoError(t, err)
 		got[name] = out[0].Taken
