@@ -209,8 +209,11 @@ type Client struct {
 	direct        directQueue
 	directBackoff atomic.Int64 // ns; doubles while no server answers a direct call
 	directRetryAt atomic.Int64 // client clock: no direct call before this while offline
-	goneSince     atomic.Int64 // client clock: first direct call canceled by its caller since the last answer (0: none)
-	goneLast      atomic.Int64 // client clock: when the latest such call was canceled (0: none)
+	// detach is set when a direct call was canceled because its caller
+	// gave up (see callOwn), and cleared by the next answer to a direct
+	// call: meanwhile every direct call is made by a sender goroutine,
+	// which no caller cancels, so the servers are judged by what they do.
+	detach atomic.Bool
 
 	promoMu  sync.Mutex
 	promoted []*keyState // keys moved to leases, for the loop to take over

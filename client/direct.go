@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ratelease/ratelease/protocol"
@@ -41,6 +42,9 @@ type directReq struct {
 	priority string
 	foreign  bool
 	hash     uint64 // of its first key, when routed (see Config.NoKeyRouting)
+	// gone is set when the decision returned without the answer (its
+	// context ended): not sent yet, it is not sent at all.
+	gone atomic.Bool
 }
 
 // directQueue coalesces the direct takes of the process. Its fields are
@@ -59,7 +63,15 @@ type directQueue struct {
 //
 // A decision alone in its call (no other decision waiting to be sent) makes
 // the call in its own goroutine (see callOwn); the others wait for a
-// sender goroutine, which coalesces them into the next call.
+// sender goroutine, which coalesces them into the next call. So do all of
+// them while Client.detach is set: a caller gave up on its call since the
+// last answer. A call that its caller cancels tells nothing of the
+// server; a sender's call, which its callers leave without canceling it,
+// ends in an answer or a failure. A server slower than its callers wait is
+// so still seen to answer, and one that hangs to fail, after
+// Config.RequestTimeout: otherwise a slow but healthy server, seen only
+// through callers who give up first, would be taken for dead and the
+// fallback would decide beside it, adding to the limit.
 func (c *Client) takeDirect(ctx context.Context, n int64, states []*keyState, maxDelay time.Duration, priority string, foreign bool) Decision {
 	req := &directReq{states: states, n: n, maxDelay: max(maxDelay, 0).Milliseconds(), done: make(chan struct{}), priority: priority, foreign: foreign}
 	c.direct.mu.Lock()
@@ -77,7 +89,7 @@ func (c *Client) takeDirect(ctx context.Context, n int64, states []*keyState, ma
 	}
 	c.direct.mu.Unlock()
 	switch {
-	case len(batch) == 1:
+	case len(batch) == 1 && !c.detach.Load():
 		return c.callOwn(ctx, req)
 	case batch != nil:
 		go c.sendDirect(batch)
@@ -85,8 +97,10 @@ func (c *Client) takeDirect(ctx context.Context, n int64, states []*keyState, ma
 	select {
 	case <-req.done:
 	case <-ctx.Done():
-		// The take may still happen at the server: its tokens are then
-		// lost to utilization, never to accuracy.
+		// The take may still happen at the server (not if it is still
+		// queued: see sendDirect): its tokens are then lost to
+		// utilization, never to accuracy.
+		req.gone.Store(true)
 		return Decision{Source: SourceDirect, RetryAfter: c.cfg.SettleInterval}
 	case <-c.stopped:
 		return Decision{Source: SourceClosed}
@@ -107,9 +121,9 @@ var errCallerGone = errors.New("client: the decision's context ended")
 //
 // The decision returns when ctx ends, as one waiting for a sender does: ctx
 // ending cancels the call (with cause errCallerGone, which no one counts as
-// a failure of the server), and the take may still have happened at the
-// server, lost to utilization, never to accuracy. Unlike a sender's call,
-// a canceled call costs its connection.
+// a failure of the server, but which sets Client.detach), and the take may
+// still have happened at the server, lost to utilization, never to
+// accuracy. Unlike a sender's call, a canceled call costs its connection.
 func (c *Client) callOwn(ctx context.Context, req *directReq) Decision {
 	call, cancel := context.WithCancelCause(c.life)
 	stop := func() bool { return false }
@@ -147,10 +161,14 @@ func (c *Client) callOwn(ctx context.Context, req *directReq) Decision {
 }
 
 // sendDirect makes the calls for batch, then for whatever queued meanwhile.
+// Decisions that returned while they waited (their context ended) are
+// dropped unsent: their takes would spend tokens no one uses.
 func (c *Client) sendDirect(batch []*directReq) {
 	defer c.direct.senders.Done()
 	for batch != nil {
-		c.callDirect(c.life, batch)
+		if batch = waiting(batch); len(batch) > 0 {
+			c.callDirect(c.life, batch)
+		}
 		c.direct.mu.Lock()
 		batch = c.direct.pending
 		c.direct.pending = nil
@@ -159,6 +177,21 @@ func (c *Client) sendDirect(batch []*directReq) {
 		}
 		c.direct.mu.Unlock()
 	}
+}
+
+// waiting returns the requests of batch whose decisions still wait for
+// their answers, in place; it completes the others.
+func waiting(batch []*directReq) []*directReq {
+	kept := batch[:0]
+	for _, r := range batch {
+		if r.gone.Load() {
+			close(r.done)
+			continue
+		}
+		kept = append(kept, r)
+	}
+	clear(batch[len(kept):])
+	return kept
 }
 
 // callDirect sends the takes of batch, at most protocol.MaxEntries keys a
@@ -221,9 +254,12 @@ func (c *Client) sendTakes(ctx context.Context, wg *sync.WaitGroup, srv int, req
 			// large): a misconfiguration, not an outage. The decisions are
 			// denied; the fallback is not for this.
 			c.noteRefused(err, now)
-		case errors.Is(context.Cause(ctx), errCallerGone) && !c.unansweredTooLong(sent, now):
+		case errors.Is(context.Cause(ctx), errCallerGone):
 			// The deciding goroutine's context ended (see callOwn): its
-			// decision is returning, and no server failed.
+			// decision is returning, and no server failed. Until a direct
+			// call is answered, the next ones are made by senders, which
+			// find out whether the servers answer (see takeDirect).
+			c.detach.Store(true)
 		default:
 			if srv >= 0 {
 				if ctx.Err() == nil {
@@ -262,29 +298,9 @@ func (c *Client) directFailed(now int64) {
 	c.directRetryAt.Store(now + b)
 }
 
-// unansweredTooLong reports, for a direct call sent at sent and canceled
-// at now because its caller's context ended, whether no direct call has
-// been answered for Config.RequestTimeout while every call since was
-// canceled so: a server that hangs, seen only through callers with
-// shorter deadlines. It is then a failure (directFailed), or the fallback
-// would never decide while callers keep giving up first.
-//
-// The calls given up on must follow each other: one sent more than
-// RequestTimeout after the previous was given up on starts the count again
-// (two callers that gave up two seconds apart, with nothing asked between,
-// once sent the client to the fallback).
-func (c *Client) unansweredTooLong(sent, now int64) bool {
-	if last := c.goneLast.Swap(now); last != 0 && sent-last > int64(c.cfg.RequestTimeout) {
-		c.goneSince.Store(sent)
-	}
-	c.goneSince.CompareAndSwap(0, sent)
-	return now-c.goneSince.Load() >= int64(c.cfg.RequestTimeout)
-}
-
 // directAnswered records that a server answered a direct call.
 func (c *Client) directAnswered() {
-	c.goneSince.Store(0)
-	c.goneLast.Store(0)
+	c.detach.Store(false)
 	c.accepted()
 	c.directBackoff.Store(0)
 	c.directRetryAt.Store(0)

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -50,6 +51,47 @@ func TestSlowServerIsNoOutage(t *testing.T) {
 	st := c.Stats()
 	assert.Zero(t, st.FallbackDecisions)
 	assert.True(t, st.Online)
+}
+
+// TestSlowServerImpatientCallers: a server slower (60 ms) than its callers
+// wait (20 ms) answers every call: it is no outage, and the fallback never
+// decides, with one caller at a time and with eight. The old client
+// canceled each call as its caller left, so it never saw an answer, and
+// after RequestTimeout took the server for dead: the fallback decided
+// beside it (in a reviewer's run, 88 of 105 decisions).
+func TestSlowServerImpatientCallers(t *testing.T) {
+	for _, callers := range []int{1, 8} {
+		t.Run(fmt.Sprintf("callers=%d", callers), func(t *testing.T) {
+			srv := leasetest.Start(t, rules, leasetest.Options{})
+			slow := slowProxy(t, srv.URL(), 60*time.Millisecond)
+			c := newClient(t, client.Config{Servers: []string{slow}, Fallback: client.FallbackOpen, RequestTimeout: 250 * time.Millisecond})
+			var fell atomic.Int64
+			var wg sync.WaitGroup
+			for g := range callers {
+				wg.Go(func() {
+					// 40 decisions of 20 ms: three RequestTimeouts. Each
+					// key is new, so that none is leased.
+					for i := range 40 {
+						ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+						d := c.Allow(ctx, fmt.Sprintf("fast:%d-%d", g, i))
+						cancel()
+						if d.Source == client.SourceFallback {
+							fell.Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			st := c.Stats()
+			assert.Zero(t, fell.Load(), "decisions made by the fallback while the server answers")
+			assert.Zero(t, st.FallbackDecisions)
+			assert.Zero(t, st.ServerErrors)
+			assert.True(t, st.Online)
+			d := c.Allow(context.Background(), "fast:patient")
+			assert.True(t, d.Allowed)
+			assert.Equal(t, client.SourceDirect, d.Source, "decided by the server")
+		})
+	}
 }
 
 // TestKeyCapRefusalIsAnAnswer: a lease call whose every entry the server's
@@ -205,9 +247,10 @@ func mergeSignals(a, b <-chan struct{}) <-chan struct{} {
 }
 
 // TestDirectDecisionCallersGoneHungServer: a server that takes calls and
-// never answers, seen only by decisions whose contexts end first: once no
-// call was answered for RequestTimeout, the client counts it as an outage,
-// goes offline, and the fallback decides.
+// never answers, seen only by decisions whose contexts end first: the calls
+// made after the first caller gave up are not canceled with their callers,
+// and fail after RequestTimeout; the client counts that as an outage, goes
+// offline, and the fallback decides.
 func TestDirectDecisionCallersGoneHungServer(t *testing.T) {
 	srv := leasetest.Start(t, rules, leasetest.Options{})
 	u, _ := heldProxy(t, srv.URL(), func(*http.Request) bool { return true })

@@ -28,7 +28,13 @@
 // goroutine, without a hand-off; when its context ends first it returns at
 // once, and its call is canceled (the take may still have happened at the
 // server: lost to utilization, never to accuracy), which is no failure of
-// the server.
+// the server. Until a server next answers a direct call, the decisions
+// after it go through a sender goroutine, whose calls their callers leave
+// without canceling them: the servers are then judged by their answers,
+// so that a server slower than its callers wait is not taken for dead
+// (the fallback would decide beside it, adding to the limit), and one that
+// hangs fails after Config.RequestTimeout. A decision that returned while
+// it was queued is not sent.
 // With several servers, each take goes to the server its first key prefers
 // (rendezvous hashing over Config.Servers, the same in every process that
 // lists the same URLs, in any order; Config.NoKeyRouting turns it off), so

@@ -391,12 +391,13 @@ func TestRefusedLeaseCallReportedAsRateLimit(t *testing.T) {
 	assert.NotErrorIs(t, err, ErrRateLimited)
 }
 
-// TestStaleCallerGoneMarksOffline: unansweredTooLong measures from the first
+// TestStaleCallerGoneMarksOffline: the old client measured from the first
 // direct call canceled by its caller since the last answered direct call,
 // however long ago. One decision that gave up at t=1 ms and another at
 // t=2 s, with no direct call answered between (every other decision served
-// by leases, or none made), take the server for dead: the fallback decides
-// the next decisions, though nothing went unanswered for RequestTimeout.
+// by leases, or none made), took the server for dead: the fallback decided
+// the next decisions, though nothing went unanswered for RequestTimeout. A
+// canceled call is no failure now, whenever it comes (see takeDirect).
 func TestStaleCallerGoneMarksOffline(t *testing.T) {
 	url, _ := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
 		for _, tk := range req.Takes {
