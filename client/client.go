@@ -137,7 +137,9 @@ type Stats struct {
 	// already replaced (frozen, their remainder waiting to be returned or
 	// to expire) are not counted.
 	TokensHeld int64
-	// Online is false while no server answers.
+	// Online is false while no server answers: while the latest direct
+	// take or the latest lease call went unanswered. The fallback decides
+	// only while direct takes go unanswered.
 	Online bool
 }
 
@@ -187,7 +189,18 @@ type Client struct {
 	stop       chan struct{}
 	stopped    chan struct{}
 	closing    atomic.Bool
-	online     atomic.Bool
+	// online and leasesOnline are the two paths' views of the servers:
+	// online is cleared by a failed direct take only (decisions go to
+	// Fallback while it is false, see probe), leasesOnline by a failed
+	// lease call only (decisions wait for leases only while it is true).
+	// A failure of the one path says nothing of the other: lease calls
+	// failing (a lying server, one Redis Cluster shard down under a leased
+	// key) once sent every direct decision to the fallback while the
+	// servers answered its takes. An answer to either sets online (see
+	// takesOnline): after an outage, direct decisions resume with the
+	// first answer, not at their next probe.
+	online       atomic.Bool
+	leasesOnline atomic.Bool
 
 	closeOnce sync.Once
 	closeCtx  chan context.Context
@@ -266,6 +279,7 @@ func newClient(cfg Config, clk clock) (*Client, error) {
 	c.life, c.endLife = context.WithCancel(context.Background())
 	c.http = newCaller(&c.cfg)
 	c.online.Store(true)
+	c.leasesOnline.Store(true)
 	go c.loop()
 	return c, nil
 }
@@ -674,7 +688,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			c.denied.Add(1)
 			return Decision{Source: SourceLease, RetryAfter: time.Duration(max(l.shape.due(now), 1))}
 		}
-		if ks.leasing.Load() && ks.deadline.Load() != 0 && c.online.Load() {
+		if ks.leasing.Load() && ks.deadline.Load() != 0 && c.leasesOnline.Load() {
 			// Its lease ran out: the loop fetches the next batch, and the
 			// request is denied until it comes (it counts as demand for
 			// the batch). Deciding it directly instead would cost a call
@@ -748,7 +762,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			// directly, or by the fallback when no server answers.
 			ks.need.Store(true)
 			c.wake()
-			if !waitedLease && ks.deadline.Load() == 0 && c.online.Load() {
+			if !waitedLease && ks.deadline.Load() == 0 && c.leasesOnline.Load() {
 				waitedLease = true
 				again := !ks.shaped.Load() && letGo()
 				l := c.awaitLease(ctx, ks, n, budget(), func() bool {
@@ -1047,7 +1061,7 @@ func (c *Client) Stats() Stats {
 		FallbackDecisions: c.fallbacks.Load(),
 		Refusals:          c.refusals.Load(),
 		DirectDecisions:   c.directs.Load(),
-		Online:            c.online.Load(),
+		Online:            c.online.Load() && c.leasesOnline.Load(),
 		Allowed:           c.forgottenUse.Load() + c.directOK.Load(),
 		KeysHeld:          int(c.activeKeys.Load()),
 		MaxKeysHeld:       int(c.maxActive.Load()),

@@ -302,6 +302,14 @@ func (c *Client) directFailed(now int64) {
 func (c *Client) directAnswered() {
 	c.detach.Store(false)
 	c.accepted()
+	c.takesOnline()
+}
+
+// takesOnline sends direct decisions to the servers again, at once: a
+// server answered a direct take, or a lease call (proof enough that the
+// servers are back after an outage; a failed lease call, though, says
+// nothing of the takes, see Client.online).
+func (c *Client) takesOnline() {
 	c.directBackoff.Store(0)
 	c.directRetryAt.Store(0)
 	if !c.online.Swap(true) {
@@ -317,7 +325,10 @@ func (c *Client) applyDirect(r *directReq) Decision {
 		return Decision{Source: SourceRefused, Err: re, RetryAfter: refusalHold}
 	}
 	if r.err != nil {
-		return c.fallbackAll(r.n, r.states)
+		// No server answered: as offline decides, a key whose spent-out
+		// lease is still ours is denied until its deadline (the fallback
+		// never adds to a lease's tokens), the others by the fallback.
+		return c.offline(r.n, r.states, now)
 	}
 	res := &r.res
 	if p := res.Error; p != nil {

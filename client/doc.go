@@ -106,7 +106,13 @@
 //
 // The fallback (Config.Fallback) decides only while no server answers: a
 // slow answer is waited for, because a fallback decision made while the
-// servers are deciding too adds to the limit.
+// servers are deciding too adds to the limit. "No server answers" is what
+// the direct takes find: a failed lease call of the settle loop stops
+// decisions from waiting for leases (they go on by direct takes) but sends
+// none to the fallback, since the servers may still answer takes (a lying
+// server, one Redis Cluster shard down under a leased key); a direct take
+// that then fails is what sends them there. An answer to either kind of
+// call brings direct decisions back at once.
 //
 // # Spending a lease
 //

@@ -630,9 +630,8 @@ func (c *Client) apply(r callResult, retryAt, backoff *int64) {
 	done, failed := r.items[:len(r.res)], r.items[len(r.res):]
 	if len(done) > 0 {
 		c.accepted()
-		if !c.online.Swap(true) {
-			c.cfg.Logger.Info("ratelease: lease servers answer again")
-		}
+		c.leasesOnline.Store(true)
+		c.takesOnline()
 		c.makeRoom(done, r.res)
 		for i, p := range done {
 			c.applyOne(p, &r.res[i], r.sent, now)
@@ -667,13 +666,13 @@ func (c *Client) apply(r callResult, retryAt, backoff *int64) {
 		}
 		return
 	}
-	c.online.Store(false)
-	// Direct decisions go to the fallback until then, without a call each.
-	c.directRetryAt.Store(*retryAt)
+	// Decisions no longer wait for leases; they go on by direct takes,
+	// which judge the servers by their own calls (see Client.online).
+	c.leasesOnline.Store(false)
 	c.noteServerError(r.err)
 	for _, p := range failed {
 		if p.want > 0 {
-			p.ks.notify() // waiters decide by the fallback now
+			p.ks.notify() // waiters decide without the lease now
 		}
 	}
 }

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -441,4 +442,86 @@ func TestSlowShapedLeaseTTL(t *testing.T) {
 	tb := grant(2 * time.Hour)
 	tb[0].Algorithm = "token_bucket"
 	require.ErrorIs(t, validateResults(req, tb), ErrServerResponse, "a lease TTL is an hour at most")
+}
+
+// TestLeaseCallFailureKeepsTakes: lease calls that fail (503) while the
+// server answers every direct take send no direct decision to the
+// fallback: each path judges the servers by its own calls. The old client
+// went offline at the settle loop's failure, and the fallback (closed
+// here) decided the direct keys' decisions until a probe; with the loop
+// failing again and again, it decided nearly all of them (1,779 of 1,828
+// in two seconds, in a run before the fix).
+func TestLeaseCallFailureKeepsTakes(t *testing.T) {
+	url, _ := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
+		if len(req.Leases) > 0 {
+			return http.StatusServiceUnavailable, protocol.Problem{Title: "unavailable", Status: http.StatusServiceUnavailable}
+		}
+		return allowAnswer(req)
+	})
+	var failures atomic.Int64
+	c, err := New(Config{Servers: []string{url}, LeaseMinTokens: 1, Fallback: FallbackClosed,
+		OnServerError: func(error) { failures.Add(1) }})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	require.Eventually(t, func() bool {
+		c.Allow(context.Background(), "hot") // promoted, its lease call fails
+		return failures.Load() > 0
+	}, 5*time.Second, time.Millisecond)
+	bySource := map[Source]int{}
+	for i := range 300 {
+		d := c.Allow(context.Background(), fmt.Sprintf("d:%d", i))
+		bySource[d.Source]++
+	}
+	t.Logf("after a failed lease call: %v; %d failed calls", bySource, failures.Load())
+	assert.Equal(t, map[Source]int{SourceDirect: 300}, bySource, "every decision taken by the server that answers takes")
+	assert.Zero(t, c.Stats().FallbackDecisions)
+	assert.False(t, c.Stats().Online, "lease calls go unanswered")
+}
+
+// TestSpentLeaseNoFallbackWhenTakesFail: a key whose lease is spent out
+// but still ours until its deadline, whose renewal failed, is decided by
+// a direct take; when that take fails too, the decision is denied until
+// the lease's deadline, as offline decides, and the fallback (open here)
+// does not add to the lease's tokens.
+func TestSpentLeaseNoFallbackWhenTakesFail(t *testing.T) {
+	var down atomic.Bool
+	url, _ := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
+		if down.Load() {
+			return http.StatusServiceUnavailable, protocol.Problem{Title: "unavailable", Status: http.StatusServiceUnavailable}
+		}
+		status, v := allowAnswer(req)
+		out := v.(protocol.LeaseResponse)
+		for i := range out.Leases {
+			if out.Leases[i].Granted > 0 {
+				out.Leases[i].TTLMillis = 60_000 // the deadline stays ahead for the whole test
+			}
+		}
+		return status, out
+	})
+	var failures atomic.Int64
+	c, err := New(Config{Servers: []string{url}, LeaseMinTokens: 1, InitialBatch: 2, MaxBatch: 2,
+		Fallback: FallbackOpen, MaxRetryWait: 20 * time.Millisecond,
+		OnServerError: func(error) { failures.Add(1) }})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	require.Eventually(t, func() bool {
+		return c.Allow(context.Background(), "k").Source == SourceLease
+	}, 5*time.Second, time.Millisecond, "leased")
+	down.Store(true)
+	bySource := map[Source]int{}
+	decide := func() {
+		if d := c.Allow(context.Background(), "k"); d.Allowed {
+			bySource[d.Source]++
+		}
+	}
+	// Spend the lease out; its renewal fails.
+	require.Eventually(t, func() bool { decide(); return failures.Load() > 0 }, 5*time.Second, time.Millisecond)
+	for range 500 {
+		decide()
+	}
+	st := c.Stats()
+	t.Logf("allowed, by source: %v; stats %+v", bySource, st)
+	assert.Zero(t, bySource[SourceFallback], "the fallback added to a lease still ours")
+	assert.LessOrEqual(t, bySource[SourceLease], 2)
+	assert.Positive(t, st.DirectDecisions-1, "decided by direct takes once the renewal failed")
 }
