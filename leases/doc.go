@@ -173,7 +173,8 @@
 // window whose rule changed its period counts the leases of the old rule
 // still open until they end, and its keys live as long as they do; a key
 // whose rule changed its algorithm keeps the state of each, in both stores
-// (TestRuleChange*). The
+// (storetest.RunRuleChange, on every store; TestRuleChange* for the keys'
+// TTLs and the two stores' answers compared). The
 // hash's TTL is set with half again of slack, and the Redis time it runs
 // to is kept beside x; a write whose need it still covers leaves it
 // running, so a renewal runs EVALSHA, TIME, HMGET and HSET, and a PEXPIRE

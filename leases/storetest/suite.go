@@ -112,6 +112,7 @@ func Run(t *testing.T, newStore Factory, opts Options) {
 	t.Run("RetryAfterWaitsForLeases", func(t *testing.T) { testRetryAfterLeases(t, newFixture(t, newStore)) })
 	t.Run("TakeAndRefund", func(t *testing.T) { testTakeRefund(t, newFixture(t, newStore)) })
 	t.Run("RuleChangeKeepsBound", func(t *testing.T) { testRuleChange(t, newFixture(t, newStore)) })
+	t.Run("RuleChange", func(t *testing.T) { RunRuleChange(t, newStore) })
 	t.Run("ConcurrentBound", func(t *testing.T) { testConcurrentBound(t, newFixture(t, newStore), opts.ConcurrentTicks) })
 	t.Run("UnsettledExpiryKeepsBound", func(t *testing.T) { testUnsettledExpiry(t, newFixture(t, newStore)) })
 	t.Run("UnsettledExpiriesInOrder", func(t *testing.T) { testExpiriesInOrder(t, newFixture(t, newStore)) })
