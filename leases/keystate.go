@@ -33,14 +33,22 @@ type LimitState struct {
 	State BucketState
 }
 
-// KeyState returns a snapshot of key: its rule and, for each of the rule's
-// limits, the store's BucketState. It changes nothing. A key that matches no
-// rule has no limits (Unlimited tells whether the default allows it). A
-// store failure returns an error wrapping the store's (ErrStoreUnavailable,
-// ErrClosed).
+// KeyState returns a snapshot of key: its rule (its override when it has
+// one, as Lease and Take decide it) and, for each of the rule's limits, the
+// store's BucketState. It changes nothing. A key that matches no rule has
+// no limits (Unlimited tells whether the default allows it). A failure of
+// the store or of the overrides' lookup returns an error wrapping theirs
+// (ErrStoreUnavailable, ErrClosed).
 func (e *Engine) KeyState(ctx context.Context, key string) (KeyState, error) {
 	out := KeyState{Key: key}
-	r, ok := e.policy.Match(key)
+	var over map[string]*Rule
+	if e.overrides != nil {
+		var err error
+		if over, err = e.lookupOverrides(ctx, []string{key}); err != nil {
+			return KeyState{}, fmt.Errorf("leases: state of key %q: %w", key, err)
+		}
+	}
+	r, ok := matchKey(e.policy, over, key)
 	if !ok {
 		out.Unlimited = e.policy.Default() == DefaultAllow
 		return out, nil

@@ -63,7 +63,23 @@ func TestOverridesBeatThePolicy(t *testing.T) {
 	assert.Contains(t, err.Error(), `override of key "k"`)
 	assert.Contains(t, err.Error(), "period")
 
+	// KeyState (behind GET /v1/keys/{key} and `ratelease key show`)
+	// reports the override too; it reported the policy's rule, a bucket
+	// of 100 for a key limited to 2.
+	ks, err := e.KeyState(ctx, "user:*vip")
+	require.NoError(t, err)
+	require.NotNil(t, ks.Rule)
+	assert.Equal(t, leases.OverrideRuleName, ks.Rule.Name)
+	require.Len(t, ks.Limits, 1)
+	assert.EqualValues(t, 2, ks.Limits[0].Bucket.Burst)
+	assert.EqualValues(t, 2, ks.Limits[0].State.Outstanding, "the override's bucket, with its lease")
+	ks, err = e.KeyState(ctx, "user:1")
+	require.NoError(t, err)
+	assert.Equal(t, "per-user", ks.Rule.Name)
+
 	src.err = leases.ErrStoreUnavailable
 	_, _, err = e.Lease(ctx, leases.Owner{Client: "c", Process: "p"}, []leases.LeaseAsk{{Key: "user:3", Want: 1}})
 	assert.True(t, errors.Is(err, leases.ErrStoreUnavailable))
+	_, err = e.KeyState(ctx, "user:3")
+	assert.ErrorIs(t, err, leases.ErrStoreUnavailable, "a lookup error fails KeyState: no rule is reported that may not be the key's")
 }

@@ -224,4 +224,19 @@ func TestKeyShow(t *testing.T) {
 	for _, field := range []string{`"holders": 2`, `"next_token_ms": `, `"full_ms": `} {
 		assert.Contains(t, out, field)
 	}
+
+	// A key with an override shows the override, as its decisions use it
+	// (it showed the per-user rule, a bucket of 100 for a key limited to
+	// 10).
+	_, stderr, err = ratelease(t, url, "override", "set", "user:2", "--limit", "5", "--period", "1s", "--burst", "10")
+	require.NoError(t, err, stderr)
+	out, stderr, err = ratelease(t, url, "key", "show", "user:2")
+	require.NoError(t, err, stderr)
+	ks = protocol.KeyStateResponse{}
+	require.NoError(t, json.Unmarshal([]byte(out), &ks), out)
+	require.NotNil(t, ks.Rule, out)
+	assert.Equal(t, "override", ks.Rule.Name)
+	require.Len(t, ks.Limits, 1)
+	assert.EqualValues(t, 5, ks.Limits[0].Limit)
+	assert.EqualValues(t, 10, ks.Limits[0].Burst)
 }
