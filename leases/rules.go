@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/ratelease/ratelease/protocol"
@@ -46,6 +47,9 @@ const (
 	// MinPeriod is the shortest period a rule may set.
 	MinPeriod = time.Millisecond
 )
+
+// MaxRuleNameBytes is the longest rule name, in bytes.
+const MaxRuleNameBytes = 128
 
 // MaxLimitsPerRule is the most limits one rule may hold (the protocol's,
 // which clients check answers against).
@@ -89,8 +93,10 @@ func (l *Limit) Bucket(ttl time.Duration) Bucket {
 // rules of a Policy always carry their limits in Limits, with defaults
 // filled in, and the shorthand fields zero.
 type Rule struct {
-	// Name identifies the rule in responses, metrics and errors. Required
-	// and unique.
+	// Name identifies the rule in responses, metrics, logs, errors and the
+	// admin API's paths. Required and unique: 1 to MaxRuleNameBytes (128)
+	// bytes of UTF-8 without control characters (Unicode category Cc: NUL,
+	// tab, newline, ESC, DEL, U+0080 to U+009F), as keys are.
 	Name string
 	// Match is the glob pattern of the keys this rule governs: '*' matches
 	// any run of characters, '?' one character, '\' escapes. Required and
@@ -245,8 +251,11 @@ func (r Rule) withDefaults() Rule {
 // returns an error that names the rule and the field.
 func (r *Rule) Validate() error {
 	name := r.Name
-	if name == "" {
+	switch {
+	case name == "":
 		name = fmt.Sprintf("(match %q)", r.Match)
+	case len(name) > MaxRuleNameBytes:
+		name = fmt.Sprintf("%.32s...", name) // not echoed whole: it may be megabytes
 	}
 	fail := func(field, format string, args ...any) error {
 		return fmt.Errorf("%w: rule %q: %s: %s", ErrInvalidRules, name, field, fmt.Sprintf(format, args...))
@@ -258,6 +267,15 @@ func (r *Rule) Validate() error {
 		// A name labels metrics, which take UTF-8 only: a rule of the rule
 		// database may come from a percent-encoded path or from Redis.
 		return fail("name", "is not valid UTF-8")
+	}
+	if len(r.Name) > MaxRuleNameBytes {
+		return fail("name", "is %d bytes; a rule name is at most %d", len(r.Name), MaxRuleNameBytes)
+	}
+	if i := strings.IndexFunc(r.Name, unicode.IsControl); i >= 0 {
+		// A name labels metrics, goes into logs and names an admin API
+		// path: a newline, a NUL or an escape sequence has no place there.
+		c, _ := utf8.DecodeRuneInString(r.Name[i:])
+		return fail("name", "holds the control character %U at byte %d; a rule name is printable text", c, i)
 	}
 	if err := validGlob(r.Match); err != nil {
 		return fail("match", "%v", err)

@@ -129,35 +129,51 @@ func TestPolicyErrors(t *testing.T) {
 	}
 }
 
-// TestRuleNameUTF8 is the regression test of a rule name that is not
-// UTF-8 (FuzzStoredItem found it: the rule database took one from a
-// percent-encoded admin path, and every decision on the rule's keys then
-// panicked labelling its metrics). Validation refuses such a name, and
-// only such a name.
-func TestRuleNameUTF8(t *testing.T) {
+// TestRuleName is the regression test of two findings about rule names.
+// FuzzStoredItem found a name that is not UTF-8 (the rule database took one
+// from a percent-encoded admin path, and every decision on the rule's keys
+// then panicked labelling its metrics). A later fuzz pass left a name with
+// a control character (a newline, a NUL, ESC, DEL, the C1 controls) or of
+// any length, where a name labels metrics, goes into logs and names an
+// admin API path. Validation refuses such names, naming the fault without
+// echoing a long name whole, and only such names: one of MaxRuleNameBytes
+// is taken.
+func TestRuleName(t *testing.T) {
 	tests := []struct {
-		name  string
-		rule  string
-		valid bool
+		name string
+		rule string
+		want string // in the error; "" when valid
 	}{
-		{"ascii", "per-user", true},
-		{"non-ascii", "日本-ü", true},
-		{"replacement character sent as such", "\uFFFD", true},
-		{"invalid byte", "a\xff", false},
-		{"truncated sequence", "a\xe50\x7f", false},
-		{"overlong", "\xc0\xaf", false},
-		{"utf-8 encoded surrogate", "\xed\xa0\x80", false},
-		{"beyond U+10FFFF", "\xf4\x90\x80\x80", false},
+		{"ascii", "per-user", ""},
+		{"non-ascii", "日本-ü", ""},
+		{"printable", "per-user: ok é", ""},
+		{"replacement character sent as such", "\uFFFD", ""},
+		{"longest", strings.Repeat("é", MaxRuleNameBytes/2), ""},
+		{"invalid byte", "a\xff", "name: is not valid UTF-8"},
+		{"truncated sequence", "a\xe50\x7f", "name: is not valid UTF-8"},
+		{"overlong", "\xc0\xaf", "name: is not valid UTF-8"},
+		{"utf-8 encoded surrogate", "\xed\xa0\x80", "name: is not valid UTF-8"},
+		{"beyond U+10FFFF", "\xf4\x90\x80\x80", "name: is not valid UTF-8"},
+		{"newline", "a\nb", `rule "a\nb": name: holds the control character U+000A at byte 1`},
+		{"carriage return", "a\r", "U+000D at byte 1"},
+		{"NUL", "\x00", "U+0000 at byte 0"},
+		{"tab", "a\tb", "U+0009 at byte 1"},
+		{"ESC", "red\x1b[31m", "U+001B at byte 3"},
+		{"DEL", "a\x7f", "U+007F at byte 1"},
+		{"C1 control", "é\u0085", "U+0085 at byte 2"},
+		{"one byte too long", strings.Repeat("a", MaxRuleNameBytes+1), "name: is 129 bytes; a rule name is at most 128"},
+		{"far too long", strings.Repeat("\n", 1<<20), "name: is 1048576 bytes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := NewPolicy(RuleSet{Rules: []Rule{{Name: tt.rule, Match: "x:*", Limit: 1, Period: time.Second}}})
-			if tt.valid {
+			if tt.want == "" {
 				require.NoError(t, err)
 				return
 			}
 			require.ErrorIs(t, err, ErrInvalidRules)
-			assert.Contains(t, err.Error(), "name: is not valid UTF-8")
+			assert.Contains(t, err.Error(), tt.want)
+			assert.Less(t, len(err.Error()), 400, "the error does not echo a long name whole")
 			_, err = NewOverrideRule("k", Rule{Name: tt.rule, Limit: 1, Period: time.Second})
 			assert.NoError(t, err, "an override's name is always OverrideRuleName")
 		})

@@ -22,7 +22,10 @@ import (
 // escape, so that "user:\xff*" would be stored as another pattern than the
 // one sent). What it decodes must encode to a body that decodes to the same, and
 // the rule database's validation must refuse it with ErrInvalidRules or
-// compile it to rules within their bounds.
+// compile it to rules within their bounds (a rule or client named by the
+// body's name, as the path must then be, or "r" and "c"): no accepted rule
+// name holds a control character or is longer than
+// leases.MaxRuleNameBytes.
 func FuzzAdminBody(f *testing.F) {
 	h := sha("t")
 	for _, s := range []string{
@@ -51,18 +54,28 @@ func FuzzAdminBody(f *testing.F) {
 		`{"match":"user:\ufffd*","limit":1,"period":"1s"}`,
 		"{\"match\":\"user:\uFFFD*\",\"limit\":1,\"period\":\"1s\"}",
 		`{"MATCH":"user:*","Limit":1,"period":"1s"}`,
+		`{"name":"a\nb","match":"user:*","limit":1,"period":"1s"}`,
+		`{"name":"\u001b[2J\u0085\u0000","match":"user:*","limit":1,"period":"1s"}`,
+		`{"name":"` + strings.Repeat("n", leases.MaxRuleNameBytes) + `","match":"user:*","limit":1,"period":"1s"}`,
+		`{"name":"` + strings.Repeat("n", leases.MaxRuleNameBytes+1) + `","match":"user:*","limit":1,"period":"1s"}`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var rule protocol.AdminRule
 		if decodedAdmin(t, body, &rule) {
-			rule.Name = "r"
+			// A body's name must equal the path's, which the handler
+			// then uses: any string, as a percent-encoded path holds.
+			if rule.Name == "" {
+				rule.Name = "r"
+			}
 			checkSnapshot(t, body, &ruleSetSnapshot{rules: []protocol.AdminRule{rule}})
 		}
 		var c protocol.AdminClient
 		if decodedAdmin(t, body, &c) {
-			c.Name = "c"
+			if c.Name == "" {
+				c.Name = "c"
+			}
 			checkSnapshot(t, body, &ruleSetSnapshot{clients: []protocol.AdminClient{c}})
 		}
 		var st protocol.AdminSettings

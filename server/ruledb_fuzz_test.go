@@ -18,7 +18,8 @@ import (
 // number before the '|'. An item read must either be refused by
 // validation (an error wrapping leases.ErrInvalidRules) or compile to
 // rules within their documented bounds (checkPolicy): never a negative
-// limit, a zero period, a name that is not UTF-8. An override must be
+// limit, a zero period, a name that is not UTF-8, holds a control
+// character or is longer than leases.MaxRuleNameBytes. An override must be
 // refused or be a rule within the same bounds that matches its key and
 // no other.
 func FuzzStoredItem(f *testing.F) {
@@ -39,6 +40,11 @@ func FuzzStoredItem(f *testing.F) {
 		{"r", `3|{"match":"a:*","limit":10,"period":"1s","reserve":{"critical":-0.5,"nope":2}}`},
 		{"\xff", `3|{"match":"a:*","limit":10,"period":"1s"}`},
 		{"", `3|{"match":"a:*","limit":10,"period":"1s"}`},
+		{"a\nb", `3|{"match":"a:*","limit":10,"period":"1s"}`},
+		{"\x00", `3|{"match":"a:*","limit":10,"period":"1s"}`},
+		{"\x1b[2J\u0085", `3|{"match":"a:*","limit":10,"period":"1s"}`},
+		{strings.Repeat("n", leases.MaxRuleNameBytes), `3|{"match":"a:*","limit":10,"period":"1s"}`},
+		{strings.Repeat("n", leases.MaxRuleNameBytes+1), `3|{"match":"a:*","limit":10,"period":"1s"}`},
 		{"r", "3|{\"match\":\"a:\xff*\",\"limit\":10,\"period\":\"1s\"}"},
 		{"r", `3|{"match":"a:\ud800*","limit":10,"period":"1s"}`},
 		{"c", `3|{"token_sha256":"` + h + `","keys":["*"]}`},

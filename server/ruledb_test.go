@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -279,25 +280,35 @@ func TestRuleDBFailedWriteChangesNothing(t *testing.T) {
 	assert.Equal(t, int64(100), f.ruleLimit("", "per-user"))
 }
 
-// TestRuleDBRuleNameNotUTF8 is the regression test of a rule name that is
-// not UTF-8, which FuzzStoredItem found: the admin API took one from a
-// percent-encoded path (PUT /v1/admin/rules/%FF), and every decision on
-// the rule's keys then panicked (a 500) labelling the rule's metrics. Such
-// a name is refused with 422 and stores nothing; one written behind the
-// API's back leaves the rules in force, which keep serving.
-func TestRuleDBRuleNameNotUTF8(t *testing.T) {
+// TestRuleDBRuleNameRefused is the regression test of two findings about
+// rule names. FuzzStoredItem found a name that is not UTF-8: the admin API
+// took one from a percent-encoded path (PUT /v1/admin/rules/%FF), and every
+// decision on the rule's keys then panicked (a 500) labelling the rule's
+// metrics. A later fuzz pass left a name with a control character, or of
+// any length: PUT /v1/admin/rules/a%0Ab stored the rule "a\nb", whose name
+// then labelled metrics and went into logs. Such names are refused with
+// 422 invalid_rule naming the fault, and store nothing; one written behind
+// the API's back leaves the rules in force, which keep serving, /readyz
+// says why, and the admin API can still read and delete it.
+func TestRuleDBRuleNameRefused(t *testing.T) {
 	rs := redistest.Start(t)
 	f := newDBFixture(t, rs, Options{DBCheckInterval: 50 * time.Millisecond})
 	require.Equal(t, http.StatusOK, f.admin(http.MethodPut, protocol.PathAdminRules+"/ok", "", protocol.AdminRule{Match: "ok:*", Limit: 3, Period: "1s"}).status)
 	rdb := rs.Client(t)
 	ctx := context.Background()
 	tests := []struct {
-		name, path string
+		name, path, detail string
 	}{
-		{"invalid byte", "%FF"},
-		{"after ASCII", "bad%FE"},
-		{"overlong", "%C0%AF"},
-		{"encoded surrogate", "%ED%A0%80"},
+		{"invalid byte", "%FF", "name: is not valid UTF-8"},
+		{"after ASCII", "bad%FE", "name: is not valid UTF-8"},
+		{"overlong", "%C0%AF", "name: is not valid UTF-8"},
+		{"encoded surrogate", "%ED%A0%80", "name: is not valid UTF-8"},
+		{"newline", "a%0Ab", "name: holds the control character U+000A at byte 1"},
+		{"NUL", "%00", "name: holds the control character U+0000 at byte 0"},
+		{"ESC", "x%1B%5B2J", "name: holds the control character U+001B at byte 1"},
+		{"DEL", "x%7F", "name: holds the control character U+007F at byte 1"},
+		{"C1 control", "%C2%85", "name: holds the control character U+0085 at byte 0"},
+		{"too long", strings.Repeat("n", leases.MaxRuleNameBytes+1), "name: is 129 bytes; a rule name is at most 128"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -305,7 +316,7 @@ func TestRuleDBRuleNameNotUTF8(t *testing.T) {
 			require.Equal(t, http.StatusUnprocessableEntity, r.status, "body: %s", r.body)
 			p := r.problem(t)
 			assert.Equal(t, protocol.CodeInvalidRule, p.Code)
-			assert.Contains(t, p.Detail, "name: is not valid UTF-8")
+			assert.Contains(t, p.Detail, tt.detail)
 			n, err := rdb.HLen(ctx, DefaultRuleDBPrefix+"rules").Result()
 			require.NoError(t, err)
 			assert.EqualValues(t, 1, n, "nothing was stored")
@@ -313,18 +324,38 @@ func TestRuleDBRuleNameNotUTF8(t *testing.T) {
 			require.Equal(t, http.StatusOK, c.status, "body: %s", c.body)
 		})
 	}
+	long := strings.Repeat("n", leases.MaxRuleNameBytes)
+	r := f.admin(http.MethodPut, protocol.PathAdminRules+"/"+long, "", protocol.AdminRule{Match: "long:*", Limit: 4, Period: "1s"})
+	require.Equal(t, http.StatusOK, r.status, "the longest name is taken; body: %s", r.body)
+	assert.Equal(t, int64(4), f.ruleLimit("", long))
 
 	// Behind the API's back: the set is invalid, the rules in force serve.
-	require.NoError(t, rdb.HSet(ctx, DefaultRuleDBPrefix+"rules", "bad\xff", `99|{"match":"bad:*","limit":5,"period":"1s"}`).Err())
-	require.NoError(t, rdb.Incr(ctx, DefaultRuleDBPrefix+"setversion").Err())
-	require.NoError(t, rdb.Publish(ctx, DefaultRuleDBPrefix+"changes", "x").Err())
-	within(t, time.Second, "readyz detail", func() bool {
-		r := f.do(http.MethodGet, protocol.PathReadyz, "", "", nil)
-		return r.status == http.StatusOK && strings.Contains(string(r.body), "is not valid UTF-8")
-	})
-	c := f.postJSON(protocol.PathCheck, "", protocol.CheckRequest{Keys: []string{"bad:1", "ok:1"}})
-	require.Equal(t, http.StatusOK, c.status, "body: %s", c.body)
-	assert.Equal(t, int64(3), f.ruleLimit("", "ok"), "the rules in force still serve")
+	for _, stored := range []struct{ name, detail string }{
+		{"bad\xff", "is not valid UTF-8"},
+		{"bad\nname", "control character U+000A"},
+	} {
+		require.NoError(t, rdb.HSet(ctx, DefaultRuleDBPrefix+"rules", stored.name, `99|{"match":"bad:*","limit":5,"period":"1s"}`).Err())
+		require.NoError(t, rdb.Incr(ctx, DefaultRuleDBPrefix+"setversion").Err())
+		require.NoError(t, rdb.Publish(ctx, DefaultRuleDBPrefix+"changes", "x").Err())
+		within(t, time.Second, "readyz detail", func() bool {
+			r := f.do(http.MethodGet, protocol.PathReadyz, "", "", nil)
+			return r.status == http.StatusOK && strings.Contains(string(r.body), stored.detail)
+		})
+		c := f.postJSON(protocol.PathCheck, "", protocol.CheckRequest{Keys: []string{"bad:1", "ok:1"}})
+		require.Equal(t, http.StatusOK, c.status, "body: %s", c.body)
+		assert.Equal(t, int64(3), f.ruleLimit("", "ok"), "the rules in force still serve")
+		assert.Zero(t, f.ruleLimit("", stored.name))
+
+		path := protocol.PathAdminRules + "/" + url.PathEscape(stored.name)
+		r := f.admin(http.MethodGet, path, "", nil)
+		require.Equal(t, http.StatusOK, r.status, "the admin reads it; body: %s", r.body)
+		r = f.admin(http.MethodDelete, path, "", nil)
+		require.Equal(t, http.StatusNoContent, r.status, "the admin deletes it; body: %s", r.body)
+		within(t, time.Second, "readyz clean", func() bool {
+			r := f.do(http.MethodGet, protocol.PathReadyz, "", "", nil)
+			return r.status == http.StatusOK && !strings.Contains(string(r.body), stored.detail)
+		})
+	}
 }
 
 // TestRuleDBAdminBodyMalformed is the regression test of what

@@ -60,6 +60,10 @@ type RulesFile struct {
 // limit gives it in algorithm, limit, period and burst; a rule with several
 // gives them in limits, and a request needs all of them.
 type RuleConfig struct {
+	// Name identifies the rule in answers, metrics, logs and the admin
+	// API's paths: required, unique, and 1 to leases.MaxRuleNameBytes (128)
+	// bytes of UTF-8 without control characters (no tab, newline, NUL, ESC,
+	// DEL or U+0080 to U+009F).
 	Name      string           `yaml:"name"`
 	Match     string           `yaml:"match"`
 	Algorithm leases.Algorithm `yaml:"algorithm"`

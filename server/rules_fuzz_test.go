@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
@@ -57,6 +58,11 @@ var rulesFileSeeds = []string{
 	"rules:\n  - {name: a, match: \"a:*\", limit: 1, period: 1s}\n  - {name: b, match: \"a:*\", limit: 1, period: 1s}\n",
 	"rules:\n  - {name: a, match: \"a\\\\\", limit: 1, period: 1s}\n",
 	"rules:\n  - {name: \"\\0\", match: \"\\x01*\", limit: 1, period: 1s}\n",
+	"rules:\n  - {name: \"a\\nb\", match: \"a:*\", limit: 1, period: 1s}\n",
+	"rules:\n  - {name: \"\\e[2J\\u0085\", match: \"a:*\", limit: 1, period: 1s}\n",
+	"rules:\n  - name: |\n      two\n      lines\n    match: \"a:*\"\n    limit: 1\n    period: 1s\n",
+	"rules:\n  - {name: " + strings.Repeat("n", leases.MaxRuleNameBytes) + ", match: \"a:*\", limit: 1, period: 1s}\n",
+	"rules:\n  - {name: " + strings.Repeat("n", leases.MaxRuleNameBytes+1) + ", match: \"a:*\", limit: 1, period: 1s}\n",
 	"rules:\n  - {name: a, match: \"a:*\", limit: 1, period: 1s, typo: 1}\n",
 	"rules:\n  - {name: a, match: \"a:*\", limit: [1], period: {x: 1}}\n",
 	"rules: {name: a}\n",
@@ -77,7 +83,8 @@ var rulesFileSeeds = []string{
 
 // FuzzParseRules feeds arbitrary rules files to ParseRules: it must never
 // panic, and an error must wrap leases.ErrInvalidRules. A file it accepts
-// must compile to rules within the bounds leases.Rule documents (every
+// must compile to rules within the bounds leases.Rule documents (names of
+// at most leases.MaxRuleNameBytes without control characters, every
 // limit 1 to protocol.MaxCount tokens per MinPeriod to MaxPeriod, a lease
 // TTL of 1ms to MaxLeaseTTL, soft 0 to MaxSoft, reserve shares 0 to 1),
 // unique rule names and patterns, clients with valid names and keys, and
@@ -212,6 +219,9 @@ func checkPolicy(t *testing.T, r *Rules) {
 			t.Fatalf("rule %+v: empty or duplicate name or match", rl)
 		}
 		names[rl.Name], matches[rl.Match] = true, true
+		if len(rl.Name) > leases.MaxRuleNameBytes || strings.IndexFunc(rl.Name, unicode.IsControl) >= 0 {
+			t.Fatalf("rule name %q: longer than %d bytes or holds a control character", rl.Name, leases.MaxRuleNameBytes)
+		}
 		for _, s := range []string{rl.Name, rl.Match, rl.Elastic} {
 			if !utf8.ValidString(s) {
 				t.Fatalf("rule %+v: %q is not UTF-8", rl, s)
