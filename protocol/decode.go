@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"reflect"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -78,7 +79,10 @@ func decodeStrict(body []byte, v any) error {
 // DecodeAdmin decodes the body of an admin API PUT (an AdminRule,
 // AdminClient, AdminOverride or AdminSettings), one JSON value and nothing
 // after it but whitespace, into v. An unknown field is an error
-// (CodeInvalidJSON), so that a typo is reported rather than ignored. As for
+// (CodeInvalidJSON), so that a typo is reported rather than ignored; so are
+// a field name in another case than its own ("LIMIT" for "limit", which
+// encoding/json takes) and a name given twice in one object (encoding/json
+// keeps the last), each named with where it is (see exactFieldNames). As for
 // DecodeLeaseRequest, the body must be valid UTF-8 and its strings must not
 // escape a lone UTF-16 surrogate (CodeInvalidUTF8): encoding/json would
 // decode either silently into U+FFFD, and store, say, the pattern
@@ -103,7 +107,7 @@ func DecodeAdmin(body []byte, v any) error {
 			return loneSurrogateProblem(body, off)
 		}
 	}
-	return nil
+	return exactFieldNames(body, reflect.TypeOf(v))
 }
 
 // invalidUTF8Problem is the problem of a body whose byte at off starts no

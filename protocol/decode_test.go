@@ -155,6 +155,19 @@ func TestDecodeAdmin(t *testing.T) {
 		{name: "stray bracket", body: `{"match":"a:*"}]`, code: CodeInvalidJSON, detail: "after the JSON value"},
 		{name: "garbage", body: `{"match":"a:*"}garbage`, code: CodeInvalidJSON, detail: "after the JSON value"},
 		{name: "unknown field", body: `{"match":"a:*","limt":5}`, code: CodeInvalidJSON, detail: `unknown field "limt"`},
+		// Field names are exact and given once (encoding/json takes
+		// "LIMIT" for "limit", and the last of two).
+		{name: "upper-case field", body: `{"MATCH":"a:*"}`, code: CodeInvalidJSON, detail: `the field "MATCH" is not "match": field names are case-sensitive`},
+		{name: "mixed-case field", body: `{"match":"a:*","Limit":1000}`, code: CodeInvalidJSON, detail: `the field "Limit" is not "limit"`},
+		{name: "folded field", body: `{"match":"a:*","ſhadow":true}`, code: CodeInvalidJSON, detail: `the field "ſhadow" is not "shadow"`},
+		{name: "escaped upper-case field", body: `{"match":"a:*","\u004cimit":1}`, code: CodeInvalidJSON, detail: `the field "Limit" is not "limit"`},
+		{name: "nested case", body: `{"match":"a:*","limits":[{"limit":1,"period":"1s"},{"limit":2,"PERIOD":"1h"}]}`, code: CodeInvalidJSON, detail: `limits[1]: the field "PERIOD" is not "period"`},
+		{name: "duplicate field", body: `{"match":"a:*","limit":1,"limit":1000}`, code: CodeInvalidJSON, detail: `the field "limit" is given twice: send each field once`},
+		{name: "duplicate by escape", body: `{"match":"a:*","limit":1,"\u006cimit":1000}`, code: CodeInvalidJSON, detail: `the field "limit" is given twice`},
+		{name: "duplicate null", body: `{"match":"a:*","match":null}`, code: CodeInvalidJSON, detail: `the field "match" is given twice`},
+		{name: "nested duplicate", body: `{"match":"a:*","limits":[{"limit":1,"period":"1s","limit":9}]}`, code: CodeInvalidJSON, detail: `limits[0]: the field "limit" is given twice`},
+		{name: "duplicate map key", body: `{"match":"a:*","reserve":{"critical":0.1,"critical":0.9}}`, code: CodeInvalidJSON, detail: `reserve: the key "critical" is given twice`},
+		{name: "map keys of other case", body: `{"match":"a:*","reserve":{"critical":0.1,"CRITICAL":0.2}}`, match: "a:*"},
 		{name: "empty", body: ``, code: CodeInvalidJSON, detail: "EOF"},
 		{name: "truncated", body: `{"match":`, code: CodeInvalidJSON, detail: "EOF"},
 	}

@@ -334,7 +334,9 @@ func (r *reader) element(dst *string) bool {
 }
 
 // seen records field bit in *mask, and reports false when it was there
-// already.
+// already. The hand-written decoders give each field a bit; DecodeAdmin's
+// check of field names (exactFieldNames) gives a struct's fields their
+// index.
 func seen(mask *uint32, bit uint32) bool {
 	if *mask&bit != 0 {
 		return false

@@ -38,7 +38,9 @@ const AdminPrincipal = "admin"
 //	GET|PUT /v1/admin/settings         the rule set's settings: its default (protocol.AdminSettings)
 //
 // A malformed prefix, cursor or limit of the override listing gets 400
-// invalid_query.
+// invalid_query. A PUT body with an unknown field, a field name in another
+// case than its own ("LIMIT") or a field given twice gets 400 invalid_json
+// naming it (protocol.DecodeAdmin), and changes nothing.
 // PUT and DELETE honour If-Match ("<version>" from an ETag, or *) and PUT
 // If-None-Match: *; a stale one gets 412 precondition_failed and changes
 // nothing. A rule or client change that would leave the rule set invalid

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -16,7 +17,9 @@ import (
 // FuzzAdminBody feeds arbitrary bodies to the decoding of the admin API's
 // PUTs (a rule, a client, an override, the settings). It must never
 // panic; a body it refuses gets a 4xx problem. A body it accepts must be
-// one JSON value and nothing after it, valid UTF-8, and decode to what it
+// one JSON value and nothing after it, valid UTF-8, name each member of an
+// object once and every field exactly as its JSON name (encoding/json
+// takes "LIMIT" for "limit", and the last of two), and decode to what it
 // says: no string holds a U+FFFD the body did not send (encoding/json
 // puts one, silently, for a byte that is not UTF-8 or a lone surrogate
 // escape, so that "user:\xff*" would be stored as another pattern than the
@@ -54,6 +57,13 @@ func FuzzAdminBody(f *testing.F) {
 		`{"match":"user:\ufffd*","limit":1,"period":"1s"}`,
 		"{\"match\":\"user:\uFFFD*\",\"limit\":1,\"period\":\"1s\"}",
 		`{"MATCH":"user:*","Limit":1,"period":"1s"}`,
+		`{"match":"user:*","limit":1,"period":"1s","limit":1000}`,
+		`{"match":"user:*","limit":1,"\u006cimit":1000,"period":"1s"}`,
+		`{"match":"user:*","limits":[{"limit":1,"PERIOD":"1s"}]}`,
+		`{"match":"user:*","limit":1,"period":"1s","reserve":{"critical":0.1,"critical":0.9}}`,
+		`{"match":"user:*","limit":1,"period":"1s","ſhadow":true}`,
+		`{"token_sha256":"` + h + `","Keys":["*"],"keys":["a:*"]}`,
+		`{"DEFAULT":"deny"}`,
 		`{"name":"a\nb","match":"user:*","limit":1,"period":"1s"}`,
 		`{"name":"\u001b[2J\u0085\u0000","match":"user:*","limit":1,"period":"1s"}`,
 		`{"name":"` + strings.Repeat("n", leases.MaxRuleNameBytes) + `","match":"user:*","limit":1,"period":"1s"}`,
@@ -123,6 +133,19 @@ func decodedAdmin(t *testing.T, body []byte, v any) bool {
 	if err != nil {
 		t.Fatalf("%T: marshal %+v: %v", v, v, err)
 	}
+	// Field names are exact and given once: each member the body sets is
+	// in the re-encoding, by its name.
+	tree, err := jsonTree(json.NewDecoder(bytes.NewReader(body)))
+	if err != nil {
+		t.Fatalf("%T: accepted %q: %v", v, body, err)
+	}
+	var got any
+	if err := json.Unmarshal(enc, &got); err != nil {
+		t.Fatalf("%T: re-encoded %q: %v", v, enc, err)
+	}
+	if where := missingMember(tree, got, ""); where != "" {
+		t.Fatalf("%T: accepted %q, decoded as %s: its member %s is not there by that name", v, body, enc, where)
+	}
 	again := reflect.New(reflect.TypeOf(v).Elem()).Interface()
 	if p := decodeAdminBody(enc, again); p != nil {
 		t.Fatalf("%T: re-encoded %q is refused: %v", v, enc, p)
@@ -179,4 +202,97 @@ func stringsOf(v reflect.Value) []string {
 		return out
 	}
 	return nil
+}
+
+// jsonTree reads the next JSON value from dec as json.Unmarshal into an
+// any would, numbers as json.Number, and fails on an object that names a
+// member twice.
+func jsonTree(dec *json.Decoder) (any, error) {
+	dec.UseNumber()
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, err
+	}
+	switch tok {
+	case json.Delim('{'):
+		obj := map[string]any{}
+		for dec.More() {
+			name, err := dec.Token()
+			if err != nil {
+				return nil, err
+			}
+			k := name.(string)
+			if _, dup := obj[k]; dup {
+				return nil, fmt.Errorf("member %q given twice", k)
+			}
+			if obj[k], err = jsonTree(dec); err != nil {
+				return nil, err
+			}
+		}
+		_, err = dec.Token()
+		return obj, err
+	case json.Delim('['):
+		arr := []any{}
+		for dec.More() {
+			el, err := jsonTree(dec)
+			if err != nil {
+				return nil, err
+			}
+			arr = append(arr, el)
+		}
+		_, err = dec.Token()
+		return arr, err
+	}
+	return tok, nil
+}
+
+// missingMember returns where (a path) a member of sent whose value is
+// not empty (null, false, zero, "", [] or {}) is missing from got at the
+// same place, or "".
+func missingMember(sent, got any, path string) string {
+	switch s := sent.(type) {
+	case map[string]any:
+		g, _ := got.(map[string]any)
+		for k, v := range s {
+			if isEmptyJSON(v) {
+				continue
+			}
+			gv, ok := g[k]
+			if !ok {
+				return fmt.Sprintf("%s%q", path, k)
+			}
+			if where := missingMember(v, gv, fmt.Sprintf("%s%q.", path, k)); where != "" {
+				return where
+			}
+		}
+	case []any:
+		g, _ := got.([]any)
+		for i, v := range s {
+			if i < len(g) {
+				if where := missingMember(v, g[i], fmt.Sprintf("%s[%d].", path, i)); where != "" {
+					return where
+				}
+			}
+		}
+	}
+	return ""
+}
+
+func isEmptyJSON(v any) bool {
+	switch v := v.(type) {
+	case nil:
+		return true
+	case bool:
+		return !v
+	case string:
+		return v == ""
+	case json.Number:
+		f, err := v.Float64()
+		return err == nil && f == 0
+	case []any:
+		return len(v) == 0
+	case map[string]any:
+		return len(v) == 0
+	}
+	return false
 }

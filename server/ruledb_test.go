@@ -363,7 +363,9 @@ func TestRuleDBRuleNameRefused(t *testing.T) {
 // lone surrogate, or holds data after its JSON value was taken (the
 // pattern "user:\xff*" stored as "user:\uFFFD*"; "{...}{...}" as its
 // first object). Each is refused now, 422 invalid_utf8 or 400
-// invalid_json, and stores nothing.
+// invalid_json, and stores nothing; so are a field name in another case
+// than its own ("LIMIT" for "limit") and a field given twice, which
+// encoding/json took (the earlier fuzz pass's finding).
 func TestRuleDBAdminBodyMalformed(t *testing.T) {
 	rs := redistest.Start(t)
 	f := newDBFixture(t, rs, Options{})
@@ -379,6 +381,11 @@ func TestRuleDBAdminBodyMalformed(t *testing.T) {
 		{"override after a second object", protocol.PathAdminOverrides + "/user:1", `{"limit":1,"period":"1s"}{"limit":1000}`, protocol.CodeInvalidJSON},
 		{"rule with trailing data", protocol.PathAdminRules + "/r", `{"match":"a:*","limit":1,"period":"1s"}0`, protocol.CodeInvalidJSON},
 		{"settings with a stray bracket", protocol.PathAdminSettings, `{"default":"deny"}]`, protocol.CodeInvalidJSON},
+		{"rule with an upper-case field", protocol.PathAdminRules + "/r", `{"match":"a:*","LIMIT":1,"period":"1s"}`, protocol.CodeInvalidJSON},
+		{"rule with a field twice", protocol.PathAdminRules + "/r", `{"match":"a:*","limit":1,"period":"1s","limit":1000}`, protocol.CodeInvalidJSON},
+		{"client with a capitalised field", protocol.PathAdminClients + "/c", `{"token_sha256":"` + sha("t") + `","Keys":["*"]}`, protocol.CodeInvalidJSON},
+		{"override with a field twice", protocol.PathAdminOverrides + "/user:1", `{"limit":1,"period":"1s","period":"1h"}`, protocol.CodeInvalidJSON},
+		{"settings with an upper-case field", protocol.PathAdminSettings, `{"DEFAULT":"deny"}`, protocol.CodeInvalidJSON},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
