@@ -161,7 +161,11 @@ func commonCharCost(a, b *globToken) int {
 	case b.kind == globAny:
 		return charCost(a)
 	case a.r == b.r:
-		return charCost(a)
+		// Both must match the character: a literal no key may hold
+		// matches none, whatever the other's (an invalid byte decodes to
+		// U+FFFD as a valid U+FFFD does, a lone trailing '\' to '\' as an
+		// escaped one does).
+		return max(charCost(a), charCost(b))
 	default:
 		return noKey
 	}

@@ -100,6 +100,15 @@ func TestGlobsIntersect(t *testing.T) {
 		{"", "", false},
 		{"", "*", false},
 		{"", "a", false},
+		// A literal no key may hold matches nothing, whatever the other
+		// side's literal that decodes to the same rune (FuzzShortestCommonKey's
+		// symmetry: an invalid byte decodes to U+FFFD, a lone trailing '\' to
+		// '\', and one order said 3 and 1 bytes).
+		{"\uFFFD", "\xff", false},
+		{"*\uFFFD", "\xff*", false},
+		{`a\`, `a\\`, false},
+		{"\uFFFD", "\uFFFD", true},
+		{"\uFFFD", "?", true},
 	}
 	for _, tt := range tests {
 		assert.Equal(t, tt.want, globsIntersect(tt.a, tt.b), "%q ∩ %q", tt.a, tt.b)
