@@ -96,7 +96,8 @@ type Rule struct {
 	// Name identifies the rule in responses, metrics, logs, errors and the
 	// admin API's paths. Required and unique: 1 to MaxRuleNameBytes (128)
 	// bytes of UTF-8 without control characters (Unicode category Cc: NUL,
-	// tab, newline, ESC, DEL, U+0080 to U+009F), as keys are.
+	// tab, newline, ESC, DEL, U+0080 to U+009F), as keys are. A Policy's
+	// rule may not be named OverrideRuleName.
 	Name string
 	// Match is the glob pattern of the keys this rule governs: '*' matches
 	// any run of characters, '?' one character, '\' escapes. Required and
@@ -439,6 +440,12 @@ func NewPolicy(rs RuleSet) (*Policy, error) {
 			return nil, err
 		}
 		r = r.withDefaults()
+		if r.Name == OverrideRuleName {
+			// The name of every per-key override (see NewOverrideRule):
+			// a rule by that name would share their metrics and look like
+			// one in every answer.
+			return nil, fmt.Errorf("%w: rule %q: name: is the name of per-key overrides; choose another", ErrInvalidRules, r.Name)
+		}
 		if names[r.Name] {
 			return nil, fmt.Errorf("%w: rule %q: name: used by more than one rule", ErrInvalidRules, r.Name)
 		}

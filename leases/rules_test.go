@@ -107,6 +107,7 @@ func TestPolicyErrors(t *testing.T) {
 		{"negative burst", RuleSet{Rules: []Rule{{Name: "a", Match: "x", Limit: 1, Period: sec, Burst: -1}}}, `rule "a": burst`},
 		{"long ttl", RuleSet{Rules: []Rule{{Name: "a", Match: "x", Limit: 1, Period: sec, LeaseTTL: 2 * time.Hour}}}, `rule "a": lease_ttl`},
 		{"no name", RuleSet{Rules: []Rule{{Match: "x", Limit: 1, Period: sec}}}, `rule "(match \"x\")": name: is required`},
+		{"override's name", RuleSet{Rules: []Rule{{Name: OverrideRuleName, Match: "x", Limit: 1, Period: sec}}}, `rule "override": name: is the name of per-key overrides`},
 		{"dup name", RuleSet{Rules: []Rule{{Name: "a", Match: "x", Limit: 1, Period: sec}, {Name: "a", Match: "y", Limit: 1, Period: sec}}}, `rule "a": name: used by more than one rule`},
 		{"unknown algorithm", RuleSet{Rules: []Rule{{Name: "a", Match: "x", Algorithm: "magic", Limit: 1, Period: sec}}}, `rule "a": algorithm: unknown algorithm "magic"`},
 		{"bad default", RuleSet{Default: "maybe"}, `default: "maybe" must be allow or deny`},

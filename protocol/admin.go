@@ -41,8 +41,9 @@ type AdminSettings struct {
 type AdminRule struct {
 	// Name identifies the rule; in a PUT it may be left out, and must
 	// otherwise equal the name in the path. It is 1 to 128 bytes of UTF-8
-	// without control characters (leases.MaxRuleNameBytes; a rule set with
-	// another name is refused, 422 invalid_rule).
+	// without control characters, and not "override", the name of every
+	// per-key override (leases.MaxRuleNameBytes, leases.OverrideRuleName;
+	// a rule set with another name is refused, 422 invalid_rule).
 	Name string `json:"name"`
 	// Match is the glob pattern of the keys the rule governs.
 	Match string `json:"match"`

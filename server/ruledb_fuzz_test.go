@@ -128,7 +128,11 @@ func FuzzStoredItem(f *testing.F) {
 		if r.Name != leases.OverrideRuleName {
 			t.Fatalf("override rule named %q", r.Name)
 		}
-		p, err := leases.NewPolicy(leases.RuleSet{Default: leases.DefaultDeny, Rules: []leases.Rule{*r}})
+		// Compiled as a policy's rule (renamed: a policy's rule may not
+		// take the overrides' name), to check what it matches.
+		asRule := *r
+		asRule.Name = "as-a-rule"
+		p, err := leases.NewPolicy(leases.RuleSet{Default: leases.DefaultDeny, Rules: []leases.Rule{asRule}})
 		if err != nil {
 			t.Fatalf("override rule %+v does not compile: %v", r, err)
 		}
