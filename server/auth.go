@@ -44,7 +44,7 @@ func (s *Server) authed(h apiHandler) http.HandlerFunc {
 		}
 		c := st.rules.authenticate(token)
 		if c == nil {
-			unauthorized(w, "the bearer token is not the token of any client of the rules file")
+			unauthorized(w, "the bearer token is not the token of any client of "+s.rulesSource())
 			return
 		}
 		h(w, r, st, c)
@@ -90,10 +90,25 @@ func (s *Server) metricsAuth(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-func forbidden(who *principal, key, where string) *protocol.Problem {
+// forbidden is the problem of a key outside the caller's patterns, at
+// where in the request.
+func (s *Server) forbidden(who *principal, key, where string) *protocol.Problem {
+	fix := "change the client's keys in the rules file"
+	if s.db != nil {
+		fix = fmt.Sprintf("change the client's keys in the rule database (PUT %s/%s)", protocol.PathAdminClients, who.name)
+	}
 	return protocol.NewProblem(protocol.CodeForbidden, fmt.Sprintf(
-		"%s: client %q may not use key %q: its key patterns are %q; change the client's keys in the rules file",
-		where, who.name, key, who.keys))
+		"%s: client %q may not use key %q: its key patterns are %q; %s",
+		where, who.name, key, who.keys, fix))
+}
+
+// rulesSource names where the rules in force come from, for the messages
+// that tell a caller what to change.
+func (s *Server) rulesSource() string {
+	if s.db != nil {
+		return "the rule database"
+	}
+	return "the rules file"
 }
 
 // authRequired reports whether callers must present a bearer token.

@@ -107,5 +107,5 @@ clients:
     keys: ["user:*"]
 `))
 	fmt.Println(err)
-	// Output: invalid rules: client "checkout": token_sha256: is 10 characters; it must be the 64 hex digits of the token's SHA-256: compute it with printf %s "$TOKEN" | sha256sum
+	// Output: invalid rules: client "checkout": token_sha256: is 10 characters; it must be the 64 hex digits of the token's SHA-256: compute it with printf %s "$TOKEN" | sha256sum | cut -d' ' -f1
 }

@@ -44,7 +44,7 @@ func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
 	}
 	body := statusBody{Status: "ok"}
 	if err := s.ReloadError(); err != nil {
-		body.Detail = fmt.Sprintf("the last reload of the rules file failed; the rules in force (version %s) still serve: %v", s.Rules().Version(), err)
+		body.Detail = fmt.Sprintf("the last reload of %s failed; the rules in force (version %s) still serve: %v", s.rulesSource(), s.Rules().Version(), err)
 	}
 	writeJSON(w, http.StatusOK, body)
 }

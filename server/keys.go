@@ -21,7 +21,7 @@ func (s *Server) handleKeyState(w http.ResponseWriter, r *http.Request, st *stat
 		return
 	}
 	if !who.may(key) {
-		writeProblem(w, forbidden(who, key, "key"))
+		writeProblem(w, s.forbidden(who, key, "key"))
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.opts.StoreTimeout)

@@ -51,7 +51,7 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 		idx = make([]int, 0, len(entries))
 		for i, e := range entries {
 			if !who.may(e.Key) {
-				results[i] = protocol.LeaseResult{Key: e.Key, Slot: e.Slot, Error: forbidden(who, e.Key, fmt.Sprintf("leases[%d]", i))}
+				results[i] = protocol.LeaseResult{Key: e.Key, Slot: e.Slot, Error: s.forbidden(who, e.Key, fmt.Sprintf("leases[%d]", i))}
 				continue
 			}
 			permitted = append(permitted, e)
@@ -148,7 +148,7 @@ func (s *Server) takes(w http.ResponseWriter, r *http.Request, st *state, who *p
 		permitted, idx = make([]protocol.CheckRequest, 0, len(takes)), make([]int, 0, len(takes))
 		for i, t := range takes {
 			if j := slices.IndexFunc(t.Keys, func(k string) bool { return !who.may(k) }); j >= 0 {
-				out[i] = protocol.CheckResponse{Error: forbidden(who, t.Keys[j], fmt.Sprintf("takes[%d].keys[%d]", i, j))}
+				out[i] = protocol.CheckResponse{Error: s.forbidden(who, t.Keys[j], fmt.Sprintf("takes[%d].keys[%d]", i, j))}
 				continue
 			}
 			permitted = append(permitted, t)
@@ -232,7 +232,7 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request, st *state, 
 	}
 	for i, k := range req.Keys {
 		if !who.may(k) {
-			writeProblem(w, forbidden(who, k, fmt.Sprintf("keys[%d]", i)))
+			writeProblem(w, s.forbidden(who, k, fmt.Sprintf("keys[%d]", i)))
 			return
 		}
 	}

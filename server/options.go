@@ -155,7 +155,7 @@ type Options struct {
 
 	// MetricsTokenSHA256, when set, is the hex SHA-256 of a bearer token
 	// that GET /metrics requires ("Authorization: Bearer <token>"; compute
-	// it with `printf %s "$TOKEN" | sha256sum`): a scrape without it gets
+	// it with `printf %s "$TOKEN" | sha256sum | cut -d' ' -f1`): a scrape without it gets
 	// 401. Empty leaves /metrics open, as it is by default. The clients of
 	// the rules file do not apply to /metrics: a scraper is not a client.
 	MetricsTokenSHA256 string
@@ -255,7 +255,7 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.AdminTokenSHA256 != "" {
 		if b, err := hex.DecodeString(o.AdminTokenSHA256); err != nil || len(b) != sha256.Size {
-			return o, fmt.Errorf("server: Options.AdminTokenSHA256 is not 64 hex digits: give the SHA-256 of the token, printf %%s \"$TOKEN\" | sha256sum")
+			return o, fmt.Errorf("server: Options.AdminTokenSHA256 is not 64 hex digits: give the SHA-256 of the token, printf %%s \"$TOKEN\" | sha256sum | cut -d' ' -f1")
 		}
 	}
 	if o.AdminName == "" {
@@ -269,7 +269,7 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.MetricsTokenSHA256 != "" {
 		if b, err := hex.DecodeString(o.MetricsTokenSHA256); err != nil || len(b) != sha256.Size {
-			return o, fmt.Errorf("server: Options.MetricsTokenSHA256 is not 64 hex digits: give the SHA-256 of the token, printf %%s \"$TOKEN\" | sha256sum")
+			return o, fmt.Errorf("server: Options.MetricsTokenSHA256 is not 64 hex digits: give the SHA-256 of the token, printf %%s \"$TOKEN\" | sha256sum | cut -d' ' -f1")
 		}
 	}
 	return o, nil

@@ -479,7 +479,14 @@ func TestRuleDBAdminAuth(t *testing.T) {
 	assert.Equal(t, http.StatusUnauthorized, f.postJSON(protocol.PathCheck, "", protocol.CheckRequest{Keys: []string{"user:1"}}).status)
 	assert.True(t, f.check(alphaToken, "user:1").Allowed)
 	// The admin token is no client token.
-	assert.Equal(t, http.StatusUnauthorized, f.postJSON(protocol.PathCheck, adminToken, protocol.CheckRequest{Keys: []string{"user:1"}}).status)
+	r = f.postJSON(protocol.PathCheck, adminToken, protocol.CheckRequest{Keys: []string{"user:1"}})
+	assert.Equal(t, http.StatusUnauthorized, r.status)
+	// What to change is in the rule database: there is no rules file.
+	assert.Contains(t, r.problem(t).Detail, "any client of the rule database")
+	r = f.postJSON(protocol.PathCheck, alphaToken, protocol.CheckRequest{Keys: []string{"api:1"}})
+	require.Equal(t, http.StatusForbidden, r.status)
+	assert.Contains(t, r.problem(t).Detail, "in the rule database (PUT /v1/admin/clients/alpha)")
+	assert.NotContains(t, r.problem(t).Detail, "rules file")
 
 	// The list shows the client; GET by name has an ETag.
 	r = f.admin(http.MethodGet, protocol.PathAdminClients, "", nil)

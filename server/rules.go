@@ -39,7 +39,7 @@ const maxClientNameBytes = 64
 //	      - {limit: 100, period: 1h}
 //	clients:
 //	  - name: checkout
-//	    token_sha256: "<64 hex digits: printf %s "$TOKEN" | sha256sum>"
+//	    token_sha256: "<64 hex digits: printf %s "$TOKEN" | sha256sum | cut -d' ' -f1>"
 //	    keys: ["user:*", "api:*"]
 //
 // Unknown fields are an error, so that a typo is reported rather than
@@ -268,7 +268,7 @@ type ClientConfig struct {
 	Name string `yaml:"name"`
 	// TokenSHA256 is the SHA-256 of the client's bearer token, as 64 hex
 	// digits. The token itself is never stored; compute the hash with
-	// `printf %s "$TOKEN" | sha256sum`.
+	// `printf %s "$TOKEN" | sha256sum | cut -d' ' -f1`.
 	TokenSHA256 string `yaml:"token_sha256"`
 	// Keys are the glob patterns of the keys the client may lease and
 	// check, with the syntax of rule patterns (see leases.ValidateGlob); at
@@ -353,7 +353,7 @@ func compileClients(cfgs []ClientConfig) ([]principal, error) {
 		}
 		names[c.Name] = true
 		if len(c.TokenSHA256) != hex.EncodedLen(sha256.Size) {
-			return nil, fail("token_sha256", "is %d characters; it must be the %d hex digits of the token's SHA-256: compute it with printf %%s \"$TOKEN\" | sha256sum",
+			return nil, fail("token_sha256", "is %d characters; it must be the %d hex digits of the token's SHA-256: compute it with printf %%s \"$TOKEN\" | sha256sum | cut -d' ' -f1",
 				len(c.TokenSHA256), hex.EncodedLen(sha256.Size))
 		}
 		var cl principal
