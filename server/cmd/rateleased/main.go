@@ -10,7 +10,7 @@
 // set:
 //
 //	-listen               RATELEASED_LISTEN               address to listen on (default 127.0.0.1:8080)
-//	-rules                RATELEASED_RULES                rules file; empty: no rules, every key unlimited
+//	-rules                RATELEASED_RULES                rules file; empty: with -redis, the rule database; else no rules
 //	-redis                RATELEASED_REDIS                redis:// or rediss:// URL; empty: memory store
 //	-redis-cluster        RATELEASED_REDIS_CLUSTER        the -redis URL names a Redis Cluster
 //	-own-keys             RATELEASED_OWN_KEYS             with -redis, own hot keys' token buckets and decide them from memory (default true)
@@ -23,7 +23,7 @@
 //	-max-keys-per-client  RATELEASED_MAX_KEYS_PER_CLIENT  keys one client may hold leases on through this server (default 100000; negative: no cap)
 //	-tls-cert             RATELEASED_TLS_CERT             certificate file (PEM): serve HTTPS; needs -tls-key
 //	-tls-key              RATELEASED_TLS_KEY              private key file (PEM) of -tls-cert
-//	-metrics-token-sha256 RATELEASED_METRICS_TOKEN_SHA256 hex SHA-256 of the bearer token GET /metrics requires; empty: open
+//	-metrics-token-sha256 RATELEASED_METRICS_TOKEN_SHA256 hex SHA-256 of the bearer token GET /metrics and /status require; empty: open
 //	-admin-token-sha256   RATELEASED_ADMIN_TOKEN_SHA256   hex SHA-256 of the bootstrap admin's token; needs -redis
 //	-admin-name           RATELEASED_ADMIN_NAME           the bootstrap admin's name in the change log (default admin)
 //	-debug-addr           RATELEASED_DEBUG_ADDR           loopback address serving net/http/pprof (/debug/pprof/); empty: none
@@ -42,7 +42,8 @@
 //
 //	-check     validate the -rules file: exit 0 with a one-line summary on
 //	           stdout, or 1 with the rule or client and field at fault on
-//	           stderr; starts no server and needs no Redis
+//	           stderr, or 2 without -rules (a usage error, as a bad flag
+//	           is); starts no server and needs no Redis
 //	-version   print the module version, VCS revision and Go version
 //	           (from the binary's build information) and exit 0
 //

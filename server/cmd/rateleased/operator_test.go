@@ -53,8 +53,8 @@ func TestCheck(t *testing.T) {
 		wantCode int
 		want     []string // in stdout when 0, in stderr and the error otherwise
 	}{
-		{"examples/rules.yaml", []string{"-rules", "../../../examples/rules.yaml"}, 0, []string{"is valid", "rules", "default allow"}},
-		{"examples/rules-auth.yaml", []string{"-rules", "../../../examples/rules-auth.yaml"}, 0, []string{"is valid", "1 clients"}},
+		{"examples/rules.yaml", []string{"-rules", "../../../examples/rules.yaml"}, 0, []string{"is valid", "rules", "0 clients", "default allow"}},
+		{"examples/rules-auth.yaml", []string{"-rules", "../../../examples/rules-auth.yaml"}, 0, []string{"is valid", " 1 client, "}},
 		{"bad burst", []string{"-rules", write("rules:\n  - {name: per-user, match: \"user:*\", limit: 100, period: 1s, burst: -4}\n")}, 1, []string{`rule "per-user"`, "burst"}},
 		{"bad period", []string{"-rules", write("rules:\n  - {name: slow, match: \"a:*\", limit: 1, period: -1s}\n")}, 1, []string{`rule "slow"`, "period"}},
 		{"not YAML", []string{"-rules", write("rules: [")}, 1, []string{"yaml"}},

@@ -176,9 +176,17 @@ func checkRules(path string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "rateleased: %v\n", err)
 		return fmt.Errorf("%w: %w", errInvalidRules, err)
 	}
-	fmt.Fprintf(stdout, "rules file %s is valid: %d rules, %d clients, default %s, version %s\n",
-		path, len(r.Policy().Rules()), len(r.Clients()), r.Policy().Default(), r.Version()[:12])
+	fmt.Fprintf(stdout, "rules file %s is valid: %s, %s, default %s, version %s\n",
+		path, count(len(r.Policy().Rules()), "rule"), count(len(r.Clients()), "client"), r.Policy().Default(), r.Version()[:12])
 	return nil
+}
+
+// count returns n and noun, plural unless n is 1: "1 client", "0 clients".
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
 }
 
 // serve opens the store, builds the server and runs it.
@@ -400,7 +408,7 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 	fs.StringVar(&cfg.listen, "listen", str("RATELEASED_LISTEN", "127.0.0.1:8080"),
 		"`address` to listen on; a non-loopback address needs clients in the rules file or -insecure (env RATELEASED_LISTEN)")
 	fs.StringVar(&cfg.rules, "rules", str("RATELEASED_RULES", ""),
-		"rules `file` (YAML), reloaded when it changes; empty: no rules, every key unlimited (env RATELEASED_RULES)")
+		"rules `file` (YAML), reloaded when it changes (file mode); empty: with -redis, the rule database in that Redis (database mode), without it no rules, every key unlimited (env RATELEASED_RULES)")
 	fs.StringVar(&cfg.redisURL, "redis", str("RATELEASED_REDIS", ""),
 		"Redis `URL` (redis:// or rediss://) to share buckets across servers; empty: in-memory store (env RATELEASED_REDIS)")
 	fs.BoolVar(&cfg.redisCluster, "redis-cluster", boolean("RATELEASED_REDIS_CLUSTER"),
@@ -424,7 +432,7 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 	fs.StringVar(&cfg.tlsKey, "tls-key", str("RATELEASED_TLS_KEY", ""),
 		"private key `file` (PEM) of -tls-cert (env RATELEASED_TLS_KEY)")
 	fs.StringVar(&cfg.metricsToken, "metrics-token-sha256", str("RATELEASED_METRICS_TOKEN_SHA256", ""),
-		"hex SHA-256 of a bearer `token` that GET /metrics then requires (printf %s \"$TOKEN\" | sha256sum); empty: /metrics is open (env RATELEASED_METRICS_TOKEN_SHA256)")
+		"hex SHA-256 of a bearer `token` that GET /metrics and GET /status then require (printf %s \"$TOKEN\" | sha256sum | cut -d' ' -f1); empty: both are open (env RATELEASED_METRICS_TOKEN_SHA256)")
 	fs.StringVar(&cfg.adminToken, "admin-token-sha256", str("RATELEASED_ADMIN_TOKEN_SHA256", ""),
 		"hex SHA-256 of the bootstrap admin's bearer `token`, which the admin API (/v1/admin/...) accepts besides the tokens of admin clients (admin: true); needs -redis (the rule database); empty: admin clients only (env RATELEASED_ADMIN_TOKEN_SHA256)")
 	fs.StringVar(&cfg.adminName, "admin-name", str("RATELEASED_ADMIN_NAME", server.AdminPrincipal),
@@ -432,7 +440,7 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 	fs.StringVar(&cfg.debugAddr, "debug-addr", str("RATELEASED_DEBUG_ADDR", ""),
 		"loopback `address` (such as 127.0.0.1:6060) to serve net/http/pprof on, under /debug/pprof/, apart from the API; empty: none (env RATELEASED_DEBUG_ADDR)")
 	fs.BoolVar(&cfg.check, "check", false,
-		"validate the -rules file and exit: 0 with a summary, 1 with the rule and field at fault; starts no server and needs no Redis")
+		"validate the -rules file and exit: 0 with a summary, 1 with the rule and field at fault, 2 without -rules (a usage error); starts no server and needs no Redis")
 	fs.BoolVar(&cfg.version, "version", false,
 		"print the version, VCS revision and Go version, and exit")
 	fs.DurationVar(&cfg.shutdownTimeout, "shutdown-timeout", duration("RATELEASED_SHUTDOWN_TIMEOUT", server.DefaultShutdownTimeout),
@@ -476,12 +484,12 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 	}
 	if cfg.metricsToken != "" {
 		if b, err := hex.DecodeString(cfg.metricsToken); err != nil || len(b) != sha256.Size {
-			return config{}, usageError(fs, errors.New("-metrics-token-sha256: want 64 hex digits, the SHA-256 of the token: printf %s \"$TOKEN\" | sha256sum"))
+			return config{}, usageError(fs, errors.New("-metrics-token-sha256: want 64 hex digits, the SHA-256 of the token: printf %s \"$TOKEN\" | sha256sum | cut -d' ' -f1"))
 		}
 	}
 	if cfg.adminToken != "" {
 		if b, err := hex.DecodeString(cfg.adminToken); err != nil || len(b) != sha256.Size {
-			return config{}, usageError(fs, errors.New("-admin-token-sha256: want 64 hex digits, the SHA-256 of the token: printf %s \"$TOKEN\" | sha256sum"))
+			return config{}, usageError(fs, errors.New("-admin-token-sha256: want 64 hex digits, the SHA-256 of the token: printf %s \"$TOKEN\" | sha256sum | cut -d' ' -f1"))
 		}
 		if cfg.redisURL == "" {
 			return config{}, usageError(fs, errors.New("-admin-token-sha256 needs -redis: the admin API edits the rule database in Redis"))
