@@ -12,12 +12,15 @@
 //
 // # Routes
 //
-//	POST /v1/leases   acquire, renew and return leases (protocol.LeaseRequest)
-//	POST /v1/check    one all-or-nothing decision (protocol.CheckRequest)
-//	GET  /v1/rules    the rules the caller's key patterns reach, and those patterns (protocol.RulesResponse)
-//	GET  /healthz     the process is alive
-//	GET  /readyz      the store answers and the server is not shutting down; a failed rules reload is in its detail
-//	GET  /metrics     Prometheus metrics (Options.MetricsTokenSHA256 may require a token)
+//	POST /v1/leases      acquire, renew and return leases (protocol.LeaseRequest)
+//	POST /v1/check       one all-or-nothing decision (protocol.CheckRequest)
+//	GET  /v1/rules       the rules the caller's key patterns reach, and those patterns (protocol.RulesResponse)
+//	GET  /v1/keys/{key}  a key's rule and, per limit, its state (protocol.KeyStateResponse; see "The operator's view")
+//	GET  /healthz        the process is alive
+//	GET  /readyz         the store answers and the server is not shutting down; a failed rules reload is in its detail
+//	GET  /metrics        Prometheus metrics (Options.MetricsTokenSHA256 may require a token)
+//	GET  /status         the status page of the fleet (guarded like /metrics; see "The operator's view")
+//	/v1/admin/...        the admin API: rules, clients, overrides, changes, settings (see "The rule database and the admin API")
 //
 // Every error is an RFC 9457 application/problem+json body
 // (protocol.Problem) with a stable code, including unknown routes (404) and
@@ -94,7 +97,8 @@
 // file reload does.
 //
 // The admin API (/v1/admin/rules, /v1/admin/clients, /v1/admin/overrides,
-// /v1/admin/changes; see adminRoutes in admin.go) needs an admin's token:
+// /v1/admin/changes, /v1/admin/settings; see adminRoutes in admin.go)
+// needs an admin's token:
 // the bootstrap admin's (Options.AdminTokenSHA256, named
 // Options.AdminName, "admin" by default) or that of a client of the rules
 // in force with admin: true, named by its client name, so that several
@@ -155,9 +159,16 @@
 // request_duration_seconds{route,code} (each
 // request counted once: its _count is the request count),
 // store_latency_seconds{op}, store_errors_total{op}, rules_loaded,
+// rules_info{version} (always 1: the version of the rules in force),
 // rules_reloads_total{result}, rules_last_reload_success (0 while the file
 // on disk failed to load and older rules serve),
-// build_info{version,revision,goversion} (see ReadBuild), and, when
+// rule_decisions_total{rule,result} (see "The operator's view"),
+// shadow_denials_total (entries and checks of shadow rules admitted though
+// their limits denied), elastic_borrows_total (entries and checks of
+// elastic rules their pool served),
+// build_info{version,revision,goversion} (see ReadBuild), and, in database
+// mode, override_lookups_total, override_cache_misses_total and
+// override_cache_entries (the override cache; dbmode.go), and, when
 // Options.Store is a leases.OwningStore (rateleased -own-keys),
 // owned_buckets, owned_takes_total and ownerships_total{event}
 // (owningmetrics.go), and, when Options.Peers counts its commands (a
