@@ -7,7 +7,7 @@
 // Start a lease server with the example rules, then the program:
 //
 //	go run ./server/cmd/rateleased -rules examples/rules.yaml
-//	go run ./examples/budget -server http://127.0.0.1:8080 -workers 8 -clients 2
+//	go run ./examples/budget -servers http://127.0.0.1:8080 -workers 8 -clients 2
 //
 // -workers goroutines call the payments service as fast as the budget lets
 // them for -duration. With -clients above 1 they use that many separate
@@ -76,12 +76,12 @@ type config struct {
 func parseFlags(args []string, out io.Writer) (config, error) {
 	fs := flag.NewFlagSet("budget", flag.ContinueOnError)
 	fs.SetOutput(out)
-	server := fs.String("server", cmp.Or(os.Getenv("RATELEASE_SERVER"), "http://127.0.0.1:8080"), "lease server URLs, comma-separated (env RATELEASE_SERVER)")
+	servers := fs.String("servers", cmp.Or(os.Getenv("RATELEASE_SERVER"), "http://127.0.0.1:8080"), "lease server URLs, comma-separated (env RATELEASE_SERVER)")
 	token := fs.String("token", os.Getenv("RATELEASE_TOKEN"), "bearer token for the lease servers (env RATELEASE_TOKEN)")
 	workers := fs.Int("workers", 8, "goroutines calling the payments service")
 	clients := fs.Int("clients", 1, "separate Clients the workers are spread over, as separate processes would be")
 	duration := fs.Duration("duration", 3*time.Second, "how long the workers run")
-	wait := fs.Bool("wait", true, "block in Wait until admitted; false: Allow, and sleep the RetryAfter when denied")
+	wait := fs.Bool("wait", true, "block in Limiter.Wait until admitted; false: ask Limiter.Decide, and sleep the RetryAfter when denied")
 	rate := fs.Float64("rate", 50, "the payments rule's rate per second, for the check of the bound")
 	burst := fs.Int("burst", 50, "the payments rule's burst, for the check of the bound")
 	if err := fs.Parse(args); err != nil {
@@ -95,7 +95,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 			*workers, *duration, *rate, *burst, *clients)
 	}
 	return config{
-		servers: strings.Split(*server, ","), token: *token, workers: *workers, clients: *clients,
+		servers: strings.Split(*servers, ","), token: *token, workers: *workers, clients: *clients,
 		duration: *duration, wait: *wait, rate: *rate, burst: *burst,
 	}, nil
 }

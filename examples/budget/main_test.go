@@ -43,7 +43,7 @@ func TestRun(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			start := time.Now()
-			require.NoError(t, run(ctx, append(tt.args, "-server", srv.URL(), "-duration", "800ms"), &out))
+			require.NoError(t, run(ctx, append(tt.args, "-servers", srv.URL(), "-duration", "800ms"), &out))
 			elapsed := time.Since(start)
 			t.Logf("\n%s", out.String())
 
@@ -106,7 +106,7 @@ func TestRunUnauthorized(t *testing.T) {
 			var out bytes.Buffer
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			err := run(ctx, append(tt.args, "-server", srv.URL(), "-duration", "200ms"), &out)
+			err := run(ctx, append(tt.args, "-servers", srv.URL(), "-duration", "200ms"), &out)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), "unauthorized: check -token")
 			assert.NotContains(t, err.Error(), "is a lease server running")
@@ -114,7 +114,7 @@ func TestRunUnauthorized(t *testing.T) {
 	}
 	// The right token works.
 	var out bytes.Buffer
-	require.NoError(t, run(context.Background(), []string{"-server", srv.URL(), "-duration", "200ms", "-token", "dev-token-change-me"}, &out))
+	require.NoError(t, run(context.Background(), []string{"-servers", srv.URL(), "-duration", "200ms", "-token", "dev-token-change-me"}, &out))
 }
 
 func TestVerdict(t *testing.T) {

@@ -4,7 +4,7 @@
 // Start a lease server with the example rules, then the program:
 //
 //	go run ./server/cmd/rateleased -rules examples/rules.yaml
-//	go run ./examples/httpclient -server http://127.0.0.1:8080
+//	go run ./examples/httpclient -servers http://127.0.0.1:8080
 //
 // It starts an upstream of its own (an httptest server on 127.0.0.1) and
 // wraps an http.Client with Client.Transport, keyed "host:" + the request's
@@ -70,7 +70,7 @@ type config struct {
 func parseFlags(args []string, out io.Writer) (config, error) {
 	fs := flag.NewFlagSet("httpclient", flag.ContinueOnError)
 	fs.SetOutput(out)
-	server := fs.String("server", cmp.Or(os.Getenv("RATELEASE_SERVER"), "http://127.0.0.1:8080"), "lease server URLs, comma-separated (env RATELEASE_SERVER)")
+	servers := fs.String("servers", cmp.Or(os.Getenv("RATELEASE_SERVER"), "http://127.0.0.1:8080"), "lease server URLs, comma-separated (env RATELEASE_SERVER)")
 	token := fs.String("token", os.Getenv("RATELEASE_TOKEN"), "bearer token for the lease servers (env RATELEASE_TOKEN)")
 	requests := fs.Int("requests", 200, "requests to send")
 	duration := fs.Duration("duration", 2*time.Second, "time to spread the requests over")
@@ -84,7 +84,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	if *requests < 1 || *workers < 1 || *duration <= 0 {
 		return config{}, fmt.Errorf("-requests (%d), -workers (%d) and -duration (%v) must be positive", *requests, *workers, *duration)
 	}
-	return config{servers: strings.Split(*server, ","), token: *token, requests: *requests, duration: *duration, workers: *workers}, nil
+	return config{servers: strings.Split(*servers, ","), token: *token, requests: *requests, duration: *duration, workers: *workers}, nil
 }
 
 // hostKey is the key of a request: "host:" and its host name, without the

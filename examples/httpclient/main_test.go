@@ -45,7 +45,7 @@ func runAgainst(t *testing.T, rulesFile string, args ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	start := time.Now()
-	args = append([]string{"-server", srv.URL(), "-duration", "1s", "-requests", "100", "-workers", "3"}, args...)
+	args = append([]string{"-servers", srv.URL(), "-duration", "1s", "-requests", "100", "-workers", "3"}, args...)
 	require.NoError(t, run(ctx, args, &out))
 	elapsed := time.Since(start)
 	t.Logf("\n%s", out.String())

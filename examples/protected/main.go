@@ -162,7 +162,10 @@ func run(ctx context.Context, args []string, stdout io.Writer, ready func(addr s
 		return err
 	}
 	srv := &http.Server{Handler: api, ReadHeaderTimeout: 5 * time.Second}
-	fmt.Fprintf(stdout, "serving http://%s (GET /hello: 5 per 10 s per caller) with lease servers %s\n", ln.Addr(), strings.Join(cfg.servers, ","))
+	// The limit is the lease servers' rule for the key, which this process
+	// does not know (examples/rules.yaml has one; rules-auth.yaml none).
+	fmt.Fprintf(stdout, "serving http://%s (GET /hello, per caller: keys \"api:GET /hello|key:<X-API-Key>\", else \"api:GET /hello|ip:<address>\", limited by the lease servers' rules) with lease servers %s\n",
+		ln.Addr(), strings.Join(cfg.servers, ","))
 	if ready != nil {
 		ready(ln.Addr().String())
 	}
