@@ -87,8 +87,9 @@ e2e-long: redis
 	RATELEASE_E2E_SCALE=3 $(GO) test -count=1 -v -timeout 60m ./e2e/
 
 # Micro-benchmarks of the engine and the SDK, then the workload matrix of
-# issue 8 (e2e/compare: the SDK, per-request Redis GCRA with redis_rate and
-# per-request POST /v1/check replay the same arrival schedules, open loop,
+# issue 8 (e2e/compare: the SDK, per-request Redis GCRA with redis_rate,
+# per-request POST /v1/check and, where no limit binds, x/time/rate per
+# process replay the same arrival schedules of five workloads, open loop,
 # against one real redis-server and two rateleased on loopback, scored
 # against an exact token bucket per key; plus a closed-loop hot-key run),
 # which rewrites BENCHMARKS.md and docs/benchmarks.svg from its results.
