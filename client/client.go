@@ -137,9 +137,9 @@ type Stats struct {
 	// already replaced (frozen, their remainder waiting to be returned or
 	// to expire) are not counted.
 	TokensHeld int64
-	// Online is false while no server answers: while the latest direct
-	// take or the latest lease call went unanswered. The fallback decides
-	// only while direct takes go unanswered.
+	// Online is false while the latest direct take or the latest lease
+	// call went unanswered (the servers may still answer the other kind).
+	// The fallback decides only while direct takes go unanswered.
 	Online bool
 }
 
@@ -194,11 +194,11 @@ type Client struct {
 	// Fallback while it is false, see probe), leasesOnline by a failed
 	// lease call only (decisions wait for leases only while it is true).
 	// A failure of the one path says nothing of the other: lease calls
-	// failing (a lying server, one Redis Cluster shard down under a leased
-	// key) once sent every direct decision to the fallback while the
-	// servers answered its takes. An answer to either sets online (see
-	// takesOnline): after an outage, direct decisions resume with the
-	// first answer, not at their next probe.
+	// failing (a server or a proxy that fails them alone) once sent every
+	// direct decision to the fallback while the servers answered its
+	// takes. An answer to either sets online (see takesOnline): after an
+	// outage, direct decisions resume with the first answer, not at their
+	// next probe.
 	online       atomic.Bool
 	leasesOnline atomic.Bool
 
@@ -222,11 +222,16 @@ type Client struct {
 	direct        directQueue
 	directBackoff atomic.Int64 // ns; doubles while no server answers a direct call
 	directRetryAt atomic.Int64 // client clock: no direct call before this while offline
-	// detach is set when a direct call was canceled because its caller
-	// gave up (see callOwn), and cleared by the next answer to a direct
-	// call: meanwhile every direct call is made by a sender goroutine,
-	// which no caller cancels, so the servers are judged by what they do.
-	detach atomic.Bool
+	// detach is set when an unrouted direct call was canceled because its
+	// caller gave up (see callOwn; a routed call sets its server's, see
+	// serverHealth), and cleared by the next answer to a direct call:
+	// meanwhile every direct call is made by a sender goroutine, which no
+	// caller cancels, so the servers are judged by what they do (see
+	// takeDirect). detachSince is the client clock at which the first call
+	// made meanwhile was sent (0: none since the last answer or failure):
+	// no answer RequestTimeout after it is an outage (see checkDetached).
+	detach      atomic.Bool
+	detachSince atomic.Int64
 
 	promoMu  sync.Mutex
 	promoted []*keyState // keys moved to leases, for the loop to take over
@@ -780,12 +785,23 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			now = c.nanos()
 		}
 		var dd Decision
-		if c.online.Load() || c.probe(now) {
+		c.checkDetached(now)
+		switch {
+		case !c.leasesOnline.Load() && c.leaseHeld(direct, now):
+			// Lease calls fail, and a key's spent-out lease is still ours:
+			// denied until its deadline, as offline decides, without a
+			// take. The take would fail too where the key's own store
+			// does (one Redis Cluster shard down: its lease calls fail),
+			// and that failure would send every other key to the
+			// fallback while the servers answer their takes
+			// (TestLeasedKeyStoreDownKeepsOthersTaken).
+			dd = c.offline(n, direct, now)
+		case c.online.Load() || c.probe(now):
 			c.directs.Add(1)
 			probes := c.claimProbes(direct, foreign)
 			dd = c.takeDirect(ctx, n, direct, maxDelay, prio, foreign)
 			c.releaseProbes(direct, probes)
-		} else {
+		default:
 			dd = c.offline(n, direct, now)
 		}
 		if !dd.Allowed {
@@ -947,6 +963,17 @@ func (c *Client) releaseProbes(states []*keyState, probes uint64) {
 func (c *Client) probe(now int64) bool {
 	at := c.directRetryAt.Load()
 	return now >= at && c.directRetryAt.CompareAndSwap(at, now+max(int64(c.cfg.SettleInterval), c.directBackoff.Load()))
+}
+
+// leaseHeld reports whether a key of states holds a lease that is still
+// ours at now (see offline).
+func (c *Client) leaseHeld(states []*keyState, now int64) bool {
+	for _, ks := range states {
+		if now < ks.deadline.Load() {
+			return true
+		}
+	}
+	return false
 }
 
 // offline decides keys while no server answers: a key whose spent-out

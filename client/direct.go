@@ -64,14 +64,15 @@ type directQueue struct {
 // A decision alone in its call (no other decision waiting to be sent) makes
 // the call in its own goroutine (see callOwn); the others wait for a
 // sender goroutine, which coalesces them into the next call. So do all of
-// them while Client.detach is set: a caller gave up on its call since the
-// last answer. A call that its caller cancels tells nothing of the
+// them while a caller gave up on a call since the server's last answer
+// (see detached). A call that its caller cancels tells nothing of the
 // server; a sender's call, which its callers leave without canceling it,
 // ends in an answer or a failure. A server slower than its callers wait is
-// so still seen to answer, and one that hangs to fail, after
-// Config.RequestTimeout: otherwise a slow but healthy server, seen only
-// through callers who give up first, would be taken for dead and the
-// fallback would decide beside it, adding to the limit.
+// so still seen to answer, and one that hangs to fail, once a call sent by
+// a sender has gone unanswered for Config.RequestTimeout (see
+// checkDetached): otherwise a slow but healthy server, seen only through
+// callers who give up first, would be taken for dead and the fallback
+// would decide beside it, adding to the limit.
 func (c *Client) takeDirect(ctx context.Context, n int64, states []*keyState, maxDelay time.Duration, priority string, foreign bool) Decision {
 	req := &directReq{states: states, n: n, maxDelay: max(maxDelay, 0).Milliseconds(), done: make(chan struct{}), priority: priority, foreign: foreign}
 	c.direct.mu.Lock()
@@ -89,7 +90,7 @@ func (c *Client) takeDirect(ctx context.Context, n int64, states []*keyState, ma
 	}
 	c.direct.mu.Unlock()
 	switch {
-	case len(batch) == 1 && !c.detach.Load():
+	case len(batch) == 1 && !c.detached():
 		return c.callOwn(ctx, req)
 	case batch != nil:
 		go c.sendDirect(batch)
@@ -179,6 +180,48 @@ func (c *Client) sendDirect(batch []*directReq) {
 	}
 }
 
+// detached reports whether direct calls go through senders: a caller gave
+// up on a call since the last answer of the servers (unrouted) or of one
+// of them (routed; a loop over the few servers, on a path that makes a
+// call).
+func (c *Client) detached() bool {
+	if c.detach.Load() {
+		return true
+	}
+	for i := range c.http.health {
+		if c.http.health[i].detach.Load() {
+			return true
+		}
+	}
+	return false
+}
+
+// errUnanswered is the failure checkDetached records.
+var errUnanswered = errors.New("client: no lease server answered a direct take within RequestTimeout")
+
+// checkDetached records as failures, at now, the calls made through
+// senders (see takeDirect) that went unanswered for Config.RequestTimeout:
+// a server that hangs, seen through callers who give up first. Routed, the
+// server is avoided (its keys fail over); unrouted, or when no server
+// answered any, the client goes offline. A call that ends sooner (answered
+// or failed) clears its mark; waiting for its own end would take the
+// retries of the HTTP client, twice RequestTimeout and more.
+func (c *Client) checkDetached(now int64) {
+	rt := int64(c.cfg.RequestTimeout)
+	for i := range c.http.health {
+		h := &c.http.health[i]
+		if s := h.detachSince.Load(); s != 0 && now-s >= rt && h.detachSince.CompareAndSwap(s, 0) {
+			h.failed(s, now, int64(c.cfg.SettleInterval), int64(c.cfg.MaxRetryWait))
+			c.http.failures.Add(1)
+		}
+	}
+	if s := c.detachSince.Load(); s != 0 && now-s >= rt && c.detachSince.CompareAndSwap(s, 0) {
+		c.http.failures.Add(1)
+		c.directFailed(now, errUnanswered)
+		c.noteServerError(errUnanswered)
+	}
+}
+
 // waiting returns the requests of batch whose decisions still wait for
 // their answers, in place; it completes the others.
 func waiting(batch []*directReq) []*directReq {
@@ -235,6 +278,14 @@ func (c *Client) sendTakes(ctx context.Context, wg *sync.WaitGroup, srv int, req
 			}
 		}
 		sent := c.nanos()
+		if c.detach.Load() || srv >= 0 && c.http.health[srv].detach.Load() {
+			// Made through a sender (see takeDirect): its outcome, or no
+			// answer for RequestTimeout, judges the servers.
+			c.detachSince.CompareAndSwap(0, sent)
+			if srv >= 0 {
+				c.http.health[srv].detachSince.CompareAndSwap(0, sent)
+			}
+		}
 		var resp *protocol.LeaseResponse
 		var err error
 		if srv < 0 {
@@ -256,10 +307,14 @@ func (c *Client) sendTakes(ctx context.Context, wg *sync.WaitGroup, srv int, req
 			c.noteRefused(err, now)
 		case errors.Is(context.Cause(ctx), errCallerGone):
 			// The deciding goroutine's context ended (see callOwn): its
-			// decision is returning, and no server failed. Until a direct
-			// call is answered, the next ones are made by senders, which
-			// find out whether the servers answer (see takeDirect).
-			c.detach.Store(true)
+			// decision is returning, and no server failed. Until the
+			// server answers, the next calls are made by senders, which
+			// find out whether it does (see takeDirect).
+			if srv >= 0 {
+				c.http.health[srv].detach.Store(true)
+			} else {
+				c.detach.Store(true)
+			}
 		default:
 			if srv >= 0 {
 				if ctx.Err() == nil {
@@ -272,7 +327,7 @@ func (c *Client) sendTakes(ctx context.Context, wg *sync.WaitGroup, srv int, req
 				c.http.failures.Add(1) // lease counts its own
 				chunk = reqs           // every server failed them all
 			}
-			c.directFailed(now)
+			c.directFailed(now, err)
 			c.noteServerError(err)
 		}
 		for i, r := range chunk {
@@ -288,19 +343,32 @@ func (c *Client) sendTakes(ctx context.Context, wg *sync.WaitGroup, srv int, req
 	}
 }
 
-// directFailed records that no server answered a direct call: until the
-// backoff ends, direct decisions go to the fallback without a call (one
-// decision per backoff period probes the servers).
-func (c *Client) directFailed(now int64) {
+// directFailed records that no server answered a direct call (err): until
+// the backoff ends, direct decisions go to the fallback without a call (one
+// decision per backoff period probes the servers). The decisions queued
+// for the next call are completed with err, unsent: they were to go to the
+// servers just found not to answer, and would each wait for a failed call
+// more (see offline for how they are decided).
+func (c *Client) directFailed(now int64, err error) {
 	c.online.Store(false)
+	c.detachSince.Store(0)
 	b := min(max(2*c.directBackoff.Load(), int64(c.cfg.SettleInterval)), int64(c.cfg.MaxRetryWait))
 	c.directBackoff.Store(b)
 	c.directRetryAt.Store(now + b)
+	c.direct.mu.Lock()
+	queued := c.direct.pending
+	c.direct.pending = nil
+	c.direct.mu.Unlock()
+	for _, r := range queued {
+		r.sent, r.err = now, err
+		close(r.done)
+	}
 }
 
 // directAnswered records that a server answered a direct call.
 func (c *Client) directAnswered() {
 	c.detach.Store(false)
+	c.detachSince.Store(0)
 	c.accepted()
 	c.takesOnline()
 }
@@ -357,7 +425,7 @@ func (c *Client) applyDirect(r *directReq) Decision {
 			// as when it does not answer, the fallback decides; it used to
 			// be a denial without a reason.
 			c.cfg.Logger.Error("ratelease: direct take failed", "keys", keysOf(r.states), "code", p.Code, "detail", p.Detail)
-			return c.fallbackAll(r.n, r.states)
+			return c.offline(r.n, r.states, now)
 		}
 		if re != nil {
 			return Decision{Source: SourceDenied, Err: re}
@@ -548,11 +616,22 @@ func (c *Client) fallbackAll(n int64, states []*keyState) Decision {
 	return Decision{Allowed: true, Source: SourceFallback}
 }
 
-// noteServerError reports a call that no server answered: logged, and
-// passed to Config.OnServerError.
+// noteServerError reports a direct call that no server answered: logged,
+// and passed to Config.OnServerError.
 func (c *Client) noteServerError(err error) {
 	c.cfg.Logger.Warn("ratelease: no lease server answered; open leases serve until their deadlines, then the fallback applies",
 		"error", err, "fallback", c.cfg.Fallback.String())
+	if c.cfg.OnServerError != nil {
+		c.cfg.OnServerError(err)
+	}
+}
+
+// noteLeaseError reports a lease call of the settle loop that no server
+// answered: logged, and passed to Config.OnServerError. It sends no
+// decision to the fallback (see Client.online), and does not say so.
+func (c *Client) noteLeaseError(err error) {
+	c.cfg.Logger.Warn("ratelease: a lease call went unanswered; open leases serve until their deadlines, and decisions go on by direct takes",
+		"error", err)
 	if c.cfg.OnServerError != nil {
 		c.cfg.OnServerError(err)
 	}

@@ -268,3 +268,57 @@ func TestDirectDecisionCallersGoneHungServer(t *testing.T) {
 	assert.True(t, d.Allowed)
 	assert.Equal(t, client.SourceFallback, d.Source)
 }
+
+// TestHungServerDetectedAfterRequestTimeout (found by this change's
+// review): a server that hangs, seen only by callers who give up first,
+// is taken for dead about RequestTimeout after the first call made
+// through a sender (see takeDirect); waiting for that call's own end took
+// the HTTP client's retries (453 ms for a RequestTimeout of 200 ms).
+func TestHungServerDetectedAfterRequestTimeout(t *testing.T) {
+	const rt = 200 * time.Millisecond
+	srv := leasetest.Start(t, rules, leasetest.Options{})
+	u, _ := heldProxy(t, srv.URL(), func(*http.Request) bool { return true })
+	c := newClient(t, client.Config{Servers: []string{u}, Fallback: client.FallbackOpen,
+		RequestTimeout: rt, MaxRetryWait: 200 * time.Millisecond, ProbeTimeout: -1})
+	start := time.Now()
+	for c.Stats().Online && time.Since(start) < 5*time.Second {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		c.Allow(ctx, "tiny:hung")
+		cancel()
+	}
+	took := time.Since(start)
+	t.Logf("offline after %v (RequestTimeout %v)", took, rt)
+	assert.Less(t, took, rt+rt/2, "offline about RequestTimeout after the first call went unanswered")
+}
+
+// TestPatientBehindDetachedSenders (found by this change's review): a
+// decision queued behind calls that its impatient predecessors left to
+// senders, at a server that hangs, is not sent to that server once a call
+// has found it dead: it is decided as no server answers, after about one
+// failed call (804 ms for a RequestTimeout of 200 ms when it was sent).
+func TestPatientBehindDetachedSenders(t *testing.T) {
+	const rt = 200 * time.Millisecond
+	srv := leasetest.Start(t, rules, leasetest.Options{})
+	u, _ := heldProxy(t, srv.URL(), func(*http.Request) bool { return true })
+	c := newClient(t, client.Config{Servers: []string{u}, Fallback: client.FallbackOpen,
+		RequestTimeout: rt, MaxRetryWait: 20 * time.Millisecond, ProbeTimeout: -1})
+	impatient := func(key string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		c.Allow(ctx, key)
+	}
+	impatient("tiny:a") // its call canceled: the calls after it go through senders
+	var wg sync.WaitGroup
+	for _, k := range []string{"tiny:b", "tiny:c", "tiny:d", "tiny:e"} {
+		wg.Go(func() { impatient(k) })
+	}
+	wg.Wait()
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	d := c.Allow(ctx, "tiny:patient")
+	took := time.Since(start)
+	t.Logf("patient decision: %s allowed=%v after %v", d.Source, d.Allowed, took)
+	assert.Equal(t, client.SourceFallback, d.Source)
+	assert.Less(t, took, 3*rt, "a patient decision waits for about one failed call, not two")
+}

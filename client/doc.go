@@ -28,13 +28,16 @@
 // goroutine, without a hand-off; when its context ends first it returns at
 // once, and its call is canceled (the take may still have happened at the
 // server: lost to utilization, never to accuracy), which is no failure of
-// the server. Until a server next answers a direct call, the decisions
+// the server. Until that server next answers a direct call, the decisions
 // after it go through a sender goroutine, whose calls their callers leave
 // without canceling them: the servers are then judged by their answers,
 // so that a server slower than its callers wait is not taken for dead
 // (the fallback would decide beside it, adding to the limit), and one that
-// hangs fails after Config.RequestTimeout. A decision that returned while
-// it was queued is not sent.
+// hangs is, Config.RequestTimeout after the first such call was sent
+// (with several servers, it is avoided, and its keys fail over). A
+// decision that returned while it was queued is not sent; nor is one
+// queued when a call finds that no server answers (it is decided as
+// below).
 // With several servers, each take goes to the server its first key prefers
 // (rendezvous hashing over Config.Servers, the same in every process that
 // lists the same URLs, in any order; Config.NoKeyRouting turns it off), so
@@ -97,7 +100,9 @@
 // the decisions go on as they would have: by direct takes, or by the
 // fallback when no server answers, never denied for want of the lease.
 // While a leased key's lease has run out and its next one is not in yet,
-// its decisions are denied (they count as demand for the next batch) —
+// its decisions are denied (they count as demand for the next batch; while
+// lease calls fail, until the spent lease's deadline, then they are taken
+// directly) —
 // but on a roomy key (see below), whose lease runs out only when its
 // renewal is late (a paused process, a starved CPU), they wait for the
 // renewal like a first lease, until its answer (a refusal ends the wait
@@ -108,11 +113,12 @@
 // slow answer is waited for, because a fallback decision made while the
 // servers are deciding too adds to the limit. "No server answers" is what
 // the direct takes find: a failed lease call of the settle loop stops
-// decisions from waiting for leases (they go on by direct takes) but sends
-// none to the fallback, since the servers may still answer takes (a lying
-// server, one Redis Cluster shard down under a leased key); a direct take
-// that then fails is what sends them there. An answer to either kind of
-// call brings direct decisions back at once.
+// decisions from waiting for leases (they go on by direct takes, but a
+// key's spent lease denies it until its deadline, without a take) and
+// sends none to the fallback, since the servers may still answer takes (a
+// server or a proxy that fails lease calls alone); a direct take that then
+// fails is what sends them there. An answer to either kind of call brings
+// direct decisions back at once.
 //
 // # Spending a lease
 //

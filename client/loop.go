@@ -669,7 +669,7 @@ func (c *Client) apply(r callResult, retryAt, backoff *int64) {
 	// Decisions no longer wait for leases; they go on by direct takes,
 	// which judge the servers by their own calls (see Client.online).
 	c.leasesOnline.Store(false)
-	c.noteServerError(r.err)
+	c.noteLeaseError(r.err)
 	for _, p := range failed {
 		if p.want > 0 {
 			p.ks.notify() // waiters decide without the lease now

@@ -51,6 +51,14 @@ type serverHealth struct {
 	until    atomic.Int64 // client clock: avoided before this; 0: healthy
 	backoff  atomic.Int64 // ns: the last avoidance
 	failedAt atomic.Int64 // client clock: the last failure counted
+	// detach and detachSince are the server's own Client.detach and
+	// Client.detachSince, for routed takes: a caller gave up on a call to
+	// it since its last answer, and when the first call to it made
+	// meanwhile was sent. The client-wide ones would be cleared by the
+	// answers of another server, and a server that hangs, seen by callers
+	// who give up first, would never be avoided.
+	detach      atomic.Bool
+	detachSince atomic.Int64
 }
 
 // admit reports whether a take may go to the server at now: it is healthy,
@@ -76,11 +84,14 @@ func (s *serverHealth) failed(sent, now, minAvoid, maxAvoid int64) {
 	s.backoff.Store(b)
 	s.failedAt.Store(now)
 	s.until.Store(now + b)
+	s.detachSince.Store(0)
 }
 
 // answered records that a call sent at sent was answered: the server is
 // healthy again, unless it failed since the call was sent.
 func (s *serverHealth) answered(sent int64) {
+	s.detach.Store(false)
+	s.detachSince.Store(0)
 	if s.until.Load() == 0 || s.failedAt.Load() > sent {
 		return
 	}

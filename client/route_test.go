@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"sync"
 	"testing"
@@ -360,4 +361,62 @@ func TestRendezvousRemovalMovesOnlyItsKeys(t *testing.T) {
 			require.Equal(t, want, order(kh, rest))
 		}
 	}
+}
+
+// TestRoutedHungServerCallersGone (found by this change's review): routed
+// by key over a server that hangs and one that answers, with callers that
+// give up first and alternate between a key of each: the hung server is
+// avoided after about RequestTimeout and its key fails over. With one
+// client-wide mark of calls given up on, each answer of the healthy server
+// cleared it, every take to the hung server was made in its caller's
+// goroutine and canceled with it, and that key was denied for ever.
+func TestRoutedHungServerCallersGone(t *testing.T) {
+	release := make(chan struct{})
+	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		http.Error(w, "held", http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(hung.Close)
+	t.Cleanup(func() { close(release) })
+	ok, _ := lyingServer(t, allowAnswer)
+	const rt = 100 * time.Millisecond
+	c := clockedClient(t, Config{Servers: []string{hung.URL, ok}, Fallback: FallbackOpen,
+		RequestTimeout: rt, ProbeTimeout: -1, LeaseMinTokens: 1 << 30}, nil)
+	first := func(key string) int {
+		kh := hashString(key)
+		if rendezvous(kh, c.http.seeds[0]) > rendezvous(kh, c.http.seeds[1]) {
+			return 0
+		}
+		return 1
+	}
+	var kh, ka string
+	for i := 0; kh == "" || ka == ""; i++ {
+		k := fmt.Sprintf("k%d", i)
+		if first(k) == 0 && kh == "" {
+			kh = k
+		} else if first(k) == 1 && ka == "" {
+			ka = k
+		}
+	}
+	decide := func(key string) Decision {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		return c.Allow(ctx, key)
+	}
+	start := time.Now()
+	allowedH := 0
+	for time.Since(start) < 10*rt {
+		if decide(kh).Allowed {
+			allowedH++
+		}
+		decide(ka)
+	}
+	t.Logf("over %v: %d decisions of the hung server's key allowed; stats %+v", 10*rt, allowedH, c.Stats())
+	assert.NotZero(t, c.http.health[0].until.Load(), "the hung server is avoided")
+	assert.Positive(t, allowedH, "its key fails over to the healthy server")
+	assert.Zero(t, c.Stats().FallbackDecisions)
+	assert.True(t, c.Stats().Online)
 }
