@@ -273,13 +273,11 @@ func TestDirectDecisionCallersGoneHungServer(t *testing.T) {
 // review): a server that hangs, seen only by callers who give up first,
 // is taken for dead about RequestTimeout after the first call made
 // through a sender (see takeDirect); waiting for that call's own end took
-// the HTTP client's retries (453 ms for a RequestTimeout of 200 ms).
+// the HTTP client's retries (434 ms for a RequestTimeout of 200 ms, in a
+// run before the fix).
 func TestHungServerDetectedAfterRequestTimeout(t *testing.T) {
 	const rt = 200 * time.Millisecond
-	srv := leasetest.Start(t, rules, leasetest.Options{})
-	u, _ := heldProxy(t, srv.URL(), func(*http.Request) bool { return true })
-	c := newClient(t, client.Config{Servers: []string{u}, Fallback: client.FallbackOpen,
-		RequestTimeout: rt, MaxRetryWait: 200 * time.Millisecond, ProbeTimeout: -1})
+	c := hungClient(t, rt, 200*time.Millisecond)
 	start := time.Now()
 	for c.Stats().Online && time.Since(start) < 5*time.Second {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
@@ -295,13 +293,11 @@ func TestHungServerDetectedAfterRequestTimeout(t *testing.T) {
 // decision queued behind calls that its impatient predecessors left to
 // senders, at a server that hangs, is not sent to that server once a call
 // has found it dead: it is decided as no server answers, after about one
-// failed call (804 ms for a RequestTimeout of 200 ms when it was sent).
+// failed call (803 ms for a RequestTimeout of 200 ms when it was sent, in
+// a run before the fix).
 func TestPatientBehindDetachedSenders(t *testing.T) {
 	const rt = 200 * time.Millisecond
-	srv := leasetest.Start(t, rules, leasetest.Options{})
-	u, _ := heldProxy(t, srv.URL(), func(*http.Request) bool { return true })
-	c := newClient(t, client.Config{Servers: []string{u}, Fallback: client.FallbackOpen,
-		RequestTimeout: rt, MaxRetryWait: 20 * time.Millisecond, ProbeTimeout: -1})
+	c := hungClient(t, rt, 20*time.Millisecond)
 	impatient := func(key string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 		defer cancel()
@@ -321,4 +317,14 @@ func TestPatientBehindDetachedSenders(t *testing.T) {
 	t.Logf("patient decision: %s allowed=%v after %v", d.Source, d.Allowed, took)
 	assert.Equal(t, client.SourceFallback, d.Source)
 	assert.Less(t, took, 3*rt, "a patient decision waits for about one failed call, not two")
+}
+
+// hungClient returns a client (fallback open) of a server whose every call
+// hangs until the test ends.
+func hungClient(t *testing.T, requestTimeout, maxRetryWait time.Duration) *client.Client {
+	t.Helper()
+	srv := leasetest.Start(t, rules, leasetest.Options{})
+	u, _ := heldProxy(t, srv.URL(), func(*http.Request) bool { return true })
+	return newClient(t, client.Config{Servers: []string{u}, Fallback: client.FallbackOpen,
+		RequestTimeout: requestTimeout, MaxRetryWait: maxRetryWait, ProbeTimeout: -1})
 }

@@ -1,7 +1,6 @@
 package client
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -464,9 +463,15 @@ func TestLeaseCallFailureKeepsTakes(t *testing.T) {
 		return allowAnswer(req)
 	})
 	var failures atomic.Int64
-	var logs lockedBuffer
+	var logged sync.Map // the messages logged
+	logger := slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.MessageKey {
+			logged.Store(a.Value.String(), true)
+		}
+		return a
+	}}))
 	c, err := New(Config{Servers: []string{url}, LeaseMinTokens: 1, Fallback: FallbackClosed,
-		Logger:        slog.New(slog.NewTextHandler(&logs, nil)),
+		Logger:        logger,
 		OnServerError: func(error) { failures.Add(1) }})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
@@ -483,27 +488,11 @@ func TestLeaseCallFailureKeepsTakes(t *testing.T) {
 	assert.Zero(t, c.Stats().FallbackDecisions)
 	assert.False(t, c.Stats().Online, "lease calls go unanswered")
 	require.NoError(t, c.Close(context.Background()))
-	out := logs.String()
-	assert.Contains(t, out, "a lease call went unanswered")
-	assert.NotContains(t, out, "the fallback applies", "the log says the fallback applies; it decides nothing")
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent use.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	var msgs []string
+	logged.Range(func(m, _ any) bool { msgs = append(msgs, m.(string)); return true })
+	assert.True(t, slices.ContainsFunc(msgs, func(m string) bool { return strings.Contains(m, "a lease call went unanswered") }), "%q", msgs)
+	assert.False(t, slices.ContainsFunc(msgs, func(m string) bool { return strings.Contains(m, "the fallback applies") }),
+		"the log says the fallback applies; it decides nothing: %q", msgs)
 }
 
 // TestLeasedKeyStoreDownKeepsOthersTaken (found by this change's review):
@@ -537,12 +526,7 @@ func TestLeasedKeyStoreDownKeepsOthersTaken(t *testing.T) {
 		}
 		return status, out
 	})
-	c, err := New(Config{Servers: []string{url}, LeaseMinTokens: 1, Fallback: FallbackClosed})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
-	require.Eventually(t, func() bool {
-		return c.Allow(context.Background(), "hot").Source == SourceLease
-	}, 5*time.Second, time.Millisecond, "leased")
+	c := leasedClient(t, Config{Servers: []string{url}, LeaseMinTokens: 1, Fallback: FallbackClosed}, "hot")
 	down.Store(true)
 	bySource, hot := map[Source]int{}, map[Source]int{}
 	for i := range 300 {
@@ -575,14 +559,9 @@ func TestSpentLeaseNoFallbackWhenTakesFail(t *testing.T) {
 		return status, out
 	})
 	var failures atomic.Int64
-	c, err := New(Config{Servers: []string{url}, LeaseMinTokens: 1, InitialBatch: 2, MaxBatch: 2,
+	c := leasedClient(t, Config{Servers: []string{url}, LeaseMinTokens: 1, InitialBatch: 2, MaxBatch: 2,
 		Fallback: FallbackOpen, MaxRetryWait: 20 * time.Millisecond,
-		OnServerError: func(error) { failures.Add(1) }})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
-	require.Eventually(t, func() bool {
-		return c.Allow(context.Background(), "k").Source == SourceLease
-	}, 5*time.Second, time.Millisecond, "leased")
+		OnServerError: func(error) { failures.Add(1) }}, "k")
 	down.Store(true)
 	bySource := map[Source]int{}
 	decide := func() {
@@ -600,4 +579,17 @@ func TestSpentLeaseNoFallbackWhenTakesFail(t *testing.T) {
 	assert.Zero(t, bySource[SourceFallback], "the fallback added to a lease still ours")
 	assert.LessOrEqual(t, bySource[SourceLease], 2)
 	assert.EqualValues(t, 1, st.DirectDecisions, "no take while the lease is ours (the one before its promotion)")
+}
+
+// leasedClient starts a client of cfg (closed when the test ends) and
+// decides key until a lease decides it.
+func leasedClient(t *testing.T, cfg Config, key string) *Client {
+	t.Helper()
+	c, err := New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	require.Eventually(t, func() bool {
+		return c.Allow(context.Background(), key).Source == SourceLease
+	}, 5*time.Second, time.Millisecond, "%s leased", key)
+	return c
 }
