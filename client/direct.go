@@ -202,10 +202,11 @@ var errUnanswered = errors.New("client: no lease server answered a direct take w
 // checkDetached records as failures, at now, the calls made through
 // senders (see takeDirect) that went unanswered for Config.RequestTimeout:
 // a server that hangs, seen through callers who give up first. Routed, the
-// server is avoided (its keys fail over); unrouted, or when no server
-// answered any, the client goes offline. A call that ends sooner (answered
-// or failed) clears its mark; waiting for its own end would take the
-// retries of the HTTP client, twice RequestTimeout and more.
+// server is avoided (its keys fail over), and the client goes offline only
+// when every server is avoided, as when a routed call fails over; unrouted,
+// it goes offline. A call that ends sooner (answered or failed) clears its
+// mark; waiting for its own end would take the retries of the HTTP client,
+// twice RequestTimeout and more.
 func (c *Client) checkDetached(now int64) {
 	rt := int64(c.cfg.RequestTimeout)
 	for i := range c.http.health {
@@ -216,6 +217,13 @@ func (c *Client) checkDetached(now int64) {
 		}
 	}
 	if s := c.detachSince.Load(); s != 0 && now-s >= rt && c.detachSince.CompareAndSwap(s, 0) {
+		if c.routing() {
+			for i := range c.http.health {
+				if now >= c.http.health[i].until.Load() {
+					return // a server is left to fail over to
+				}
+			}
+		}
 		c.http.failures.Add(1)
 		c.directFailed(now, errUnanswered)
 		c.noteServerError(errUnanswered)

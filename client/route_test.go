@@ -365,12 +365,21 @@ func TestRendezvousRemovalMovesOnlyItsKeys(t *testing.T) {
 
 // TestRoutedHungServerCallersGone (found by this change's review): routed
 // by key over a server that hangs and one that answers, with callers that
-// give up first and alternate between a key of each: the hung server is
-// avoided after about RequestTimeout and its key fails over. With one
-// client-wide mark of calls given up on, each answer of the healthy server
-// cleared it, every take to the hung server was made in its caller's
-// goroutine and canceled with it, and that key was denied for ever.
+// give up first, the hung server is avoided after about RequestTimeout and
+// its key fails over, without a decision of the fallback: when the callers
+// alternate between a key of each (with one client-wide mark of calls
+// given up on, each answer of the healthy server cleared it, every take
+// to the hung server was made in its caller's goroutine and canceled with
+// it, and that key was denied for ever), and when they ask for the hung
+// server's key only (nothing was answered meanwhile, but a server is left:
+// the client stays online).
 func TestRoutedHungServerCallersGone(t *testing.T) {
+	for _, alternate := range []bool{true, false} {
+		t.Run(fmt.Sprintf("alternate=%v", alternate), func(t *testing.T) { routedHungServer(t, alternate) })
+	}
+}
+
+func routedHungServer(t *testing.T, alternate bool) {
 	release := make(chan struct{})
 	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
@@ -412,7 +421,9 @@ func TestRoutedHungServerCallersGone(t *testing.T) {
 		if decide(kh).Allowed {
 			allowedH++
 		}
-		decide(ka)
+		if alternate {
+			decide(ka)
+		}
 	}
 	t.Logf("over %v: %d decisions of the hung server's key allowed; stats %+v", 10*rt, allowedH, c.Stats())
 	assert.NotZero(t, c.http.health[0].until.Load(), "the hung server is avoided")
