@@ -137,9 +137,11 @@ type Stats struct {
 	// already replaced (frozen, their remainder waiting to be returned or
 	// to expire) are not counted.
 	TokensHeld int64
-	// Online is false while the latest direct take or the latest lease
-	// call went unanswered (the servers may still answer the other kind).
-	// The fallback decides only while direct takes go unanswered.
+	// Online is false while the client takes the servers for down: while
+	// direct decisions go to the fallback (a direct take went unanswered,
+	// and no call of either kind has been answered since), or while lease
+	// calls go unanswered (the servers may still answer direct takes, and
+	// the fallback then decides nothing).
 	Online bool
 }
 
@@ -232,6 +234,9 @@ type Client struct {
 	// no answer RequestTimeout after it is an outage (see checkDetached).
 	detach      atomic.Bool
 	detachSince atomic.Int64
+	// directFailedAt is the client clock at the last failure of the direct
+	// takes counted (see directFailed).
+	directFailedAt atomic.Int64
 
 	promoMu  sync.Mutex
 	promoted []*keyState // keys moved to leases, for the loop to take over
@@ -285,6 +290,7 @@ func newClient(cfg Config, clk clock) (*Client, error) {
 	c.http = newCaller(&c.cfg)
 	c.online.Store(true)
 	c.leasesOnline.Store(true)
+	c.directFailedAt.Store(-1) // none: a call sent at 0 (a test's clock) fails
 	go c.loop()
 	return c, nil
 }
@@ -787,10 +793,11 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 		var dd Decision
 		c.checkDetached(now)
 		switch {
-		case !c.leasesOnline.Load() && c.leaseHeld(direct, now):
+		case !foreign && !c.leasesOnline.Load() && c.leaseHeld(direct, now):
 			// Lease calls fail, and a key's spent-out lease is still ours:
 			// denied until its deadline, as offline decides, without a
-			// take. The take would fail too where the key's own store
+			// take (a take of another class than the lease's, which the
+			// lease does not serve, is made). The take would fail too where the key's own store
 			// does (one Redis Cluster shard down: its lease calls fail),
 			// and that failure would send every other key to the
 			// fallback while the servers answer their takes

@@ -3,8 +3,10 @@ package client
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -71,4 +73,99 @@ func TestGoneDecisionsNotSent(t *testing.T) {
 		assert.NotContains(t, k, "q:gone", "a take sent for a decision that had returned")
 	}
 	assert.Len(t, seen, maxDirectCalls+1)
+}
+
+// TestRefusalAfterDetachNotFallback (found by the second review of this
+// change): a refusal answers the calls given up on before it. A refused
+// call made through a sender left its mark, and once the refusal's hold
+// ended the next decision took the mark for a server that hangs: the
+// client went offline and the fallback (open) allowed a decision for a
+// client the server refuses.
+func TestRefusalAfterDetachNotFallback(t *testing.T) {
+	var refuse atomic.Bool
+	url, _ := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
+		if refuse.Load() {
+			return http.StatusUnauthorized, protocol.Problem{Title: "unauthorized", Status: http.StatusUnauthorized, Code: protocol.CodeUnauthorized}
+		}
+		if len(req.Takes) > 0 && req.Takes[0].Keys[0] == "slow" {
+			time.Sleep(100 * time.Millisecond) // slower than its caller waits
+		}
+		return allowAnswer(req)
+	})
+	clk := newTestClock()
+	clk.move(time.Millisecond)
+	c := clockedClient(t, Config{Servers: []string{url}, Fallback: FallbackOpen,
+		RequestTimeout: 200 * time.Millisecond, ProbeTimeout: -1}, clk)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	c.Allow(ctx, "slow") // its caller gives up: the next calls go through senders
+	cancel()
+	require.True(t, c.detach.Load())
+	refuse.Store(true)
+	require.Equal(t, SourceRefused, c.Allow(context.Background(), "a").Source)
+	clk.move(refusalHold + time.Millisecond) // the hold ends: the next decision asks again
+	d := c.Allow(context.Background(), "b")
+	t.Logf("next decision: %+v; stats %+v", d, c.Stats())
+	assert.Equal(t, SourceRefused, d.Source, "the server, which refuses the client, is asked again")
+	assert.Zero(t, c.Stats().FallbackDecisions)
+}
+
+// TestHungCallCountedOnce (found by the second review of this change): a
+// call made through a sender that hangs is an outage RequestTimeout after
+// it was sent (checkDetached), and its own failure, after its retries, is
+// the same outage: reported once to OnServerError, the backoff doubled
+// once.
+func TestHungCallCountedOnce(t *testing.T) {
+	release := make(chan struct{})
+	url, _ := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
+		<-release
+		return allowAnswer(req)
+	})
+	t.Cleanup(func() { close(release) })
+	const rt = 100 * time.Millisecond
+	var errs atomic.Int64
+	clk := newTestClock()
+	clk.move(time.Millisecond)
+	c := clockedClient(t, Config{Servers: []string{url}, Fallback: FallbackOpen, RequestTimeout: rt,
+		MaxRetryWait: 20 * time.Millisecond, ProbeTimeout: -1,
+		OnServerError: func(error) { errs.Add(1) }}, clk)
+	impatient := func(key string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		defer cancel()
+		c.Allow(ctx, key)
+	}
+	impatient("h1") // canceled: the next call goes through a sender
+	impatient("h2") // the sender's call: the only call in flight from here on
+	clk.move(rt)
+	require.Equal(t, SourceFallback, c.Allow(context.Background(), "x").Source, "an outage RequestTimeout after the call was sent")
+	require.EqualValues(t, 1, errs.Load())
+	backoff := c.directBackoff.Load()
+	require.Eventually(t, func() bool { // the call's own end, its retries over
+		c.direct.mu.Lock()
+		defer c.direct.mu.Unlock()
+		return c.direct.inflight == 0
+	}, 5*time.Second, time.Millisecond)
+	t.Logf("OnServerError %d, backoff %v, stats %+v", errs.Load(), time.Duration(c.directBackoff.Load()), c.Stats())
+	assert.EqualValues(t, 1, errs.Load(), "one hung call, reported once")
+	assert.Equal(t, backoff, c.directBackoff.Load(), "the backoff doubled once")
+}
+
+// TestDetachedByServer (found by the second review of this change): routed,
+// a server that a caller gave up on sends the decisions of its keys through
+// senders, and no other: its mark lasts as long as it does not answer (a
+// host gone), and cost every direct decision to the other servers a
+// hand-off (65% more CPU per decision).
+func TestDetachedByServer(t *testing.T) {
+	c := clockedClient(t, Config{Servers: []string{"http://127.0.0.1:1", "http://127.0.0.1:2"}, ProbeTimeout: -1}, newTestClock())
+	keyOf := func(srv int) []*keyState {
+		for i := 0; ; i++ {
+			if k := fmt.Sprintf("k%d", i); c.http.top(hashString(k)) == srv {
+				return []*keyState{newKeyState(k)}
+			}
+		}
+	}
+	c.http.health[0].detach.Store(true)
+	assert.True(t, c.detached(keyOf(0)), "a key of the server given up on")
+	assert.False(t, c.detached(keyOf(1)), "a key of the other server")
+	c.http.health[0].failed(1, 2, int64(time.Millisecond), int64(time.Second))
+	assert.True(t, c.detached(keyOf(0)), "avoided, it is probed through senders")
 }

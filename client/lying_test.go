@@ -593,3 +593,43 @@ func leasedClient(t *testing.T, cfg Config, key string) *Client {
 	}, 5*time.Second, time.Millisecond, "%s leased", key)
 	return c
 }
+
+// TestPriorityTakeWhileLeaseCallsFail (found by the second review of this
+// change): while lease calls fail and takes are answered, a decision of
+// another class than the lease's (critical here), which the lease never
+// serves, is taken directly; it was denied until the lease's deadline, a
+// minute, though the server answered every take.
+func TestPriorityTakeWhileLeaseCallsFail(t *testing.T) {
+	var down atomic.Bool
+	url, _ := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
+		if down.Load() && len(req.Leases) > 0 {
+			return http.StatusServiceUnavailable, protocol.Problem{Title: "unavailable", Status: http.StatusServiceUnavailable}
+		}
+		status, v := allowAnswer(req)
+		out := v.(protocol.LeaseResponse)
+		for i := range out.Leases {
+			if out.Leases[i].Granted > 0 {
+				out.Leases[i].TTLMillis = 60_000
+			}
+		}
+		return status, out
+	})
+	var failures atomic.Int64
+	c := leasedClient(t, Config{Servers: []string{url}, LeaseMinTokens: 1, Fallback: FallbackClosed,
+		OnServerError: func(error) { failures.Add(1) }}, "k")
+	down.Store(true)
+	require.Eventually(t, func() bool {
+		c.Allow(context.Background(), "other") // promoted, its lease call fails
+		return failures.Load() > 0
+	}, 5*time.Second, time.Millisecond)
+	require.False(t, c.leasesOnline.Load())
+	bySource := map[Source]int{}
+	for range 10 {
+		d := c.Allow(WithPriority(context.Background(), PriorityCritical), "k")
+		if d.Allowed {
+			bySource[d.Source]++
+		}
+	}
+	t.Logf("critical decisions allowed on the leased key: %v", bySource)
+	assert.Equal(t, map[Source]int{SourceDirect: 10}, bySource, "critical takes the server answers")
+}

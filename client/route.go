@@ -129,6 +129,18 @@ func (h *caller) pick(kh uint64, tried []int, now int64) int {
 	}
 }
 
+// top returns the server a take whose first key hashes to kh prefers: the
+// first of its rendezvous order, avoided or not.
+func (h *caller) top(kh uint64) int {
+	top, topW := 0, uint64(0)
+	for i, seed := range h.seeds {
+		if w := rendezvous(kh, seed); i == 0 || w > topW {
+			top, topW = i, w
+		}
+	}
+	return top
+}
+
 // routing reports whether direct takes are routed by key.
 func (c *Client) routing() bool { return !c.cfg.NoKeyRouting && len(c.http.urls) > 1 }
 

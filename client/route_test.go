@@ -380,19 +380,10 @@ func TestRoutedHungServerCallersGone(t *testing.T) {
 }
 
 func routedHungServer(t *testing.T, alternate bool) {
-	release := make(chan struct{})
-	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-		http.Error(w, "held", http.StatusServiceUnavailable)
-	}))
-	t.Cleanup(hung.Close)
-	t.Cleanup(func() { close(release) })
+	hung := hungServer(t)
 	ok, _ := lyingServer(t, allowAnswer)
 	const rt = 100 * time.Millisecond
-	c := clockedClient(t, Config{Servers: []string{hung.URL, ok}, Fallback: FallbackOpen,
+	c := clockedClient(t, Config{Servers: []string{hung, ok}, Fallback: FallbackOpen,
 		RequestTimeout: rt, ProbeTimeout: -1, LeaseMinTokens: 1 << 30}, nil)
 	first := func(key string) int {
 		kh := hashString(key)
@@ -430,4 +421,59 @@ func routedHungServer(t *testing.T, alternate bool) {
 	assert.Positive(t, allowedH, "its key fails over to the healthy server")
 	assert.Zero(t, c.Stats().FallbackDecisions)
 	assert.True(t, c.Stats().Online)
+}
+
+// TestRoutedHungServerLoadedPeer (found by the second review of this
+// change): routed over a server that hangs and one that answers slowly
+// (50 ms), with callers who give up first (20 ms) on the hung server's
+// key: the hung server is avoided and the key fails over, and the client
+// stays online. A routed call through a sender also set the client-wide
+// mark, which the slow server's answers did not clear in time: the client
+// went offline, and the fallback decided (1,778 decisions in one run).
+func TestRoutedHungServerLoadedPeer(t *testing.T) {
+	hung := hungServer(t)
+	ok, _ := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
+		time.Sleep(50 * time.Millisecond) // healthy, loaded
+		return allowAnswer(req)
+	})
+	const rt = 100 * time.Millisecond
+	c := clockedClient(t, Config{Servers: []string{hung, ok}, Fallback: FallbackOpen,
+		RequestTimeout: rt, ProbeTimeout: -1, LeaseMinTokens: 1 << 30}, nil)
+	var kh string
+	for i := 0; kh == ""; i++ {
+		k := fmt.Sprintf("k%d", i)
+		if h := hashString(k); rendezvous(h, c.http.seeds[0]) > rendezvous(h, c.http.seeds[1]) {
+			kh = k
+		}
+	}
+	fell := 0
+	start := time.Now()
+	for time.Since(start) < 10*rt {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		if c.Allow(ctx, kh).Source == SourceFallback {
+			fell++
+		}
+		cancel()
+	}
+	d := c.Allow(context.Background(), kh)
+	t.Logf("%d decisions by the fallback; a patient one %+v; stats %+v", fell, d, c.Stats())
+	assert.Zero(t, fell, "decided by the fallback while a server answers every take it gets")
+	assert.Equal(t, SourceDirect, d.Source)
+}
+
+// hungServer starts a server that holds every call until its caller gives
+// up or the test ends, then fails it; it returns its URL.
+func hungServer(t *testing.T) string {
+	t.Helper()
+	release := make(chan struct{})
+	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		http.Error(w, "held", http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(hung.Close)
+	t.Cleanup(func() { close(release) })
+	return hung.URL
 }
