@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -150,22 +151,90 @@ func TestHungCallCountedOnce(t *testing.T) {
 }
 
 // TestDetachedByServer (found by the second review of this change): routed,
-// a server that a caller gave up on sends the decisions of its keys through
-// senders, and no other: its mark lasts as long as it does not answer (a
-// host gone), and cost every direct decision to the other servers a
-// hand-off (65% more CPU per decision).
+// a server that a caller gave up on sends through senders the decisions of
+// the keys it is first for, and of the keys whose takes go to it now, and
+// no other: its mark lasts as long as it does not answer (a host gone),
+// and cost every direct decision to the other servers a hand-off (65% more
+// CPU per decision). The final review found the second half: a key whose
+// first server is avoided fails over, and a server there that its callers
+// gave up on was never judged (the key denied for ever).
 func TestDetachedByServer(t *testing.T) {
 	c := clockedClient(t, Config{Servers: []string{"http://127.0.0.1:1", "http://127.0.0.1:2"}, ProbeTimeout: -1}, newTestClock())
 	keyOf := func(srv int) []*keyState {
 		for i := 0; ; i++ {
-			if k := fmt.Sprintf("k%d", i); c.http.top(hashString(k)) == srv {
+			if k := fmt.Sprintf("k%d", i); func() bool { top, _ := c.http.route(hashString(k), 0); return top == srv }() {
 				return []*keyState{newKeyState(k)}
 			}
 		}
 	}
-	c.http.health[0].detach.Store(true)
-	assert.True(t, c.detached(keyOf(0)), "a key of the server given up on")
-	assert.False(t, c.detached(keyOf(1)), "a key of the other server")
-	c.http.health[0].failed(1, 2, int64(time.Millisecond), int64(time.Second))
-	assert.True(t, c.detached(keyOf(0)), "avoided, it is probed through senders")
+	h0, h1 := &c.http.health[0], &c.http.health[1]
+	h0.detach.Store(true)
+	assert.True(t, c.detached(keyOf(0), 0), "a key of the server given up on")
+	assert.False(t, c.detached(keyOf(1), 0), "a key of the other server")
+	h0.failed(1, 2, int64(time.Millisecond), int64(time.Second))
+	assert.True(t, c.detached(keyOf(0), 3), "avoided, it is probed through senders")
+	h0.detach.Store(false)
+	h1.detach.Store(true)
+	assert.True(t, c.detached(keyOf(0), 3), "its first server avoided, its takes go to the server given up on")
+	assert.False(t, c.detached(keyOf(0), int64(2*time.Second)), "its first server no longer avoided")
+}
+
+// TestFailedOverToHungServer (found by the final review of this change):
+// routed, a key whose first server refuses connections fails over to a
+// server that hangs, seen through callers who give up first; that server
+// is judged too (both avoided: the client goes offline and the fallback
+// decides). Only the first server's mark was read, the calls to the hung
+// one were canceled with their callers, and the key was denied for ever.
+func TestFailedOverToHungServer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	dead := "http://" + ln.Addr().String()
+	require.NoError(t, ln.Close())
+	c := clockedClient(t, Config{Servers: []string{dead, hungServer(t)}, Fallback: FallbackOpen,
+		RequestTimeout: 100 * time.Millisecond, ProbeTimeout: -1, LeaseMinTokens: 1 << 30}, nil)
+	var key string
+	for i := 0; key == ""; i++ {
+		if k := fmt.Sprintf("k%d", i); func() bool { top, _ := c.http.route(hashString(k), 0); return top == 0 }() {
+			key = k
+		}
+	}
+	require.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		return c.Allow(ctx, key).Source == SourceFallback
+	}, 5*time.Second, time.Millisecond, "no server answers: the fallback decides")
+	t.Logf("stats %+v", c.Stats())
+	assert.False(t, c.Stats().Online)
+}
+
+// TestRefusedProbeEndsOutage (found by the final review of this change): a
+// probe made while the client took the servers for down, refused (401), is
+// an answer: the refusal, not the fallback, decides after it. The client
+// stayed offline, and once the refusal's hold ended the fallback (open)
+// allowed a decision for a client the server refuses.
+func TestRefusedProbeEndsOutage(t *testing.T) {
+	var status atomic.Int64
+	status.Store(http.StatusServiceUnavailable)
+	url, _ := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
+		s := int(status.Load())
+		return s, protocol.Problem{Title: http.StatusText(s), Status: s, Code: protocol.CodeUnauthorized}
+	})
+	clk := newTestClock()
+	clk.move(time.Millisecond)
+	c := clockedClient(t, Config{Servers: []string{url}, Fallback: FallbackOpen,
+		RequestTimeout: 100 * time.Millisecond, MaxRetryWait: 10 * time.Second, ProbeTimeout: -1}, clk)
+	// The server fails, and each probe fails, until the backoff is longer
+	// than a refusal's hold.
+	for c.directBackoff.Load() <= int64(2*refusalHold) {
+		clk.move(time.Duration(c.directBackoff.Load()))
+		require.Equal(t, SourceFallback, c.Allow(context.Background(), "a").Source, "offline")
+	}
+	status.Store(http.StatusUnauthorized)
+	clk.move(time.Duration(c.directBackoff.Load())) // the backoff is over: the next decision probes
+	require.Equal(t, SourceRefused, c.Allow(context.Background(), "b").Source, "the probe is refused")
+	clk.move(refusalHold + time.Millisecond) // the hold ends: the next decision asks again
+	d := c.Allow(context.Background(), "c")
+	t.Logf("after the hold: %+v; stats %+v", d, c.Stats())
+	assert.Equal(t, SourceRefused, d.Source)
+	assert.True(t, c.Stats().Online, "the server answers, refusing")
 }

@@ -90,7 +90,7 @@ func (c *Client) takeDirect(ctx context.Context, n int64, states []*keyState, ma
 	}
 	c.direct.mu.Unlock()
 	switch {
-	case len(batch) == 1 && !c.detached(states):
+	case len(batch) == 1 && !c.detached(states, c.nanos()):
 		return c.callOwn(ctx, req)
 	case batch != nil:
 		go c.sendDirect(batch)
@@ -182,21 +182,26 @@ func (c *Client) sendDirect(batch []*directReq) {
 
 // detached reports whether the direct call of a decision on states goes
 // through a sender: a caller gave up on a call since the last answer of the
-// servers (unrouted), or of the server its first key prefers (routed). Not
-// any server's: a server that does not answer (a host gone) keeps its mark
-// while it is avoided, and every direct decision of the process would pay
-// a hand-off to a sender (65% more CPU per decision, measured by this
-// change's review), while only the probes of that server need one (a probe
-// its caller gives up on judges nothing, and the server would be probed
-// again after the shortest backoff, by one decision of its keys in each).
-func (c *Client) detached(states []*keyState) bool {
+// servers (unrouted), or, routed, of the server its first key prefers or
+// of the one its take goes to now (the first not avoided: see
+// caller.route). Not any server's: a server that does not answer (a host
+// gone) keeps its mark while it is avoided, and every direct decision of
+// the process would pay a hand-off to a sender (65% more CPU per
+// decision, measured by this change's review), while only the takes of
+// its keys need one: its probes (a probe its caller gives up on judges
+// nothing, and the server would be probed again after the shortest
+// backoff, by one decision of its keys in each), and their takes where
+// they fail over to (a server there that callers give up on would
+// otherwise never be judged).
+func (c *Client) detached(states []*keyState, now int64) bool {
 	if c.detach.Load() {
 		return true
 	}
 	if !c.routing() {
 		return false
 	}
-	return c.http.health[c.http.top(hashString(states[0].key))].detach.Load()
+	top, to := c.http.route(hashString(states[0].key), now)
+	return c.http.health[top].detach.Load() || c.http.health[to].detach.Load()
 }
 
 // errUnanswered is the failure checkDetached records.
@@ -322,6 +327,7 @@ func (c *Client) sendTakes(ctx context.Context, wg *sync.WaitGroup, srv int, req
 			// denied; the fallback is not for this.
 			c.noteRefused(err, now)
 			c.detachAnswered(srv)
+			c.takesOnline() // an answer: the refusal, not the fallback, decides
 		case errors.Is(context.Cause(ctx), errCallerGone):
 			// The deciding goroutine's context ended (see callOwn): its
 			// decision is returning, and no server failed. Until the
@@ -373,10 +379,15 @@ func (c *Client) sendTakes(ctx context.Context, wg *sync.WaitGroup, srv int, req
 // a call checkDetached counted already, at its own end): it is not
 // counted again, and directFailed reports false.
 func (c *Client) directFailed(sent, now int64, err error) bool {
-	if sent <= c.directFailedAt.Load() {
-		return false
+	for {
+		at := c.directFailedAt.Load()
+		if sent <= at {
+			return false
+		}
+		if c.directFailedAt.CompareAndSwap(at, now) {
+			break
+		}
 	}
-	c.directFailedAt.Store(now)
 	c.online.Store(false)
 	c.detachSince.Store(0)
 	b := min(max(2*c.directBackoff.Load(), int64(c.cfg.SettleInterval)), int64(c.cfg.MaxRetryWait))

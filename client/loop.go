@@ -650,8 +650,11 @@ func (c *Client) apply(r callResult, retryAt, backoff *int64) {
 		// stands (refusalHold), and no longer: denied beyond it (for the
 		// Horizon, once), their decisions said SourceRetryAfter without
 		// an Err, a misconfiguration reported as a rate limit. The client
-		// stays online, so the fallback does not decide.
+		// stays online, so the fallback does not decide: a refusal is an
+		// answer, and ends an outage as one does.
 		c.noteRefused(r.err, now)
+		c.leasesOnline.Store(true)
+		c.takesOnline()
 		re, _ := errors.AsType[*RefusedError](r.err)
 		for _, p := range failed {
 			if p.want > 0 {

@@ -129,16 +129,26 @@ func (h *caller) pick(kh uint64, tried []int, now int64) int {
 	}
 }
 
-// top returns the server a take whose first key hashes to kh prefers: the
-// first of its rendezvous order, avoided or not.
-func (h *caller) top(kh uint64) int {
-	top, topW := 0, uint64(0)
+// route returns, for a take whose first key hashes to kh, the server it
+// prefers (the first of its rendezvous order, avoided or not) and the one
+// it goes to at now: the first not avoided, else the preferred one. Unlike
+// pick, it claims no probe.
+func (h *caller) route(kh uint64, now int64) (top, to int) {
+	top, to = -1, -1
+	var topW, toW uint64
 	for i, seed := range h.seeds {
-		if w := rendezvous(kh, seed); i == 0 || w > topW {
+		w := rendezvous(kh, seed)
+		if top < 0 || w > topW {
 			top, topW = i, w
 		}
+		if now >= h.health[i].until.Load() && (to < 0 || w > toW) {
+			to, toW = i, w
+		}
 	}
-	return top
+	if to < 0 {
+		to = top
+	}
+	return top, to
 }
 
 // routing reports whether direct takes are routed by key.

@@ -459,6 +459,7 @@ func TestRoutedHungServerLoadedPeer(t *testing.T) {
 	t.Logf("%d decisions by the fallback; a patient one %+v; stats %+v", fell, d, c.Stats())
 	assert.Zero(t, fell, "decided by the fallback while a server answers every take it gets")
 	assert.Equal(t, SourceDirect, d.Source)
+	assert.NotZero(t, c.http.health[0].until.Load(), "the hung server is avoided")
 }
 
 // hungServer starts a server that holds every call until its caller gives

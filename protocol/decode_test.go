@@ -133,12 +133,14 @@ func TestLoneSurrogateNeverPanics(t *testing.T) {
 // ignored whatever followed the first JSON value ("{}0", a second object).
 // Both are refused now; a body of one value, whitespace around it, is not.
 func TestDecodeAdmin(t *testing.T) {
+	long := strings.Repeat("k", 100_000)
 	tests := []struct {
-		name   string
-		body   string
-		code   Code   // "" when the body decodes
-		detail string // in the problem's detail
-		match  string // the decoded Match
+		name      string
+		body      string
+		code      Code   // "" when the body decodes
+		detail    string // in the problem's detail
+		match     string // the decoded Match
+		maxDetail int    // the detail's longest length, when checked
 	}{
 		{name: "plain", body: `{"match":"user:*","limit":1,"period":"1s"}`, match: "user:*"},
 		{name: "whitespace around", body: " \r\n{\"match\":\"a:*\"}\t\n ", match: "a:*"},
@@ -170,6 +172,10 @@ func TestDecodeAdmin(t *testing.T) {
 		{name: "map keys of other case", body: `{"match":"a:*","reserve":{"critical":0.1,"CRITICAL":0.2}}`, match: "a:*"},
 		{name: "empty", body: ``, code: CodeInvalidJSON, detail: "EOF"},
 		{name: "truncated", body: `{"match":`, code: CodeInvalidJSON, detail: "EOF"},
+		// A duplicate key of 100,000 bytes was quoted whole (a 100,080-byte
+		// detail; found by the final review): cut to 64 bytes.
+		{name: "long duplicate map key", body: `{"match":"a:*","reserve":{"` + long + `":0.1,"` + long + `":0.2}}`, code: CodeInvalidJSON,
+			detail: `reserve: the key "` + long[:64] + `…" is given twice`, maxDetail: 200},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -185,6 +191,9 @@ func TestDecodeAdmin(t *testing.T) {
 			assert.Equal(t, tt.code, p.Code)
 			assert.Equal(t, tt.code.Status(), p.Status)
 			assert.Contains(t, p.Detail, tt.detail)
+			if tt.maxDetail > 0 {
+				assert.LessOrEqual(t, len(p.Detail), tt.maxDetail)
+			}
 		})
 	}
 }

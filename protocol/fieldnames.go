@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"unicode/utf8"
 )
 
 // exactFieldNames checks the member names of body, one JSON value that
@@ -96,14 +97,14 @@ func checkObject(dec *json.Decoder, t reflect.Type, path string) error {
 			given[name] = true
 		}
 		if !once {
-			return fmt.Errorf("%sthe %s %q is given twice: send each %s once", at, what, name, what)
+			return fmt.Errorf("%sthe %s %q is given twice: send each %s once", at, what, shortName(name), what)
 		}
 		valueType := elem
 		if i >= 0 {
 			valueType = fields[i].typ
 		}
 		if path != "" {
-			name = path + "." + name
+			name = path + "." + shortName(name)
 		}
 		if err := checkNames(dec, valueType, name); err != nil {
 			return err
@@ -137,4 +138,21 @@ func jsonFields(t reflect.Type) []jsonField {
 		out = append(out, jsonField{name, f.Type})
 	}
 	return out
+}
+
+// maxNameInError is the most bytes of a member name an error quotes: a
+// map's keys (a reserve's class) have no length limit of their own.
+const maxNameInError = 64
+
+// shortName returns name, cut to maxNameInError bytes (at a rune
+// boundary) and marked as cut, for an error message.
+func shortName(name string) string {
+	if len(name) <= maxNameInError {
+		return name
+	}
+	cut := maxNameInError
+	for cut > 0 && !utf8.RuneStart(name[cut]) {
+		cut--
+	}
+	return name[:cut] + "…"
 }

@@ -154,10 +154,11 @@ type Options struct {
 	TLSConfig *tls.Config
 
 	// MetricsTokenSHA256, when set, is the hex SHA-256 of a bearer token
-	// that GET /metrics requires ("Authorization: Bearer <token>"; compute
-	// it with `printf %s "$TOKEN" | sha256sum | cut -d' ' -f1`): a scrape without it gets
-	// 401. Empty leaves /metrics open, as it is by default. The clients of
-	// the rules file do not apply to /metrics: a scraper is not a client.
+	// that GET /metrics and GET /status require ("Authorization: Bearer
+	// <token>"; compute it with `printf %s "$TOKEN" | sha256sum | cut -d' '
+	// -f1`): a request without it gets 401. Empty leaves both open, as they
+	// are by default. The clients of the rules file do not apply to them: a
+	// scraper is not a client.
 	MetricsTokenSHA256 string
 
 	// Peers, when set, is where the servers sharing the store record
