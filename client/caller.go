@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -227,8 +228,40 @@ func failedStatus(resp *http.Response) bool {
 		// problem body comes from something in between: retried.
 		return false
 	}
+	if resp.StatusCode == http.StatusServiceUnavailable && isProblem(resp) && keysStoreFailed(resp) {
+		// Every entry's key failed in the server's store alone (a Redis
+		// Cluster node down): an answer, per entry (see
+		// decodeLeaseResponse), which another server would repeat.
+		return false
+	}
 	return resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500
 }
+
+// keysStoreFailed reports whether resp, a 503 problem, is store_unavailable
+// with the result of each entry (see decodeLeaseResponse). It reads the
+// body, at most maxResponseBytes, and puts it back for the decoder, with
+// the verdict: go-retryablehttp asks again once the decoder has read it.
+func keysStoreFailed(resp *http.Response) bool {
+	if pb, ok := resp.Body.(*peekedBody); ok {
+		return pb.keysFailed
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes+1))
+	_ = resp.Body.Close()
+	pb := &peekedBody{Reader: bytes.NewReader(data)}
+	resp.Body = pb
+	var p protocol.Problem
+	pb.keysFailed = err == nil && len(data) <= maxResponseBytes && json.Unmarshal(data, &p) == nil &&
+		p.Code == protocol.CodeStoreUnavailable && len(p.Leases) > 0
+	return pb.keysFailed
+}
+
+// peekedBody is a response body keysStoreFailed read, with its verdict.
+type peekedBody struct {
+	*bytes.Reader
+	keysFailed bool
+}
+
+func (*peekedBody) Close() error { return nil }
 
 // isProblem reports whether resp carries an RFC 9457 problem body.
 func isProblem(resp *http.Response) bool {
@@ -350,7 +383,11 @@ func hostOf(resp *http.Response) string {
 }
 
 // decodeLeaseResponse reads a lease server's answer. A 4xx problem that
-// carries per-entry results (every entry failed) is an answer too.
+// carries per-entry results (every entry failed) is an answer too, and so
+// is a 503 store_unavailable that carries them: the server's store failed
+// for each entry's key alone (a Redis Cluster node down, see
+// storeDownHold), while a store down fails the call with no entry's
+// result.
 func decodeLeaseResponse(resp *http.Response, req *protocol.LeaseRequest) (*protocol.LeaseResponse, error) {
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes+1))
 	if err != nil {
@@ -380,6 +417,15 @@ func decodeLeaseResponse(resp *http.Response, req *protocol.LeaseRequest) (*prot
 		}
 		if len(p.Leases) == 0 || len(req.Takes) > 0 {
 			return nil, permanent{&RefusedError{Server: hostOf(resp), Status: resp.StatusCode, Code: p.Code, Detail: p.Detail}}
+		}
+		out.Leases = p.Leases
+	case resp.StatusCode == http.StatusServiceUnavailable && isProblem(resp) && len(req.Takes) == 0:
+		var p protocol.Problem
+		if err := json.Unmarshal(data, &p); err != nil || p.Code != protocol.CodeStoreUnavailable || len(p.Leases) == 0 ||
+			slices.ContainsFunc(p.Leases, func(r protocol.LeaseResult) bool { return r.Error == nil }) {
+			// A store down, or not what rateleased sends (every entry
+			// failed): a failed server.
+			return nil, fmt.Errorf("%w: HTTP %d", ErrServerResponse, resp.StatusCode)
 		}
 		out.Leases = p.Leases
 	default:

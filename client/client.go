@@ -237,6 +237,9 @@ type Client struct {
 	// directFailedAt is the client clock at the last failure of the direct
 	// takes counted (see directFailed).
 	directFailedAt atomic.Int64
+	// storeDownLogged is the client clock at which noteStoreDown last
+	// logged (0: never).
+	storeDownLogged atomic.Int64
 
 	promoMu  sync.Mutex
 	promoted []*keyState // keys moved to leases, for the loop to take over
@@ -699,7 +702,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			c.denied.Add(1)
 			return Decision{Source: SourceLease, RetryAfter: time.Duration(max(l.shape.due(now), 1))}
 		}
-		if ks.leasing.Load() && ks.deadline.Load() != 0 && c.leasesOnline.Load() {
+		if ks.leasing.Load() && ks.deadline.Load() != 0 && c.leasesOnline.Load() && !storeDown(ks, now) {
 			// Its lease ran out: the loop fetches the next batch, and the
 			// request is denied until it comes (it counts as demand for
 			// the batch). Deciding it directly instead would cost a call
@@ -773,7 +776,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			// directly, or by the fallback when no server answers.
 			ks.need.Store(true)
 			c.wake()
-			if !waitedLease && ks.deadline.Load() == 0 && c.leasesOnline.Load() {
+			if !waitedLease && ks.deadline.Load() == 0 && c.leasesOnline.Load() && !storeDown(ks, now) {
 				waitedLease = true
 				again := !ks.shaped.Load() && letGo()
 				l := c.awaitLease(ctx, ks, n, budget(), func() bool {
@@ -793,6 +796,11 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 		var dd Decision
 		c.checkDetached(now)
 		switch {
+		case anyStoreDown(direct, now):
+			// A server said lately that its store fails for this key
+			// alone (see storeDownHold): decided as offline decides,
+			// without a call that would fail again.
+			dd = c.offline(n, direct, now)
 		case !foreign && !c.leasesOnline.Load() && c.leaseHeld(direct, now):
 			// Lease calls fail, and a key's spent-out lease is still ours:
 			// denied until its deadline, as offline decides, without a
@@ -981,6 +989,43 @@ func (c *Client) leaseHeld(states []*keyState, now int64) bool {
 		}
 	}
 	return false
+}
+
+// storeDownHold is how long a key whose store a server said failed for it
+// alone (store_unavailable for its entry or take, while the call was
+// answered: a Redis Cluster node down) is decided as offline decides,
+// without a call; then the next decision, or the loop, asks again.
+const storeDownHold = time.Second
+
+// storeDown reports whether ks is held store-down at now (see
+// storeDownHold).
+func storeDown(ks *keyState, now int64) bool {
+	u := ks.storeDown.Load()
+	return u != 0 && now < u
+}
+
+// anyStoreDown reports whether any of states is held store-down at now.
+func anyStoreDown(states []*keyState, now int64) bool {
+	for _, ks := range states {
+		if storeDown(ks, now) {
+			return true
+		}
+	}
+	return false
+}
+
+// noteStoreDown holds keys store-down from now (see storeDownHold) after a
+// server answered that its store failed for them alone (p), and logs it at
+// most once per hold, client-wide: a Redis Cluster node down fails a share
+// of every key.
+func (c *Client) noteStoreDown(keys []*keyState, p *protocol.Problem, now int64) {
+	for _, ks := range keys {
+		ks.storeDown.Store(now + int64(storeDownHold))
+	}
+	if last := c.storeDownLogged.Load(); (last == 0 || now-last >= int64(storeDownHold)) && c.storeDownLogged.CompareAndSwap(last, now) {
+		c.cfg.Logger.Warn("ratelease: a lease server's store failed for some keys (a Redis Cluster node down?); they are decided as when no server answers, and asked again after a hold, the others as usual",
+			"keys", keysOf(keys), "hold", storeDownHold, "detail", p.Detail)
+	}
 }
 
 // offline decides keys while no server answers: a key whose spent-out

@@ -470,10 +470,23 @@ func (c *Client) applyDirect(r *directReq) Decision {
 			// denial without a reason, which Wait reported as
 			// ErrRateLimited with no retry time, inviting a retry forever).
 			return Decision{Source: SourceDenied, Err: fmt.Errorf("%w: %s", ErrCostExceedsBurst, p.Detail)}
+		case protocol.CodeStoreUnavailable:
+			// The server answered, but its store failed for this take's
+			// key alone (a Redis Cluster node down): decided as offline
+			// decides, and so are the key's next decisions for a hold,
+			// without a call (see storeDownHold). The client stays
+			// online. A take of several keys holds none: the failed one
+			// is not known, and the others' stores answer.
+			var held []*keyState
+			if len(r.states) == 1 {
+				held = r.states
+			}
+			c.noteStoreDown(held, p, now)
+			return c.offline(r.n, r.states, now)
 		default:
-			// The server failed on this take (internal, store_unavailable):
-			// as when it does not answer, the fallback decides; it used to
-			// be a denial without a reason.
+			// The server failed on this take (internal): as when it does
+			// not answer, the fallback decides; it used to be a denial
+			// without a reason.
 			c.cfg.Logger.Error("ratelease: direct take failed", "keys", keysOf(r.states), "code", p.Code, "detail", p.Detail)
 			return c.offline(r.n, r.states, now)
 		}

@@ -278,6 +278,17 @@
 // server answers again, leases resume. Decision.Source says which path
 // decided.
 //
+// A server whose store fails for some keys only (a Redis Cluster node down)
+// answers: those keys' entries and takes fail alone with store_unavailable
+// (a lease call all of whose entries failed so is a 503 that carries every
+// entry's result, an answer, not a failed server). The client stays
+// online, and decides each such key as when no server answers (its live
+// lease serves, a spent-out one is denied until its deadline, then the
+// fallback) for a hold of a second, without a call; then the key's next
+// decision, or the settle loop, asks again. A take of several keys that
+// fails so holds none of them (which key failed is not known). This is
+// logged at level warn at most once a second.
+//
 // # Misconfiguration
 //
 // A refusal is not a rate limit. A server that refuses the client's calls

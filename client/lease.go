@@ -136,6 +136,14 @@ func (l *lease) left() int64 {
 //	            after the denial.
 //	unlimited   unlimited: no rule limits it; allowed locally until
 //	            unlimitedExp (0: until the loop learns otherwise).
+//	store-down  storeDownUntil in the future: a server answered that its
+//	            store failed for this key alone (a Redis Cluster node
+//	            down, while the others answer). Until then (storeDownHold)
+//	            a decision that needs a server is made as offline makes
+//	            it, without a call: its live lease serves, a spent-out one
+//	            is denied until its deadline, then the fallback decides.
+//	            The loop does not ask for the key meanwhile. The client
+//	            stays online: the other keys are decided as usual.
 //	leasing     leasing set, no lease in yet: the settle loop owns it (it is
 //	            in loopState.leased) and asks for a batch; a decision waits
 //	            for the first one (at most Config.RequestTimeout), and is
@@ -188,6 +196,7 @@ type keyState struct {
 	waiting      atomic.Int64                 // tokens of the decisions waiting for that answer (demand, see admitted)
 	limits       atomic.Pointer[[]LimitState] // the rule's limits as of the latest answer (see LimitState)
 	shaped       atomic.Bool                  // the key's rule shapes (leaky_bucket), from any answer
+	storeDown    atomic.Int64                 // client clock: decided as offline until then, without a call (the store failed for this key alone)
 
 	// mu guards its fields.
 	mu struct {

@@ -306,6 +306,10 @@ func (c *Client) scan(now, dt int64, collect bool) []pending {
 		if !collect || ks.run.inflight {
 			continue
 		}
+		if storeDown(ks, now) && !c.closing.Load() {
+			// Its store failed for it alone: asked again after the hold.
+			continue
+		}
 		if ks.run.lastAsk != 0 && now-ks.run.lastAsk < int64(c.cfg.SettleInterval) && !ks.run.forget {
 			// At most one call per key per tick: a key that keeps running
 			// out asks for more once a tick, not once a request.
@@ -748,6 +752,15 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 			ks.denyUntil.Store(now + int64(max(time.Second, c.cfg.Horizon)))
 			ks.need.Store(false)
 			c.cfg.Logger.Warn("ratelease: server refused key", "key", ks.key, "code", res.Error.Code, "detail", res.Error.Detail)
+		case protocol.CodeStoreUnavailable:
+			// The store failed for this key alone (a Redis Cluster node
+			// down): its live lease serves, a spent-out one is denied
+			// until its deadline, then the fallback decides, and the loop
+			// asks again after a hold (see storeDownHold).
+			// A decision waiting for this lease is decided again (need
+			// cleared, as a refusal does): as offline decides.
+			c.noteStoreDown([]*keyState{ks}, res.Error, now)
+			ks.need.Store(false)
 		default:
 			c.cfg.Logger.Error("ratelease: lease entry failed", "key", ks.key, "code", res.Error.Code, "detail", res.Error.Detail)
 			ks.denyUntil.Store(now + int64(c.cfg.SettleInterval))

@@ -198,6 +198,21 @@
 // forgotten its open leases: that can admit one extra burst, and nothing
 // in the store can tell.
 //
+// On a Redis Cluster one node can fail while the others serve (until a
+// replica takes over, or for good with cluster-require-full-coverage no).
+// A call of many keys is one pipeline per node, so the store fails the
+// ops of that node's keys alone, each in its outcome's Err (wrapping
+// ErrStoreUnavailable), and the Engine fails their entries and takes alone
+// (a take with such a key gives back what its other keys took; a rule
+// whose second limit failed gives back its first limit's grant): the other
+// keys are decided as usual. A call with none but that node's keys is told
+// from a cluster that is down by the other masters: one ran an op within
+// RedisOptions.PartialWindow (100 ms), or answers a PING then; if none
+// does, the call fails whole, as on a single node (TestRedisClusterShardDown,
+// TestEngineClusterShardDown). A failed op did not run, or ran without its
+// answer: what it may have done errs toward the limit (a grant nobody
+// spends, a settle not credited; a take's tokens counted).
+//
 // # Owned token buckets
 //
 // A lease server may own a token bucket (own.go has the contract; both

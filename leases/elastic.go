@@ -1,6 +1,7 @@
 package leases
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -113,8 +114,10 @@ func (e *Engine) borrowTakes(ctx context.Context, takes []TakeAsk, resps []TakeR
 		return nil
 	}
 	start := time.Now()
+	// A pool op that failed alone (its Redis Cluster node down) lends
+	// nothing: the limits' own answer stands.
 	outs, err := e.store.Take(ctx, ops)
-	e.observe("take", start, err)
+	e.observe("take", start, cmp.Or(err, firstStoreErr(outs, func(o *TakeOutcome) error { return o.Err })))
 	if err != nil {
 		return err
 	}
@@ -176,8 +179,10 @@ func (e *Engine) borrowLeases(ctx context.Context, owner Owner, ids *idSecret, a
 		return nil
 	}
 	start := time.Now()
+	// A pool op that failed alone (its Redis Cluster node down) lends
+	// nothing: the limits' own answer stands.
 	outs, err := e.store.Take(ctx, ops)
-	e.observe("take", start, err)
+	e.observe("take", start, cmp.Or(err, firstStoreErr(outs, func(o *TakeOutcome) error { return o.Err })))
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package leases
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -22,8 +23,9 @@ type EngineOptions struct {
 	// defaults (see LeaseLimits).
 	Limits LeaseLimits
 	// OnStoreCall, when set, is called after every store call with the
-	// operation ("lease", "take", "refund"), its duration and its error.
-	// The server uses it for the store latency histogram.
+	// operation ("lease", "take", "refund"), its duration and its error: a
+	// call that failed for some keys only is given the first of their
+	// errors. The server uses it for the store latency histogram.
 	OnStoreCall func(op string, elapsed time.Duration, err error)
 	// Overrides, when set, supplies per-key rules consulted before the
 	// Policy (see Overrides); OnStoreCall also sees its lookups, as
@@ -99,6 +101,28 @@ func (e *DecisionError) Unwrap() error { return e.Err }
 
 func decisionErr(err error, format string, args ...any) error {
 	return &DecisionError{Err: err, Detail: fmt.Sprintf(format, args...)}
+}
+
+// storeFailedFor is the error of an entry or take whose store operation
+// failed alone (cause wraps ErrStoreUnavailable): the store answered for
+// the call's other keys. Its Detail, for the caller, names the key (what
+// names it: format and args) and not the cause, which errors.Unwrap
+// returns for the server's log.
+func storeFailedFor(cause error, format string, args ...any) error {
+	return &DecisionError{Err: cause, Detail: fmt.Sprintf("the store did not answer for "+format+
+		" (a Redis Cluster node down, most likely), while it answered for other keys: nothing was granted or taken for it; decide it as when no server answers, and ask again later", args...)}
+}
+
+// firstStoreErr returns the first error of outs (errOf) that wraps
+// ErrStoreUnavailable, or nil: an op's failure alone, observed as the
+// call's (Options.OnStoreCall), so that the store's errors count it.
+func firstStoreErr[T any](outs []T, errOf func(*T) error) error {
+	for i := range outs {
+		if err := errOf(&outs[i]); errors.Is(err, ErrStoreUnavailable) {
+			return err
+		}
+	}
+	return nil
 }
 
 // Report counts what one call did, for metrics.
@@ -278,7 +302,10 @@ func parsedAt(parsed []leaseIDParts, i int) leaseIDParts {
 // Lease runs asks for owner and returns one result per ask, in order. Asks
 // must be valid (see protocol.LeaseRequest.Validate). A store failure
 // fails the whole call with an error wrapping ErrStoreUnavailable; the
-// per-entry errors are in the results' Err. Any other per-operation error
+// per-entry errors are in the results' Err, a store that failed for some
+// keys only (a Redis Cluster node down) included: their entries fail with
+// a *DecisionError wrapping the store's error, hence ErrStoreUnavailable,
+// and the others are decided. Any other per-operation error
 // of the store fails the whole call with an error that names the key and
 // wraps it.
 //
@@ -381,7 +408,7 @@ func (e *Engine) Lease(ctx context.Context, owner Owner, asks []LeaseAsk) ([]Lea
 	}
 	start := time.Now()
 	outs, err := e.store.Lease(ctx, owner, ops)
-	e.observe("lease", start, err)
+	e.observe("lease", start, cmp.Or(err, firstStoreErr(outs, func(o *LeaseOutcome) error { return o.Err })))
 	if err != nil {
 		return nil, Report{}, err
 	}
@@ -450,6 +477,10 @@ func (e *Engine) combineLease(res *LeaseResult, a *LeaseAsk, ops []LeaseOp, outs
 			res.Err = decisionErr(ErrUsedExceedsGranted, "used %d for lease %q of key %q is more than it granted; nothing changed", a.Used, a.LeaseID, a.Key)
 		case errors.Is(o.Err, ErrTooManyLeases):
 			res.Err = decisionErr(ErrTooManyLeases, "key %q already has the most open leases the server allows (per key, or per client on the key); nothing was granted: take tokens directly for this key, or ask the operator to raise the cap", a.Key)
+		case errors.Is(o.Err, ErrStoreUnavailable):
+			// The store failed for this key alone (its Redis Cluster
+			// node is down) while it answered for others.
+			res.Err = storeFailedFor(o.Err, "key %q", a.Key)
 		default:
 			// A failure the store does not document per operation: the
 			// outcome of the call is unknown, so it fails whole, with the
@@ -619,7 +650,10 @@ func (e *Engine) Check(ctx context.Context, keys []string, cost int64) (TakeResu
 // one to give back the tokens of the takes that were denied. A take that
 // cannot be decided (a key that matches no rule under default deny, a cost
 // above a limit's burst) gets its error in Err and takes nothing; the
-// others are decided. Only a store failure fails the whole call. The same
+// others are decided. So does a take one of whose keys the store failed for
+// alone (a Redis Cluster node down): its Err wraps ErrStoreUnavailable, and
+// its other keys give back what they took. Only a store failure for every
+// key fails the whole call. The same
 // key may appear in several takes: they are decided in order.
 func (e *Engine) Take(ctx context.Context, takes []TakeAsk) ([]TakeResult, Report, error) {
 	p := e.policy
@@ -681,7 +715,7 @@ func (e *Engine) Take(ctx context.Context, takes []TakeAsk) ([]TakeResult, Repor
 	if len(ops) > 0 {
 		start := time.Now()
 		outs, err := e.store.Take(ctx, ops)
-		e.observe("take", start, err)
+		e.observe("take", start, cmp.Or(err, firstStoreErr(outs, func(o *TakeOutcome) error { return o.Err })))
 		if err != nil {
 			return nil, Report{}, err
 		}
@@ -689,6 +723,15 @@ func (e *Engine) Take(ctx context.Context, takes []TakeAsk) ([]TakeResult, Repor
 			resp := &resps[at[j][0]]
 			res := &resp.Keys[at[j][1]]
 			li := at[j][2]
+			if o.Err != nil {
+				// The store failed for this key alone: the take fails,
+				// and its other keys and limits give back what they
+				// took (below).
+				if resp.Err == nil {
+					resp.Err = storeFailedFor(o.Err, "keys[%d] %q", at[j][1], res.Key)
+				}
+				continue
+			}
 			rep.Expiries += o.Expired
 			res.Limits[li] = limitStatus(res.Rule, li, o.Remaining, o.Reset)
 			if li == 0 || res.Limits[li].Remaining < res.Remaining {
@@ -719,7 +762,7 @@ func (e *Engine) Take(ctx context.Context, takes []TakeAsk) ([]TakeResult, Repor
 		// reported.
 		var giveBack []TakeOp
 		for j, o := range outs {
-			if resp := &resps[at[j][0]]; o.Taken && !resp.Allowed && ops[j].Cost > 0 {
+			if resp := &resps[at[j][0]]; o.Taken && (!resp.Allowed || resp.Err != nil) && ops[j].Cost > 0 {
 				op := ops[j]
 				op.At = o.At
 				giveBack = append(giveBack, op)
@@ -749,6 +792,7 @@ func (e *Engine) Take(ctx context.Context, takes []TakeAsk) ([]TakeResult, Repor
 	for i := range resps {
 		switch {
 		case resps[i].Err != nil:
+			resps[i] = TakeResult{Err: resps[i].Err}
 		case resps[i].Allowed:
 			rep.Grants++
 			if resps[i].ShadowDenied {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -251,6 +252,15 @@ func (s *OwningStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, er
 				}
 			}
 			s.mu.Unlock()
+			if err != nil && errors.Is(err, ErrStoreUnavailable) && slices.Contains(done, true) {
+				// Decided here, some of them: the store's failure is
+				// the forwarded ops' alone (see Store.Take).
+				res = make([]TakeOutcome, len(fwd))
+				for j := range res {
+					res[j].Err = err
+				}
+				err = nil
+			}
 			if err != nil {
 				return nil, err
 			}

@@ -1,12 +1,14 @@
 package leases
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -51,7 +53,23 @@ type RedisOptions struct {
 	// leases, one command for each new bucket. Leave it false unless the
 	// policy is known (rateleased sets it from CONFIG GET at start).
 	NoEviction bool
+	// PartialWindow applies to a Redis Cluster only. A call every op of
+	// which failed is taken as a failure of those keys' nodes alone, each
+	// op failing in its outcome (see Store.Lease), when another node
+	// answers: some op of the store ran within PartialWindow, or else a
+	// master answers a PING that the store then sends to every master
+	// (within partialPing). Otherwise, and always on a single node, the
+	// call fails whole, as the store is down. Zero means 100 ms; a negative
+	// value never takes a call's failure as partial.
+	PartialWindow time.Duration
 }
+
+// defaultPartialWindow is RedisOptions.PartialWindow's default.
+const defaultPartialWindow = 100 * time.Millisecond
+
+// partialPing bounds the PING of every master that tells a Redis Cluster
+// with a node down from one that is down (see RedisOptions.PartialWindow).
+const partialPing = 100 * time.Millisecond
 
 // RedisStore is a Store that keeps buckets and leases in Redis, so any
 // number of lease servers can share them. It takes a redis.UniversalClient:
@@ -100,12 +118,21 @@ type RedisStore struct {
 	now        func() time.Time
 	noEviction string                 // the script's ARGV[16]; ARGV[17] is the op's Floor
 	idKey      atomic.Pointer[[]byte] // see IDKey; nil until read
+	// partial is RedisOptions.PartialWindow on a Redis Cluster, else
+	// negative; ranAt is when an op last ran or a master last answered a
+	// PING (see othersAnswer), as mono returns it (0: never).
+	partial time.Duration
+	epoch   time.Time
+	ranAt   atomic.Int64
 }
 
 // NewRedisStore returns a store over rdb. The caller keeps ownership of rdb:
 // Close does not close it.
 func NewRedisStore(rdb redis.UniversalClient, opts RedisOptions) *RedisStore {
-	s := &RedisStore{rdb: rdb, scripts: make(map[Algorithm]*redis.Script, len(algorithms)), now: opts.Now, noEviction: "0"}
+	s := &RedisStore{rdb: rdb, scripts: make(map[Algorithm]*redis.Script, len(algorithms)), now: opts.Now, noEviction: "0", partial: -1, epoch: time.Now()}
+	if _, ok := rdb.(*redis.ClusterClient); ok {
+		s.partial = cmp.Or(opts.PartialWindow, defaultPartialWindow)
+	}
 	for name, a := range algorithms {
 		s.scripts[name] = redis.NewScript(a.script)
 	}
@@ -170,6 +197,14 @@ var noOwner = []any{"", "", 0, "", 0, "", 0, 0, 0}
 // retries with EVAL the calls that failed with NOSCRIPT (after a Redis
 // restart or SCRIPT FLUSH); a NOSCRIPT call did not run, so the retry is
 // safe.
+//
+// It fails whole (an error wrapping ErrStoreUnavailable) only when every
+// call failed: Redis is down, or, on a Redis Cluster, every node (see
+// RedisOptions.PartialWindow). When some
+// calls failed and others ran (one node of a cluster down, its slots
+// unserved until a failover), it returns the commands, each with its own
+// error, and the caller fails those operations alone (see cmdFailed): the
+// keys on the other nodes are decided as usual.
 func (s *RedisStore) run(ctx context.Context, algs []Algorithm, keys [][]string, args [][]any) ([]*redis.Cmd, error) {
 	scripts := make([]*redis.Script, len(args))
 	for i, a := range algs {
@@ -187,10 +222,7 @@ func (s *RedisStore) run(ctx context.Context, algs []Algorithm, keys [][]string,
 		// own pool and bookkeeping). Run is EVALSHA, and EVAL when Redis
 		// does not have the script (NOSCRIPT).
 		cmds[0] = scripts[0].Run(ctx, s.rdb, keys[0], args[0]...)
-		if err := cmds[0].Err(); err != nil {
-			return nil, unavailable(err)
-		}
-		return cmds, nil
+		return s.ran(ctx, cmds, cmds[0].Err())
 	}
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range args {
@@ -214,10 +246,63 @@ func (s *RedisStore) run(ctx context.Context, algs []Algorithm, keys [][]string,
 			})
 		}
 	}
-	if err != nil {
-		return nil, unavailable(err)
+	return s.ran(ctx, cmds, err)
+}
+
+// ran returns run's result for cmds, which failed with err (nil when each
+// ran): the commands, each with its own error, when some ran, or when none
+// did but the failure is taken as partial (RedisOptions.PartialWindow);
+// otherwise err, wrapping ErrStoreUnavailable.
+func (s *RedisStore) ran(ctx context.Context, cmds []*redis.Cmd, err error) ([]*redis.Cmd, error) {
+	if err == nil || slices.ContainsFunc(cmds, func(c *redis.Cmd) bool { return cmdFailed(c) == nil }) {
+		s.ranAt.Store(s.mono())
+		return cmds, nil
 	}
-	return cmds, nil
+	if s.partial >= 0 && ctx.Err() == nil && s.othersAnswer(ctx) {
+		// Other nodes answer (a Redis Cluster node is down, its slots
+		// unserved until a failover): these keys fail alone.
+		return cmds, nil
+	}
+	return nil, unavailable(err)
+}
+
+// mono returns the time since the store was made, plus one (0 is never).
+func (s *RedisStore) mono() int64 { return int64(time.Since(s.epoch)) + 1 }
+
+// othersAnswer reports whether a node of the cluster answers (see
+// RedisOptions.PartialWindow): an op ran within the window, or a master
+// answers a PING now.
+func (s *RedisStore) othersAnswer(ctx context.Context) bool {
+	if at := s.ranAt.Load(); at != 0 && s.mono()-at <= int64(s.partial) {
+		return true
+	}
+	cc, ok := s.rdb.(*redis.ClusterClient)
+	if !ok {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, partialPing)
+	defer cancel()
+	var answered atomic.Bool
+	_ = cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+		if n.Ping(ctx).Err() == nil {
+			answered.Store(true)
+		}
+		return nil
+	})
+	if answered.Load() {
+		s.ranAt.Store(s.mono())
+	}
+	return answered.Load()
+}
+
+// cmdFailed returns the error of a command of run's pipeline that failed on
+// its own (its node did not answer, or answered with an error), wrapping
+// ErrStoreUnavailable, or nil when it ran.
+func cmdFailed(c *redis.Cmd) error {
+	if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
+		return unavailable(err)
+	}
+	return nil
 }
 
 func unavailable(err error) error {
@@ -257,6 +342,13 @@ func (s *RedisStore) Lease(ctx context.Context, owner Owner, ops []LeaseOp) ([]L
 	}
 	out := make([]LeaseOutcome, len(ops))
 	for i, c := range cmds {
+		if err := cmdFailed(c); err != nil {
+			// This key's node failed (see run): the op did not run, or
+			// ran without its answer; nothing is granted, and a lease it
+			// settled or replaced expires by its TTL, counted as spent.
+			out[i] = LeaseOutcome{Err: err}
+			continue
+		}
 		v, err := ints(c, 7)
 		if err != nil {
 			return nil, err
@@ -332,6 +424,13 @@ func (s *RedisStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, err
 	}
 	out := make([]TakeOutcome, len(ops))
 	for i, c := range cmds {
+		if err := cmdFailed(c); err != nil {
+			// This key's node failed (see run): nothing is taken as far
+			// as the caller knows (tokens the op took without its answer
+			// count toward the limit: the safe side).
+			out[i] = TakeOutcome{Err: err}
+			continue
+		}
 		v, err := ints(c, 4)
 		if err != nil {
 			return nil, err
@@ -360,8 +459,8 @@ func (s *RedisStore) Refund(ctx context.Context, ops []TakeOp) error {
 		return err
 	}
 	for _, c := range cmds {
-		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
-			return unavailable(err)
+		if err := cmdFailed(c); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -147,7 +147,11 @@ type LeaseOutcome struct {
 	// Err is ErrUnknownLease, ErrUsedExceedsGranted or ErrTooManyLeases
 	// when the operation failed; nothing changed then (but leases of any
 	// owner found expired were closed, counted in Expired) and the other
-	// fields are zero.
+	// fields are zero. It wraps ErrStoreUnavailable when the store failed
+	// for this op alone (a Redis Cluster node down, while the others
+	// answer): nothing is granted, and what the op may have changed without
+	// its answer errs on the side of the limit (a lease it settled or
+	// replaced expires by its TTL, counted as spent).
 	Err error
 	// Granted tokens are in the new lease LeaseID, valid for TTL.
 	Granted int64
@@ -240,6 +244,10 @@ type TakeOutcome struct {
 	// At is the take's stamp, for Refund (TakeOp.At): the store's clock
 	// (µs) at the take, or for leaky_bucket the end of the take's slots.
 	At int64
+	// Err, when set, wraps ErrStoreUnavailable: the store failed for this
+	// op alone (a Redis Cluster node down, while the others answer), and
+	// nothing is taken as far as the caller knows.
+	Err error
 }
 
 // BucketState is a snapshot of one key's bucket, for tests and operators.
@@ -320,11 +328,14 @@ type BucketState struct {
 // another's lease.
 type Store interface {
 	// Lease applies ops, each key at most once, and returns one outcome per
-	// op in order. A store error (ErrStoreUnavailable) fails the call; per-op
-	// errors are in the outcomes.
+	// op in order. A store error (ErrStoreUnavailable) fails the call when
+	// no op ran; per-op errors are in the outcomes, a store error for some
+	// ops only (some keys' shard down) included.
 	Lease(ctx context.Context, owner Owner, ops []LeaseOp) ([]LeaseOutcome, error)
 	// Take applies each op independently (the caller does all-or-nothing
-	// across keys by giving back with Refund).
+	// across keys by giving back with Refund). Store errors are as for
+	// Lease: the call fails when no op ran, an op alone in its outcome's
+	// Err.
 	Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, error)
 	// Refund puts back tokens taken by Take, never filling a bucket above
 	// its size minus its outstanding leases. Each op names the take's time

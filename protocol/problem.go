@@ -103,7 +103,11 @@ const (
 	// CodeMethodNotAllowed: the route exists with another method (405).
 	CodeMethodNotAllowed Code = "method_not_allowed"
 	// CodeStoreUnavailable: the store (Redis) did not answer; retry after
-	// the Retry-After header (503).
+	// the Retry-After header (503). As an entry's or a take's error, it
+	// did not answer for that key alone (a Redis Cluster node down) while
+	// it did for others; a lease call every entry of which failed so is a
+	// 503 whose Problem carries every entry's result (Leases), which a 503
+	// of the store down never does.
 	CodeStoreUnavailable Code = "store_unavailable"
 	// CodeShuttingDown: the server is stopping; use another one (503).
 	CodeShuttingDown Code = "shutting_down"

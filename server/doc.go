@@ -130,7 +130,13 @@
 // once Options.StoreTimeout (800ms by default) has passed, so within a
 // second, and /readyz fails; nothing needs restarting when the store comes
 // back. (For a Redis store, set ContextTimeoutEnabled on the go-redis
-// client: see Options.StoreTimeout.) Any
+// client: see Options.StoreTimeout.) When it fails for some keys only (a
+// Redis Cluster node down, see leases.RedisOptions.PartialWindow), their
+// entries and takes fail alone with store_unavailable, logged at level
+// warn once per call with the cause, and the others are decided; a lease
+// call every entry of which failed so is a 503 store_unavailable with
+// "Retry-After: 1" whose problem carries every entry's result (leases),
+// and so is a check of such a key. Any
 // other store error fails the call with 500 internal, and is logged at level
 // error with its cause.
 //

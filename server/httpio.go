@@ -149,6 +149,32 @@ func problemOf(err error) *protocol.Problem {
 
 // storeFailed answers a failed engine call: 503 with Retry-After when the
 // store is unreachable, closed or too slow, 500 otherwise.
+// storeFailedFor logs the entries or takes of a call that the store
+// failed for alone (errAt(i) for i below n: the engine's per-entry errors,
+// those wrapping leases.ErrStoreUnavailable counted), once per call with
+// the first cause: a Redis Cluster node down fails its keys' entries while
+// the others are decided. It returns how many failed so.
+func (s *Server) storeFailedFor(r *http.Request, n int, errAt func(i int) error) int {
+	failed := 0
+	var first error
+	for i := range n {
+		if err := errAt(i); errors.Is(err, leases.ErrStoreUnavailable) {
+			if failed == 0 {
+				first = err
+			}
+			failed++
+		}
+	}
+	if failed > 0 && r.Context().Err() == nil {
+		cause := first
+		if c := errors.Unwrap(first); c != nil {
+			cause = c
+		}
+		s.log.WarnContext(r.Context(), "store unavailable for some keys; the others were decided", "route", r.Pattern, "failed", failed, "err", cause, "detail", first.Error())
+	}
+	return failed
+}
+
 func (s *Server) storeFailed(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.Is(err, leases.ErrClosed):

@@ -103,6 +103,7 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 			s.storeFailed(w, r, err)
 			return
 		}
+		s.storeFailedFor(r, len(decided), func(i int) error { return decided[i].Err })
 		s.metrics.record(rep)
 		s.ops.leases(asks, decided, now)
 		if idx == nil {
@@ -135,6 +136,9 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 	if len(results) > 1 {
 		p.Detail = "every entry failed; leases[0]: " + p.Detail
 	}
+	if p.Code == protocol.CodeStoreUnavailable {
+		w.Header().Set("Retry-After", "1")
+	}
 	writeProblem(w, &p)
 }
 
@@ -165,6 +169,7 @@ func (s *Server) takes(w http.ResponseWriter, r *http.Request, st *state, who *p
 		s.storeFailed(w, r, err)
 		return nil, false
 	}
+	s.storeFailedFor(r, len(decided), func(i int) error { return decided[i].Err })
 	s.metrics.record(rep)
 	s.ops.takes(decided)
 	for j := range decided {
@@ -246,6 +251,9 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request, st *state, 
 	s.metrics.record(rep)
 	decided := &taken[0]
 	if err := decided.Err; err != nil {
+		if s.storeFailedFor(r, 1, func(int) error { return err }) > 0 {
+			w.Header().Set("Retry-After", "1")
+		}
 		writeProblem(w, decisionProblem(err))
 		return
 	}

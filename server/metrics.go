@@ -26,7 +26,7 @@ const namespace = "ratelease"
 //	ratelease_request_duration_seconds{route,code}  HTTP request latency by route pattern and status;
 //	                                                its _count is the one count of requests
 //	ratelease_store_latency_seconds{op}         store call latency (op: lease, take, refund)
-//	ratelease_store_errors_total{op}            store calls that failed, by operation
+//	ratelease_store_errors_total{op}            store calls that failed, wholly or for some keys, by operation
 //	ratelease_rules_loaded                      rules in force
 //	ratelease_rules_info{version}               always 1: the version of the rules in force
 //	ratelease_rules_reloads_total{result}       rules file reloads (result: ok, error)
@@ -80,7 +80,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"op"}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "store_errors_total",
-			Help: "Store calls that failed (Redis errors, timeouts), by operation (lease, take, refund).",
+			Help: "Store calls that failed, wholly or for some keys (Redis errors, timeouts, a Redis Cluster node down), by operation (lease, take, refund).",
 		}, []string{"op"}),
 		reloadSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "rules_last_reload_success",

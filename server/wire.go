@@ -43,6 +43,10 @@ func decisionProblem(err error) *protocol.Problem {
 		code = protocol.CodeUsedExceedsGranted
 	case errors.Is(err, leases.ErrTooManyLeases):
 		code = protocol.CodeTooManyLeases
+	case errors.Is(err, leases.ErrStoreUnavailable):
+		// The store failed for this entry's key alone (see
+		// Server.storeFailedFor); its Detail names the key, not the cause.
+		code = protocol.CodeStoreUnavailable
 	}
 	return protocol.NewProblem(code, err.Error())
 }

@@ -1,0 +1,243 @@
+package leases_test
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ratelease/ratelease/e2e/redistest"
+	"github.com/ratelease/ratelease/leases"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// failFastClient returns a client of cl made as rateleased makes it
+// (server/cmd/rateleased: fail fast): one dial attempt, no retry of a
+// command that may have run, backoffs of at most 100 ms. A client with
+// go-redis's defaults took 3.3 s to give up on a dead node.
+func failFastClient(t *testing.T, cl *redistest.Cluster) *redis.ClusterClient {
+	t.Helper()
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRetries: -1, DialerRetries: 1, MaxRetryBackoff: 100 * time.Millisecond})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+// keysByNode returns one key per node of a cluster of n masters started by
+// redistest.StartCluster (node i serves the i-th n-th of the slots).
+func keysByNode(t *testing.T, rdb *redis.ClusterClient, n int) []string {
+	t.Helper()
+	out := make([]string, n)
+	found := 0
+	for i := 0; found < n; i++ {
+		require.Less(t, i, 1000, "no key found on every node")
+		k := fmt.Sprintf("user:%d", i)
+		h, _, _ := leases.RedisKeys(k)
+		slot, err := rdb.ClusterKeySlot(context.Background(), h).Result()
+		require.NoError(t, err)
+		if node := int(slot) * n / 16384; out[node] == "" {
+			out[node] = k
+			found++
+		}
+	}
+	return out
+}
+
+// TestRedisClusterShardDown: with one master of a Redis Cluster down (its
+// slots unserved until a failover), a call whose keys are on several
+// shards fails for the dead shard's keys only: the others are granted and
+// taken as before, and the dead shard's ops fail alone with
+// ErrStoreUnavailable. So do the ops of a call with none but the dead
+// shard's keys, while other nodes answer (see RedisOptions.PartialWindow);
+// with a negative window, or every node down, such a call fails whole, as
+// when the store is down.
+func TestRedisClusterShardDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-node Redis Cluster")
+	}
+	cl := redistest.StartCluster(t, 3)
+	rdb := failFastClient(t, cl)
+	keys := keysByNode(t, rdb, 3)
+	store := leases.NewRedisStore(rdb, leases.RedisOptions{})
+	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 100, Period: time.Second, Burst: 100, LeaseTTL: 2 * time.Second}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Every node answers once, so the client knows the slots.
+	_, err := store.Take(ctx, []leases.TakeOp{{Key: keys[0], Bucket: b, Cost: 1}, {Key: keys[1], Bucket: b, Cost: 1}, {Key: keys[2], Bucket: b, Cost: 1}})
+	require.NoError(t, err)
+
+	cl.Nodes[2].Kill(t)
+
+	owner := leases.Owner{Client: "c", Process: "p"}
+	ops := make([]leases.LeaseOp, 3)
+	for i, k := range keys {
+		ops[i] = leases.LeaseOp{Key: k, Bucket: b, Want: 5, NewLeaseID: leases.NewLeaseID()}
+	}
+	t0 := time.Now()
+	outs, err := store.Lease(ctx, owner, ops)
+	t.Logf("a lease call with a node down took %v", time.Since(t0))
+	require.NoError(t, err, "two shards of three answer")
+	require.Len(t, outs, 3)
+	for i := range 2 {
+		require.NoError(t, outs[i].Err, keys[i])
+		require.EqualValues(t, 5, outs[i].Granted, keys[i])
+	}
+	require.ErrorIs(t, outs[2].Err, leases.ErrStoreUnavailable)
+	require.Zero(t, outs[2].Granted)
+
+	takes := make([]leases.TakeOp, 3)
+	for i, k := range keys {
+		takes[i] = leases.TakeOp{Key: k, Bucket: b, Cost: 2}
+	}
+	t0 = time.Now()
+	touts, err := store.Take(ctx, takes)
+	t.Logf("a take call with a node down took %v", time.Since(t0))
+	require.NoError(t, err, "two shards of three answer")
+	require.Len(t, touts, 3)
+	for i := range 2 {
+		require.NoError(t, touts[i].Err, keys[i])
+		require.True(t, touts[i].Taken, keys[i])
+	}
+	require.ErrorIs(t, touts[2].Err, leases.ErrStoreUnavailable)
+	require.False(t, touts[2].Taken)
+
+	// The dead shard's keys alone, while the other nodes answer: the ops
+	// fail, not the call; the others answered ops a moment ago, or (a
+	// window too short for that) a PING.
+	brief := leases.NewRedisStore(rdb, leases.RedisOptions{PartialWindow: time.Nanosecond})
+	for _, st := range []*leases.RedisStore{store, brief} {
+		outs, err = st.Lease(ctx, owner, ops[2:])
+		require.NoError(t, err, "the other nodes answer")
+		require.ErrorIs(t, outs[0].Err, leases.ErrStoreUnavailable)
+		touts, err = st.Take(ctx, takes[2:])
+		require.NoError(t, err, "the other nodes answer")
+		require.ErrorIs(t, touts[0].Err, leases.ErrStoreUnavailable)
+	}
+
+	// A store that never takes a failure as partial fails the call.
+	strict := leases.NewRedisStore(rdb, leases.RedisOptions{PartialWindow: -1})
+	_, err = strict.Take(ctx, takes[:1])
+	require.NoError(t, err)
+	_, err = strict.Lease(ctx, owner, ops[2:])
+	require.ErrorIs(t, err, leases.ErrStoreUnavailable, "the dead shard's keys alone")
+	_, err = strict.Take(ctx, takes[2:])
+	require.ErrorIs(t, err, leases.ErrStoreUnavailable, "the dead shard's keys alone")
+
+	// Every node down: the call fails, as on a single node.
+	cl.Nodes[0].Kill(t)
+	cl.Nodes[1].Kill(t)
+	_, err = brief.Take(ctx, takes)
+	require.ErrorIs(t, err, leases.ErrStoreUnavailable, "no node answers")
+	_, err = brief.Lease(ctx, owner, ops)
+	require.ErrorIs(t, err, leases.ErrStoreUnavailable, "no node answers")
+}
+
+// TestEngineClusterShardDown: the engine over a Redis Cluster with one
+// master down fails the entries and takes of that node's keys alone, with
+// errors that wrap ErrStoreUnavailable and name the key, and decides the
+// others: a take whose keys span the dead node and a live one gives back
+// what the live one took, and a two-limit rule whose second limit is on
+// the dead node gives back its first limit's grant. The partial failure is
+// observed as the call's error (the server counts it).
+func TestEngineClusterShardDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-node Redis Cluster")
+	}
+	cl := redistest.StartCluster(t, 3)
+	rdb := failFastClient(t, cl)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	nodeOf := func(redisKey string) int {
+		slot, err := rdb.ClusterKeySlot(ctx, redisKey).Result()
+		require.NoError(t, err)
+		return int(slot) * 3 / 16384
+	}
+	var live, dead, multi string // user keys on nodes 0 and 2; a multi key whose 2nd limit is on node 2 and 1st is not
+	for i := 0; live == "" || dead == "" || multi == ""; i++ {
+		require.Less(t, i, 10000)
+		k := fmt.Sprintf("user:%d", i)
+		h, _, _ := leases.RedisKeys(k)
+		switch nodeOf(h) {
+		case 0:
+			live = cmp.Or(live, k)
+		case 2:
+			dead = cmp.Or(dead, k)
+		}
+		m := fmt.Sprintf("multi:%d", i)
+		h0, _, _ := leases.RedisKeys(m)
+		h1, _, _ := leases.RedisKeys(m + "\x1f1") // the second limit's key (see limitKey)
+		if multi == "" && nodeOf(h0) != 2 && nodeOf(h1) == 2 {
+			multi = m
+		}
+	}
+	policy, err := leases.NewPolicy(leases.RuleSet{Rules: []leases.Rule{
+		{Name: "user", Match: "user:*", Limit: 100, Period: time.Hour},
+		{Name: "multi", Match: "multi:*", Limits: []leases.Limit{{Limit: 100, Period: time.Hour}, {Limit: 1000, Period: 24 * time.Hour}}},
+	}})
+	require.NoError(t, err)
+	store := leases.NewRedisStore(rdb, leases.RedisOptions{})
+	var mu sync.Mutex
+	var observed []error
+	engine := leases.NewEngine(leases.EngineOptions{Store: store, Policy: policy, OnStoreCall: func(op string, _ time.Duration, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		observed = append(observed, err)
+	}})
+	// Every node answers once, so the client knows the slots.
+	_, _, err = engine.Take(ctx, []leases.TakeAsk{{Keys: []string{live}, Cost: 1}, {Keys: []string{dead}, Cost: 1}, {Keys: []string{multi}, Cost: 1}})
+	require.NoError(t, err)
+	level := func(key string, b leases.Bucket) float64 {
+		st, err := store.State(ctx, key, b)
+		require.NoError(t, err)
+		return st.Level
+	}
+	userBucket := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 100, Period: time.Hour, Burst: 100, LeaseTTL: leases.DefaultLeaseTTL}
+	before := level(live, userBucket)
+	multiBefore := level(multi, leases.Bucket{Algorithm: leases.TokenBucket, Limit: 100, Period: time.Hour, Burst: 100, LeaseTTL: leases.DefaultLeaseTTL})
+
+	cl.Nodes[2].Kill(t)
+	mu.Lock()
+	observed = nil
+	mu.Unlock()
+
+	res, _, err := engine.Lease(ctx, leases.Owner{Client: "c", Process: "p"}, []leases.LeaseAsk{{Key: live, Want: 5}, {Key: dead, Want: 5}, {Key: multi, Want: 5}})
+	require.NoError(t, err, "one node of three down fails its keys alone")
+	require.NoError(t, res[0].Err)
+	require.EqualValues(t, 5, res[0].Granted)
+	for _, r := range res[1:] {
+		require.ErrorIs(t, r.Err, leases.ErrStoreUnavailable, r.Key)
+		de, ok := errors.AsType[*leases.DecisionError](r.Err)
+		require.True(t, ok, "%T", r.Err)
+		require.Contains(t, de.Detail, r.Key)
+		require.NotContains(t, de.Detail, "127.0.0.1", "the cause is for the server's log, not the caller")
+		require.Zero(t, r.Granted)
+	}
+	require.InDelta(t, before-5, level(live, userBucket), 0.1, "the live key's lease holds 5")
+	require.InDelta(t, multiBefore, level(multi, leases.Bucket{Algorithm: leases.TokenBucket, Limit: 100, Period: time.Hour, Burst: 100, LeaseTTL: leases.DefaultLeaseTTL}), 0.1,
+		"the first limit's grant is given back when the second failed")
+
+	takes, _, err := engine.Take(ctx, []leases.TakeAsk{{Keys: []string{live, dead}, Cost: 3}, {Keys: []string{live}, Cost: 1}})
+	require.NoError(t, err)
+	require.ErrorIs(t, takes[0].Err, leases.ErrStoreUnavailable)
+	require.False(t, takes[0].Allowed)
+	require.Empty(t, takes[0].Keys, "a failed take reports no key")
+	require.NoError(t, takes[1].Err)
+	require.True(t, takes[1].Allowed)
+	require.InDelta(t, before-5-1, level(live, userBucket), 0.1, "the failed take gave back its 3 tokens of the live key")
+
+	_, _, err = engine.Check(ctx, []string{dead}, 1)
+	require.ErrorIs(t, err, leases.ErrStoreUnavailable)
+
+	mu.Lock()
+	defer mu.Unlock()
+	failed := 0
+	for _, e := range observed {
+		if errors.Is(e, leases.ErrStoreUnavailable) {
+			failed++
+		}
+	}
+	require.Equal(t, 3, failed, "the lease call, the take call and the check's call, each once: %v", observed)
+}
