@@ -773,10 +773,15 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			// hot enough to be leased. If no lease comes (refused, none
 			// granted, the call failed or is slower than
 			// RequestTimeout), the decision goes on as it would have:
-			// directly, or by the fallback when no server answers.
-			ks.need.Store(true)
-			c.wake()
-			if !waitedLease && ks.deadline.Load() == 0 && c.leasesOnline.Load() && !storeDown(ks, now) {
+			// directly, or by the fallback when no server answers. A key
+			// held store-down is not asked for (see storeDownHold): its
+			// decisions do not wake the loop.
+			held := storeDown(ks, now)
+			if !held {
+				ks.need.Store(true)
+				c.wake()
+			}
+			if !waitedLease && ks.deadline.Load() == 0 && c.leasesOnline.Load() && !held {
 				waitedLease = true
 				again := !ks.shaped.Load() && letGo()
 				l := c.awaitLease(ctx, ks, n, budget(), func() bool {
