@@ -14,9 +14,10 @@ import (
 // failure it returns a *Problem: CodeBodyTooLarge for a body larger than
 // MaxBodyBytes, CodeInvalidUTF8 for a body that is not valid UTF-8 (or
 // escapes a lone surrogate), CodeInvalidJSON for a body that is not one JSON
-// object of the right shape, or the code of the failed validation.
-// Unknown fields are ignored, so that newer clients can talk to older
-// servers.
+// object of the right shape (a member given twice in one object, or a
+// field's name in another case than its own, included), or the code of the
+// failed validation. Unknown fields are ignored, so that newer clients can
+// talk to older servers.
 func DecodeLeaseRequest(body []byte) (*LeaseRequest, error) {
 	var r LeaseRequest
 	if err := decodeStrict(body, &r); err != nil {

@@ -29,6 +29,46 @@ func TestDecodeStrict(t *testing.T) {
 	assert.Equal(t, []string{"a"}, r.Keys)
 }
 
+// TestDecodeRequestFieldNames: a lease or check request that gives a
+// member twice in one object, or a field's name in another case than its
+// own, is refused with invalid_json naming it (encoding/json, which the
+// decoder leaves such bodies to, kept the last "want" and took "WANT" for
+// "want"); unknown fields are still ignored, so that newer clients can
+// talk to older servers.
+func TestDecodeRequestFieldNames(t *testing.T) {
+	for _, tc := range []struct {
+		name, body, detail string
+		check              bool
+	}{
+		{name: "duplicate want", body: `{"client_id":"a","leases":[{"key":"k","want":1,"want":1000}]}`, detail: `leases[0]: the field "want" is given twice`},
+		{name: "duplicate by escape", body: `{"client_id":"a","leases":[{"key":"k","key":"other"}]}`, detail: `leases[0]: the field "key" is given twice`},
+		{name: "duplicate client_id", body: `{"client_id":"a","client_id":"b"}`, detail: `the field "client_id" is given twice`},
+		{name: "duplicate in a take", body: `{"client_id":"a","takes":[{"keys":["k"],"cost":1,"cost":5}]}`, detail: `takes[0]: the field "cost" is given twice`},
+		{name: "upper-case key", body: `{"client_id":"a","leases":[{"KEY":"k","want":1}]}`, detail: `leases[0]: the field "KEY" is not "key": field names are case-sensitive`},
+		{name: "check: duplicate keys", body: `{"keys":["a"],"keys":["b"]}`, detail: `the field "keys" is given twice`, check: true},
+		{name: "check: upper-case cost", body: `{"keys":["a"],"Cost":2}`, detail: `the field "Cost" is not "cost"`, check: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var err error
+			if tc.check {
+				_, err = DecodeCheckRequest([]byte(tc.body))
+			} else {
+				_, err = DecodeLeaseRequest([]byte(tc.body))
+			}
+			var p *Problem
+			require.ErrorAs(t, err, &p)
+			assert.Equal(t, CodeInvalidJSON, p.Code)
+			assert.Contains(t, p.Detail, tc.detail)
+		})
+	}
+	r, err := DecodeLeaseRequest([]byte(`{"client_id":"a","leases":[{"key":"k","want":1,"future":{"x":1}}],"later":true}`))
+	require.NoError(t, err, "unknown fields are ignored")
+	assert.Equal(t, "k", r.Leases[0].Key)
+	c, err := DecodeCheckRequest([]byte(`{"keys":["a\u0062"],"cost":2}`))
+	require.NoError(t, err, "an escape leaves the plain form; the names are fine")
+	assert.Equal(t, []string{"ab"}, c.Keys)
+}
+
 // TestDecodeInvalidUTF8: a body with bytes that are not UTF-8, or a string
 // that escapes a lone surrogate, is refused with invalid_utf8 (422) naming
 // the offset of the first fault, by both decoders; it is never decoded with

@@ -1,8 +1,10 @@
 package protocol
 
 import (
+	"bytes"
 	"encoding/json"
 	"math"
+	"reflect"
 	"strconv"
 	"unicode/utf8"
 )
@@ -31,7 +33,13 @@ func UnmarshalLeaseResponse(data []byte, out *LeaseResponse) error {
 }
 
 // unmarshalRequest decodes body into v, a *LeaseRequest or a
-// *CheckRequest, as json.Unmarshal(body, v) does, v being zero.
+// *CheckRequest, as json.Unmarshal(body, v) does, v being zero, except that
+// a member given twice in one object, or a field's name in another case
+// than its own, is an error (see checkNames): encoding/json keeps the last
+// of two "want"s and takes "WANT" for "want", so that a body could mean
+// one thing to a proxy or a log and another to the server. The plain form
+// the hand-written decoder reads has neither (it gives up on both), so
+// only the bodies it leaves to encoding/json pay for the check.
 func unmarshalRequest(body []byte, v any) error {
 	r := reader{b: body}
 	switch v := v.(type) {
@@ -48,7 +56,10 @@ func unmarshalRequest(body []byte, v any) error {
 			return nil
 		}
 	}
-	return json.Unmarshal(body, v)
+	if err := json.Unmarshal(body, v); err != nil {
+		return err
+	}
+	return checkNames(json.NewDecoder(bytes.NewReader(body)), reflect.TypeOf(v), "")
 }
 
 // reader is a cursor over a JSON text. Its methods report false when the
