@@ -96,8 +96,10 @@ type Rule struct {
 	// Name identifies the rule in responses, metrics, logs, errors and the
 	// admin API's paths. Required and unique: 1 to MaxRuleNameBytes (128)
 	// bytes of UTF-8 without control characters (Unicode category Cc: NUL,
-	// tab, newline, ESC, DEL, U+0080 to U+009F), as keys are. A Policy's
-	// rule may not be named OverrideRuleName.
+	// tab, newline, ESC, DEL, U+0080 to U+009F), as keys are, nor
+	// invisible format characters (category Cf: U+200B zero-width space,
+	// U+202E right-to-left override, U+FEFF, …). A Policy's rule may not
+	// be named OverrideRuleName.
 	Name string
 	// Match is the glob pattern of the keys this rule governs: '*' matches
 	// any run of characters, '?' one character, '\' escapes. Required and
@@ -247,6 +249,11 @@ func (r Rule) withDefaults() Rule {
 	return r
 }
 
+// isFormat reports whether c is a Unicode format character (category Cf:
+// zero-width spaces and joiners, bidirectional marks, overrides and
+// isolates, the byte order mark, the soft hyphen, …).
+func isFormat(c rune) bool { return unicode.Is(unicode.Cf, c) }
+
 // Validate checks a rule, after defaults (the rules of a Policy have them;
 // a Rule written by hand is checked as NewPolicy would check it), and
 // returns an error that names the rule and the field.
@@ -277,6 +284,14 @@ func (r *Rule) Validate() error {
 		// path: a newline, a NUL or an escape sequence has no place there.
 		c, _ := utf8.DecodeRuneInString(r.Name[i:])
 		return fail("name", "holds the control character %U at byte %d; a rule name is printable text", c, i)
+	}
+	if i := strings.IndexFunc(r.Name, isFormat); i >= 0 {
+		// Nor an invisible format character (a zero-width space, a
+		// bidirectional override): "api" and "api​" would be two
+		// rules that look alike in metrics, logs and the status page, and
+		// an override reorders what a log line shows.
+		c, _ := utf8.DecodeRuneInString(r.Name[i:])
+		return fail("name", "holds the invisible format character %U at byte %d; a rule name is printable text", c, i)
 	}
 	if err := validGlob(r.Match); err != nil {
 		return fail("match", "%v", err)

@@ -136,7 +136,9 @@ func TestPolicyErrors(t *testing.T) {
 // then panicked labelling its metrics). A later fuzz pass left a name with
 // a control character (a newline, a NUL, ESC, DEL, the C1 controls) or of
 // any length, where a name labels metrics, goes into logs and names an
-// admin API path. Validation refuses such names, naming the fault without
+// admin API path; an invisible format character (a zero-width space, a
+// bidirectional override) makes two rules look alike there. Validation
+// refuses such names, naming the fault without
 // echoing a long name whole, and only such names: one of MaxRuleNameBytes
 // is taken.
 func TestRuleName(t *testing.T) {
@@ -162,6 +164,11 @@ func TestRuleName(t *testing.T) {
 		{"ESC", "red\x1b[31m", "U+001B at byte 3"},
 		{"DEL", "a\x7f", "U+007F at byte 1"},
 		{"C1 control", "é\u0085", "U+0085 at byte 2"},
+		{"zero-width space", "api\u200b", "name: holds the invisible format character U+200B at byte 3"},
+		{"right-to-left override", "a\u202eb", "U+202E at byte 1"},
+		{"byte order mark", "\ufeffa", "U+FEFF at byte 0"},
+		{"soft hyphen", "a\u00adb", "U+00AD at byte 1"},
+		{"zero-width joiner", "a\u200db", "U+200D at byte 1"},
 		{"one byte too long", strings.Repeat("a", MaxRuleNameBytes+1), "name: is 129 bytes; a rule name is at most 128"},
 		{"far too long", strings.Repeat("\n", 1<<20), "name: is 1048576 bytes"},
 	}
