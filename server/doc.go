@@ -133,7 +133,7 @@
 // client: see Options.StoreTimeout.) When it fails for some keys only (a
 // Redis Cluster node down, see leases.RedisOptions.PartialWindow), their
 // entries and takes fail alone with store_unavailable, logged at level
-// warn once per call with the cause, and the others are decided; a lease
+// warn with the cause at most once a second, and the others are decided; a lease
 // call every entry of which failed so is a 503 store_unavailable with
 // "Retry-After: 1" whose problem carries every entry's result (leases),
 // and so is a check of such a key. Any

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/ratelease/ratelease/leases"
 	"github.com/ratelease/ratelease/protocol"
@@ -151,9 +152,11 @@ func problemOf(err error) *protocol.Problem {
 // store is unreachable, closed or too slow, 500 otherwise.
 // storeFailedFor logs the entries or takes of a call that the store
 // failed for alone (errAt(i) for i below n: the engine's per-entry errors,
-// those wrapping leases.ErrStoreUnavailable counted), once per call with
-// the first cause: a Redis Cluster node down fails its keys' entries while
-// the others are decided. It returns how many failed so.
+// those wrapping leases.ErrStoreUnavailable counted), with the first cause:
+// a Redis Cluster node down fails its keys' entries while the others are
+// decided. It logs at most once a second, with the number of such calls
+// not logged since (ratelease_store_errors_total counts each). It returns
+// how many failed so.
 func (s *Server) storeFailedFor(r *http.Request, n int, errAt func(i int) error) int {
 	failed := 0
 	var first error
@@ -165,13 +168,21 @@ func (s *Server) storeFailedFor(r *http.Request, n int, errAt func(i int) error)
 			failed++
 		}
 	}
-	if failed > 0 && r.Context().Err() == nil {
-		cause := first
-		if c := errors.Unwrap(first); c != nil {
-			cause = c
-		}
-		s.log.WarnContext(r.Context(), "store unavailable for some keys; the others were decided", "route", r.Pattern, "failed", failed, "err", cause, "detail", first.Error())
+	if failed == 0 || r.Context().Err() != nil {
+		return failed
 	}
+	now := s.opts.Now().UnixNano()
+	last := s.keysFailed.loggedAt.Load()
+	if last != 0 && now-last < int64(time.Second) || !s.keysFailed.loggedAt.CompareAndSwap(last, now) {
+		s.keysFailed.suppressed.Add(1)
+		return failed
+	}
+	cause := first
+	if c := errors.Unwrap(first); c != nil {
+		cause = c
+	}
+	s.log.WarnContext(r.Context(), "store unavailable for some keys; the others were decided", "route", r.Pattern, "failed", failed, "err", cause,
+		"detail", first.Error(), "calls_not_logged", s.keysFailed.suppressed.Swap(0))
 	return failed
 }
 

@@ -40,6 +40,13 @@ type Server struct {
 	draining atomic.Bool // Run's context is canceled: /readyz fails
 	running  atomic.Bool // Run was called
 
+	// keysFailed logs the calls the store failed for some keys only (see
+	// storeFailedFor), at most once a second.
+	keysFailed struct {
+		loggedAt   atomic.Int64 // Options.Now, Unix ns; 0: never
+		suppressed atomic.Int64 // such calls not logged since
+	}
+
 	reloadMu   sync.Mutex // serializes reloads
 	failedHash [sha256.Size]byte
 	failedMsg  string // last reload failure logged, to log each once
