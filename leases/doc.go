@@ -207,11 +207,16 @@
 // whose second limit failed gives back its first limit's grant): the other
 // keys are decided as usual. A call with none but that node's keys is told
 // from a cluster that is down by the other masters: one ran an op within
-// RedisOptions.PartialWindow (100 ms), or answers a PING then; if none
-// does, the call fails whole, as on a single node (TestRedisClusterShardDown,
-// TestEngineClusterShardDown). A failed op did not run, or ran without its
-// answer: what it may have done errs toward the limit (a grant nobody
-// spends, a settle not credited; a take's tokens counted).
+// RedisOptions.PartialWindow (100 ms), or says cluster_state:ok then; if
+// none does (every node down, or the cluster declared the node failed and
+// serves no key, as it does under cluster-require-full-coverage yes), the
+// call fails whole, as on a single node (TestRedisClusterShardDown,
+// TestEngineClusterShardDown, TestRedisClusterDownIsNotPartial,
+// TestRedisClusterHungNodeAlonePartial). A failed op did not run, or ran
+// without its answer: what it may have done errs toward the limit (a grant
+// nobody spends, a settle not credited; a take's tokens counted), provided
+// the client never sends a script twice (see RedisStore:
+// TestRedisClusterStalledRefundOnce).
 //
 // # Owned token buckets
 //

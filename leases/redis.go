@@ -55,20 +55,23 @@ type RedisOptions struct {
 	NoEviction bool
 	// PartialWindow applies to a Redis Cluster only. A call every op of
 	// which failed is taken as a failure of those keys' nodes alone, each
-	// op failing in its outcome (see Store.Lease), when another node
-	// answers: some op of the store ran within PartialWindow, or else a
-	// master answers a PING that the store then sends to every master
-	// (within partialPing). Otherwise, and always on a single node, the
-	// call fails whole, as the store is down. Zero means 100 ms; a negative
-	// value never takes a call's failure as partial.
+	// op failing in its outcome (see Store.Lease), when the cluster serves
+	// other keys: some op of the store ran within PartialWindow, or a
+	// master answered CLUSTER INFO with cluster_state:ok within it, the
+	// store asking them when it must (within partialPing). Otherwise, and
+	// always on a single node, the call fails whole, as the store is down:
+	// so it does once the cluster has declared a node failed and stops
+	// serving (cluster_state:fail, under cluster-require-full-coverage
+	// yes, Redis's default). Zero means 100 ms; a negative value never
+	// takes a call's failure as partial.
 	PartialWindow time.Duration
 }
 
 // defaultPartialWindow is RedisOptions.PartialWindow's default.
 const defaultPartialWindow = 100 * time.Millisecond
 
-// partialPing bounds the PING of every master that tells a Redis Cluster
-// with a node down from one that is down (see RedisOptions.PartialWindow).
+// partialPing bounds the CLUSTER INFO of the masters that tells a Redis
+// Cluster with a node down from one that is down (see clusterServes).
 const partialPing = 100 * time.Millisecond
 
 // RedisStore is a Store that keeps buckets and leases in Redis, so any
@@ -90,11 +93,14 @@ const partialPing = 100 * time.Millisecond
 // trip per Redis node. The keys expire once every open lease has ended and
 // the bucket would be full again, so Redis memory follows the active keys.
 //
-// Give the store a client that does not retry commands (MaxRetries −1, as
-// rateleased does): a script whose answer timed out may have run, and
-// running it again applies it twice. For most operations that errs on the
-// side of the limit (a second grant nobody spends, a second take), but a
-// refund applied twice gives back tokens that were never taken.
+// Give the store a client that does not retry commands (MaxRetries −1, and
+// for a Redis Cluster MaxRedirects −1 too, as rateleased does): a script
+// whose answer timed out may have run, and running it again applies it
+// twice. For most operations that errs on the side of the limit (a second
+// grant nobody spends, a second take), but a refund applied twice gives
+// back tokens that were never taken (TestRedisClusterStalledRefundOnce: a
+// cluster client bounds its tries by MaxRedirects, not MaxRetries, and
+// sends a command that timed out again).
 //
 // A script reads a bucket with the command that fits its usual type first
 // (GET for a take, HMGET for a lease); on the other type Redis answers
@@ -119,11 +125,13 @@ type RedisStore struct {
 	noEviction string                 // the script's ARGV[16]; ARGV[17] is the op's Floor
 	idKey      atomic.Pointer[[]byte] // see IDKey; nil until read
 	// partial is RedisOptions.PartialWindow on a Redis Cluster, else
-	// negative; ranAt is when an op last ran or a master last answered a
-	// PING (see othersAnswer), as mono returns it (0: never).
-	partial time.Duration
-	epoch   time.Time
-	ranAt   atomic.Int64
+	// negative; ranAt is when an op last ran, servesAt when a master last
+	// said the cluster serves (see othersAnswer), as mono returns them (0:
+	// never).
+	partial  time.Duration
+	epoch    time.Time
+	ranAt    atomic.Int64
+	servesAt atomic.Int64
 }
 
 // NewRedisStore returns a store over rdb. The caller keeps ownership of rdb:
@@ -269,30 +277,68 @@ func (s *RedisStore) ran(ctx context.Context, cmds []*redis.Cmd, err error) ([]*
 // mono returns the time since the store was made, plus one (0 is never).
 func (s *RedisStore) mono() int64 { return int64(time.Since(s.epoch)) + 1 }
 
-// othersAnswer reports whether a node of the cluster answers (see
-// RedisOptions.PartialWindow): an op ran within the window, or a master
-// answers a PING now.
+// othersAnswer reports whether the cluster serves, though not the failed
+// call's keys (see RedisOptions.PartialWindow): an op ran within the
+// window, or a master says so now (see clusterServes).
 func (s *RedisStore) othersAnswer(ctx context.Context) bool {
-	if at := s.ranAt.Load(); at != 0 && s.mono()-at <= int64(s.partial) {
+	now := s.mono()
+	if at := s.ranAt.Load(); at != 0 && now-at <= int64(s.partial) {
+		return true
+	}
+	if at := s.servesAt.Load(); at != 0 && now-at <= int64(s.partial) {
 		return true
 	}
 	cc, ok := s.rdb.(*redis.ClusterClient)
-	if !ok {
+	if !ok || !clusterServes(ctx, cc, partialPing) {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(ctx, partialPing)
-	defer cancel()
-	var answered atomic.Bool
-	_ = cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
-		if n.Ping(ctx).Err() == nil {
-			answered.Store(true)
-		}
-		return nil
-	})
-	if answered.Load() {
-		s.ranAt.Store(s.mono())
+	s.servesAt.Store(s.mono())
+	return true
+}
+
+// probeKeys are keys spread over the hash slots: the masters of their
+// slots, from the client's map of the slots, are the ones clusterServes
+// asks. 64 of them leave a master of 30 unasked about once in 10,000.
+var probeKeys = func() (keys [64]string) {
+	for i := range keys {
+		keys[i] = "rl:probe:" + strconv.Itoa(i)
 	}
-	return answered.Load()
+	return keys
+}()
+
+// clusterServes reports whether a master of cc answers CLUSTER INFO with
+// cluster_state:ok, within limit when it is positive. With one node down, the others say
+// ok until the cluster declares the node failed, and for good with
+// cluster-require-full-coverage no; once it has declared it failed under
+// the default (yes), they say fail, and refuse every key (CLUSTERDOWN): the
+// store is down, not some keys. The masters come from the client's map of
+// the slots as it stands: ForEachMaster would read the map from a node
+// first, maybe the one that hangs, and spend the whole budget there.
+func clusterServes(ctx context.Context, cc *redis.ClusterClient, limit time.Duration) bool {
+	if limit > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, limit)
+		defer cancel()
+	}
+	masters := map[string]*redis.Client{}
+	for _, k := range probeKeys {
+		if m, err := cc.MasterForKey(ctx, k); err == nil {
+			masters[m.Options().Addr] = m
+		}
+	}
+	served := make(chan bool, len(masters))
+	for _, m := range masters {
+		go func() {
+			info, err := m.ClusterInfo(ctx).Result()
+			served <- err == nil && strings.Contains(info, "cluster_state:ok")
+		}()
+	}
+	for range masters {
+		if <-served {
+			return true
+		}
+	}
+	return false
 }
 
 // cmdFailed returns the error of a command of run's pipeline that failed on
@@ -550,7 +596,19 @@ func (s *RedisStore) Own(ctx context.Context, ops []OwnOp) ([]OwnOutcome, error)
 }
 
 // Ping implements Store.
+//
+// On a Redis Cluster it succeeds when the cluster serves (a master answers
+// CLUSTER INFO with cluster_state:ok, see clusterServes), though a node may
+// be down: the store then serves the other nodes' keys (see
+// RedisOptions.PartialWindow). A PING went to one node at random, and
+// failed a third of the time with one node of three down.
 func (s *RedisStore) Ping(ctx context.Context) error {
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		if !clusterServes(ctx, cc, 0) {
+			return fmt.Errorf("redis: %w: no master says the cluster serves (cluster_state:ok)", ErrStoreUnavailable)
+		}
+		return nil
+	}
 	if err := s.rdb.Ping(ctx).Err(); err != nil {
 		return unavailable(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,14 +17,41 @@ import (
 )
 
 // failFastClient returns a client of cl made as rateleased makes it
-// (server/cmd/rateleased: fail fast): one dial attempt, no retry of a
-// command that may have run, backoffs of at most 100 ms. A client with
-// go-redis's defaults took 3.3 s to give up on a dead node.
+// (server/cmd/rateleased, redisFailFast.apply): 500 ms timeouts, the
+// context's deadline honoured, one dial attempt, and no second try of a
+// command that may have run, neither a retry nor a redirection. A client
+// with go-redis's defaults took 3.3 s to give up on a dead node, and sent
+// a script that timed out again (see TestRedisClusterStalledRefundOnce).
 func failFastClient(t *testing.T, cl *redistest.Cluster) *redis.ClusterClient {
 	t.Helper()
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRetries: -1, DialerRetries: 1, MaxRetryBackoff: 100 * time.Millisecond})
+	const ff = 500 * time.Millisecond
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRetries: -1, MaxRedirects: -1, DialerRetries: 1, MaxRetryBackoff: 100 * time.Millisecond,
+		DialTimeout: ff, ReadTimeout: ff, WriteTimeout: ff, PoolTimeout: ff, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
 	return rdb
+}
+
+// shardSetup starts a three-node cluster and a store over a client made
+// as rateleased makes it, finds a key on each node and takes a token of
+// each (so that the client knows the slots). The bucket b refills slowly
+// enough that a test can count what it takes.
+func shardSetup(t *testing.T) (cl *redistest.Cluster, rdb *redis.ClusterClient, keys []string, store *leases.RedisStore, b leases.Bucket) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a three-node Redis Cluster")
+	}
+	cl = redistest.StartCluster(t, 3)
+	rdb = failFastClient(t, cl)
+	keys = keysByNode(t, rdb, 3)
+	store = leases.NewRedisStore(rdb, leases.RedisOptions{})
+	b = leases.Bucket{Algorithm: leases.TokenBucket, Limit: 100, Period: time.Hour, Burst: 100, LeaseTTL: 2 * time.Second}
+	ops := make([]leases.TakeOp, len(keys))
+	for i, k := range keys {
+		ops[i] = leases.TakeOp{Key: k, Bucket: b, Cost: 1}
+	}
+	_, err := store.Take(context.Background(), ops)
+	require.NoError(t, err)
+	return cl, rdb, keys, store, b
 }
 
 // keysByNode returns one key per node of a cluster of n masters started by
@@ -55,19 +83,9 @@ func keysByNode(t *testing.T, rdb *redis.ClusterClient, n int) []string {
 // with a negative window, or every node down, such a call fails whole, as
 // when the store is down. Ping succeeds while a master answers.
 func TestRedisClusterShardDown(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a three-node Redis Cluster")
-	}
-	cl := redistest.StartCluster(t, 3)
-	rdb := failFastClient(t, cl)
-	keys := keysByNode(t, rdb, 3)
-	store := leases.NewRedisStore(rdb, leases.RedisOptions{})
-	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 100, Period: time.Second, Burst: 100, LeaseTTL: 2 * time.Second}
+	cl, rdb, keys, store, b := shardSetup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	// Every node answers once, so the client knows the slots.
-	_, err := store.Take(ctx, []leases.TakeOp{{Key: keys[0], Bucket: b, Cost: 1}, {Key: keys[1], Bucket: b, Cost: 1}, {Key: keys[2], Bucket: b, Cost: 1}})
-	require.NoError(t, err)
 
 	cl.Nodes[2].Kill(t)
 
@@ -126,9 +144,8 @@ func TestRedisClusterShardDown(t *testing.T) {
 	_, err = strict.Take(ctx, takes[2:])
 	require.ErrorIs(t, err, leases.ErrStoreUnavailable, "the dead shard's keys alone")
 
-	// The store is up (GET /readyz) while a master answers: go-redis
-	// sends a PING to a node at random, and again to another when it
-	// fails.
+	// The store is up (GET /readyz) while the cluster serves: a PING went
+	// to a node at random, the dead one a third of the time.
 	for range 20 {
 		require.NoError(t, store.Ping(ctx))
 	}
@@ -248,4 +265,145 @@ func TestEngineClusterShardDown(t *testing.T) {
 		}
 	}
 	require.Equal(t, 3, failed, "the lease call, the take call and the check's call, each once: %v", observed)
+}
+
+// storeTimeout is the bound the server puts on a request's store calls
+// (server.DefaultStoreTimeout).
+const storeTimeout = 800 * time.Millisecond
+
+// TestRedisClusterDownIsNotPartial (found by review): a cluster under
+// Redis's default cluster-require-full-coverage yes declares itself down
+// once a master has been unreachable for cluster-node-timeout: every live
+// master then refuses every key (CLUSTERDOWN) while it still answers PING.
+// No op runs: the store is down, and a call fails whole, not each op as if
+// one node's keys failed alone; it was taken as partial for as long as
+// the cluster stayed down (the PING answered).
+func TestRedisClusterDownIsNotPartial(t *testing.T) {
+	cl, _, keys, store, b := shardSetup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	cl.Nodes[2].Kill(t)
+	live := cl.Nodes[0].Client(t)
+	require.Eventually(t, func() bool {
+		info, err := live.ClusterInfo(ctx).Result()
+		return err == nil && strings.Contains(info, "cluster_state:fail")
+	}, 20*time.Second, 50*time.Millisecond, "the cluster declares itself down (cluster-node-timeout 2 s)")
+
+	// The live masters' keys: none runs.
+	takes := []leases.TakeOp{{Key: keys[0], Bucket: b, Cost: 1}, {Key: keys[1], Bucket: b, Cost: 1}}
+	for range 3 {
+		time.Sleep(150 * time.Millisecond) // past PartialWindow since anything ran
+		outs, err := store.Take(ctx, takes)
+		if err == nil {
+			t.Logf("op errors: %v | %v", outs[0].Err, outs[1].Err)
+		}
+		require.ErrorIs(t, err, leases.ErrStoreUnavailable, "no op of any key ran: the store is down, not one node's keys")
+	}
+}
+
+// TestRedisClusterHungNodeMixedCall (found by review): one master hangs
+// (SIGSTOP) rather than refusing connections. A call whose keys are on a
+// live master and on the hung one, under the server's store timeout,
+// answers the live key and fails the hung one's op alone, as for a killed
+// master. With go-redis's redirections (MaxRedirects 3) the pipeline to
+// the hung node was sent again after its read timeout, and when the
+// deadline passed in the backoff go-redis set the error on every command,
+// the live key's, which had run, included: the call failed whole.
+func TestRedisClusterHungNodeMixedCall(t *testing.T) {
+	cl, _, keys, store, b := shardSetup(t)
+	bg := context.Background()
+	cl.Nodes[2].Pause(t)
+
+	ctx, cancel := context.WithTimeout(bg, storeTimeout)
+	defer cancel()
+	t0 := time.Now()
+	outs, err := store.Take(ctx, []leases.TakeOp{{Key: keys[0], Bucket: b, Cost: 1}, {Key: keys[2], Bucket: b, Cost: 1}})
+	t.Logf("a take call with a master hung took %v", time.Since(t0))
+	require.NoError(t, err, "the live master answered its key")
+	require.NoError(t, outs[0].Err)
+	require.True(t, outs[0].Taken)
+	require.ErrorIs(t, outs[1].Err, leases.ErrStoreUnavailable)
+}
+
+// TestRedisClusterHungNodeAlonePartial (found by review): with a master
+// hung, a call with none but its keys fails its ops alone while the other
+// masters serve. The check asked every master through ForEachMaster, which
+// first reads the map of the slots from a node, sometimes the hung one,
+// spending the whole 100 ms there: 3 calls of 12 failed whole.
+func TestRedisClusterHungNodeAlonePartial(t *testing.T) {
+	cl, _, keys, store, b := shardSetup(t)
+	bg := context.Background()
+	// The cluster serves on, however long the hang lasts (else it stops
+	// serving at cluster-node-timeout, 2 s here: see
+	// TestRedisClusterDownIsNotPartial).
+	for _, n := range cl.Nodes {
+		require.NoError(t, n.Client(t).ConfigSet(bg, "cluster-require-full-coverage", "no").Err())
+	}
+	cl.Nodes[2].Pause(t)
+	whole := 0
+	const n = 12
+	for range n {
+		time.Sleep(150 * time.Millisecond) // past PartialWindow
+		ctx, cancel := context.WithTimeout(bg, storeTimeout)
+		outs, err := store.Take(ctx, []leases.TakeOp{{Key: keys[2], Bucket: b, Cost: 1}})
+		cancel()
+		if err != nil {
+			whole++
+			continue
+		}
+		require.ErrorIs(t, outs[0].Err, leases.ErrStoreUnavailable)
+	}
+	require.Zero(t, whole, "of %d calls with the hung master's key alone, while two masters serve, %d failed whole", n, whole)
+}
+
+// TestRedisClusterStalledRefundOnce (found by review): a refund pipelined
+// to a master that stalls longer than the read timeout, then resumes, is
+// applied once. go-redis sent a cluster command that timed out again on a
+// new connection (MaxRedirects bounds its tries, not MaxRetries), and the
+// master ran every copy on resuming: 40 tokens were given back twice, and
+// a take that was never made admitted.
+func TestRedisClusterStalledRefundOnce(t *testing.T) {
+	cl, rdb, _, store, b := shardSetup(t)
+	bg := context.Background()
+	// Two keys on node 2, so that the refund is a pipeline.
+	var k2 []string
+	for i := 0; len(k2) < 2; i++ {
+		k := fmt.Sprintf("user:r%d", i)
+		h, _, _ := leases.RedisKeys(k)
+		slot, err := rdb.ClusterKeySlot(bg, h).Result()
+		require.NoError(t, err)
+		if int(slot)*3/16384 == 2 {
+			k2 = append(k2, k)
+		}
+	}
+	ops := []leases.TakeOp{{Key: k2[0], Bucket: b, Cost: 40}, {Key: k2[1], Bucket: b, Cost: 40}}
+	for range 2 {
+		outs, err := store.Take(bg, ops)
+		require.NoError(t, err)
+		for i := range ops {
+			require.True(t, outs[i].Taken)
+			ops[i].At = outs[i].At
+		}
+	}
+	// Level 20 each. The second takes' 40 tokens go back (as when their
+	// takes were denied by another key) while the master stalls for 2.5 s.
+	resume := cl.Nodes[2].Pause(t)
+	ctx, cancel := context.WithTimeout(bg, 5*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- store.Refund(ctx, ops) }()
+	time.Sleep(2500 * time.Millisecond) // the stall: several read timeouts
+	resume()
+	t.Logf("refund: %v", <-done)
+	require.Eventually(t, func() bool {
+		st, err := store.State(bg, k2[0], b)
+		return err == nil && st.Level >= 20
+	}, 5*time.Second, 10*time.Millisecond, "the master serves again")
+	time.Sleep(200 * time.Millisecond) // any copy still queued has run
+	for _, k := range k2 {
+		st, err := store.State(bg, k, b)
+		require.NoError(t, err)
+		require.LessOrEqual(t, st.Level, 60.5, "%s: 100 - 40 - 40, plus 40 given back once at most", k)
+	}
 }

@@ -148,8 +148,6 @@ func problemOf(err error) *protocol.Problem {
 	return protocol.NewProblem(protocol.CodeInternal, "the server failed and logged why")
 }
 
-// storeFailed answers a failed engine call: 503 with Retry-After when the
-// store is unreachable, closed or too slow, 500 otherwise.
 // storeFailedFor logs the entries or takes of a call that the store
 // failed for alone (errAt(i) for i below n: the engine's per-entry errors,
 // those wrapping leases.ErrStoreUnavailable counted), with the first cause:
@@ -186,6 +184,8 @@ func (s *Server) storeFailedFor(r *http.Request, n int, errAt func(i int) error)
 	return failed
 }
 
+// storeFailed answers a failed engine call: 503 with Retry-After when the
+// store is unreachable, closed or too slow, 500 otherwise.
 func (s *Server) storeFailed(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.Is(err, leases.ErrClosed):

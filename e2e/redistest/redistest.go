@@ -180,6 +180,25 @@ func (s *Server) Kill(t testing.TB) {
 	s.kill()
 }
 
+// Pause stops the server's process with SIGSTOP: it keeps its port and
+// accepts connections, but answers nothing (a stalled Redis: a full
+// machine, a long fork or fsync), until the returned function continues
+// it with SIGCONT. Cleanup continues it too, before the server is stopped.
+func (s *Server) Pause(t testing.TB) (resume func()) {
+	t.Helper()
+	p := s.current()
+	if p == nil || p.exited() {
+		t.Fatalf("redistest: Pause: redis-server %s is not running", s.Addr())
+	}
+	pid := p.cmd.Process.Pid
+	resume = func() { _ = syscall.Kill(pid, syscall.SIGCONT) }
+	t.Cleanup(resume)
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("redistest: SIGSTOP redis-server %s: %v", s.Addr(), err)
+	}
+	return resume
+}
+
 // Restart starts the server again on the same port and in the same directory,
 // and waits until it answers PING. A running server is stopped first. A
 // server started with Start comes back with an empty data set; one started

@@ -339,7 +339,13 @@ func TestFailFast(t *testing.T) {
 	assert.Equal(t, failFastMaxBackoff, copts.MaxRetryBackoff)
 	assert.Equal(t, 4, copts.MaxRetries)
 	assert.Equal(t, 3, copts.DialerRetries)
+	assert.Equal(t, -1, copts.MaxRedirects, "a cluster command that timed out is not sent again: it may have run")
 	assert.True(t, copts.ContextTimeoutEnabled)
+
+	copts, err = redis.ParseClusterURL("redis://127.0.0.1:7000?addr=127.0.0.1:7001&max_redirects=2")
+	require.NoError(t, err)
+	clusterFailFast(copts).apply()
+	assert.Equal(t, 2, copts.MaxRedirects, "the URL's max_redirects wins")
 }
 
 func TestExitCode(t *testing.T) {
