@@ -136,7 +136,7 @@ func (l *lease) left() int64 {
 //	            after the denial.
 //	unlimited   unlimited: no rule limits it; allowed locally until
 //	            unlimitedExp (0: until the loop learns otherwise).
-//	store-down  storeDownUntil in the future: a server answered that its
+//	store-down  storeDown in the future: a server answered that its
 //	            store failed for this key alone (a Redis Cluster node
 //	            down, while the others answer). Until then (storeDownHold)
 //	            a decision that needs a server is made as offline makes

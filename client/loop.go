@@ -756,9 +756,9 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 			// The store failed for this key alone (a Redis Cluster node
 			// down): its live lease serves, a spent-out one is denied
 			// until its deadline, then the fallback decides, and the loop
-			// asks again after a hold (see storeDownHold).
-			// A decision waiting for this lease is decided again (need
-			// cleared, as a refusal does): as offline decides.
+			// asks again after a hold (see storeDownHold). A decision
+			// waiting for this lease is decided again, as offline
+			// decides (need cleared, as a refusal does).
 			c.noteStoreDown([]*keyState{ks}, res.Error, now)
 			ks.need.Store(false)
 		default:

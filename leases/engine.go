@@ -115,7 +115,7 @@ func storeFailedFor(cause error, format string, args ...any) error {
 
 // firstStoreErr returns the first error of outs (errOf) that wraps
 // ErrStoreUnavailable, or nil: an op's failure alone, observed as the
-// call's (Options.OnStoreCall), so that the store's errors count it.
+// call's (EngineOptions.OnStoreCall), so that the store's errors count it.
 func firstStoreErr[T any](outs []T, errOf func(*T) error) error {
 	for i := range outs {
 		if err := errOf(&outs[i]); errors.Is(err, ErrStoreUnavailable) {
