@@ -37,12 +37,9 @@ func TestClusterShardDown(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process scenario on a Redis Cluster")
 	}
-	cl := redistest.StartCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	for _, n := range cl.Nodes {
-		require.NoError(t, n.Client(t).ConfigSet(ctx, "cluster-require-full-coverage", "no").Err())
-	}
+	cl, redisURL := servingCluster(t)
 	rdb := cl.Client(t)
 	nodeOf := func(key string) int {
 		h, _, _ := leases.RedisKeys(key)
@@ -60,7 +57,6 @@ rules:
   - {name: users, match: "*", limit: 2000, period: 1s, burst: 2000, lease_ttl: 1s}
 `), 0o600))
 	addrs := cl.Addrs()
-	redisURL := "redis://" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr=")
 	var urls []string
 	for range 2 {
 		d := e2eproc.StartDaemon(t, bins.rateleased, "-rules", path, "-redis", redisURL, "-redis-cluster")
@@ -196,4 +192,18 @@ func keySlot(key string) int {
 		}
 	}
 	return int(crc) % 16384
+}
+
+// servingCluster starts a three-node Redis Cluster that serves on with a
+// node down (cluster-require-full-coverage no; by default it stops serving
+// every key once it declares the node failed, after cluster-node-timeout),
+// and returns it with the -redis URL of rateleased for it.
+func servingCluster(t *testing.T) (*redistest.Cluster, string) {
+	t.Helper()
+	cl := redistest.StartCluster(t, 3)
+	for _, n := range cl.Nodes {
+		require.NoError(t, n.Client(t).ConfigSet(context.Background(), "cluster-require-full-coverage", "no").Err())
+	}
+	addrs := cl.Addrs()
+	return cl, "redis://" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr=")
 }

@@ -317,7 +317,7 @@ func parsedAt(parsed []leaseIDParts, i int) leaseIDParts {
 // grants are returned at once (a second store call).
 func (e *Engine) Lease(ctx context.Context, owner Owner, asks []LeaseAsk) ([]LeaseResult, Report, error) {
 	p := e.policy
-	over, err := e.leaseOverrides(ctx, asks)
+	over, overFailed, err := e.leaseOverrides(ctx, asks)
 	if err != nil {
 		return nil, Report{}, err
 	}
@@ -333,6 +333,10 @@ func (e *Engine) Lease(ctx context.Context, owner Owner, asks []LeaseAsk) ([]Lea
 		a := &asks[i]
 		res := &results[i]
 		res.Key, res.Slot = a.Key, a.Slot
+		if cause := overFailed[a.Key]; cause != nil {
+			res.Err = storeFailedFor(cause, "key %q", a.Key)
+			continue
+		}
 		r, ok := matchKey(p, over, a.Key)
 		if !ok {
 			if p.Default() == DefaultDeny {
@@ -657,7 +661,7 @@ func (e *Engine) Check(ctx context.Context, keys []string, cost int64) (TakeResu
 // key may appear in several takes: they are decided in order.
 func (e *Engine) Take(ctx context.Context, takes []TakeAsk) ([]TakeResult, Report, error) {
 	p := e.policy
-	over, err := e.takeOverrides(ctx, takes)
+	over, overFailed, err := e.takeOverrides(ctx, takes)
 	if err != nil {
 		return nil, Report{}, err
 	}
@@ -674,6 +678,10 @@ func (e *Engine) Take(ctx context.Context, takes []TakeAsk) ([]TakeResult, Repor
 		for i, k := range t.Keys {
 			res := &resp.Keys[i]
 			res.Key = k
+			if cause := overFailed[k]; cause != nil {
+				resp.Err = storeFailedFor(cause, "keys[%d] %q", i, k)
+				break
+			}
 			r, ok := matchKey(p, over, k)
 			if !ok {
 				if p.Default() == DefaultDeny {

@@ -43,8 +43,12 @@ func (e *Engine) KeyState(ctx context.Context, key string) (KeyState, error) {
 	out := KeyState{Key: key}
 	var over map[string]*Rule
 	if e.overrides != nil {
+		var failed map[string]error
 		var err error
-		if over, err = e.lookupOverrides(ctx, []string{key}); err != nil {
+		if over, failed, err = e.lookupOverrides(ctx, []string{key}); err == nil {
+			err = failed[key]
+		}
+		if err != nil {
 			return KeyState{}, fmt.Errorf("leases: state of key %q: %w", key, err)
 		}
 	}

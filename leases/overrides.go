@@ -2,6 +2,7 @@ package leases
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -31,7 +32,32 @@ type Overrides interface {
 	// must have been built by NewOverrideRule (validated, with defaults).
 	// An error fails the whole call, as a store error does: wrap
 	// ErrStoreUnavailable when the source of overrides does not answer.
+	// But an *OverridesUnavailableError, returned with the overrides of
+	// the other keys, fails only the entries and takes of its Keys, while
+	// the store serves other keys (a Redis Cluster whose node that holds
+	// the overrides is down; see RedisStore.ServesOthers).
 	Lookup(ctx context.Context, keys []string) (map[string]*Rule, error)
+}
+
+// OverridesUnavailableError is the error of an Overrides.Lookup that could
+// not tell whether Keys have an override (its source did not answer) and
+// answered for the call's other keys. Err wraps ErrStoreUnavailable.
+type OverridesUnavailableError struct {
+	Keys []string
+	Err  error
+}
+
+func (e *OverridesUnavailableError) Error() string {
+	return fmt.Sprintf("the overrides of %d keys: %v", len(e.Keys), e.Err)
+}
+
+// Unwrap returns Err.
+func (e *OverridesUnavailableError) Unwrap() error { return e.Err }
+
+// servesOthers is implemented by the stores that can fail some keys alone
+// and say whether they serve the others (RedisStore on a cluster).
+type servesOthers interface {
+	ServesOthers(ctx context.Context) bool
 }
 
 // OverrideRuleName is the Name of every rule NewOverrideRule builds. It is
@@ -73,10 +99,12 @@ func EscapeGlob(s string) string {
 }
 
 // leaseOverrides returns the overrides of the asks' keys, nil when the
-// engine has no Overrides or no key has one.
-func (e *Engine) leaseOverrides(ctx context.Context, asks []LeaseAsk) (map[string]*Rule, error) {
+// engine has no Overrides or no key has one, and the keys whose overrides
+// could not be looked up while the store serves others (see
+// lookupOverrides).
+func (e *Engine) leaseOverrides(ctx context.Context, asks []LeaseAsk) (map[string]*Rule, map[string]error, error) {
 	if e.overrides == nil || len(asks) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	keys := make([]string, len(asks))
 	for i := range asks {
@@ -85,11 +113,10 @@ func (e *Engine) leaseOverrides(ctx context.Context, asks []LeaseAsk) (map[strin
 	return e.lookupOverrides(ctx, keys)
 }
 
-// takeOverrides returns the overrides of the takes' keys, nil when the
-// engine has no Overrides or no key has one.
-func (e *Engine) takeOverrides(ctx context.Context, takes []TakeAsk) (map[string]*Rule, error) {
+// takeOverrides is leaseOverrides for the takes' keys.
+func (e *Engine) takeOverrides(ctx context.Context, takes []TakeAsk) (map[string]*Rule, map[string]error, error) {
 	if e.overrides == nil || len(takes) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	var keys []string
 	for i := range takes {
@@ -98,14 +125,28 @@ func (e *Engine) takeOverrides(ctx context.Context, takes []TakeAsk) (map[string
 	return e.lookupOverrides(ctx, keys)
 }
 
-func (e *Engine) lookupOverrides(ctx context.Context, keys []string) (map[string]*Rule, error) {
+// lookupOverrides looks keys' overrides up. When the lookup failed for some
+// keys alone (an *OverridesUnavailableError) and the store serves other
+// keys, it returns those keys with the cause: their entries and takes fail
+// alone, as when the store fails for them (storeFailedFor), and the others
+// are decided. Otherwise a failure fails the call.
+func (e *Engine) lookupOverrides(ctx context.Context, keys []string) (map[string]*Rule, map[string]error, error) {
 	start := time.Now()
 	m, err := e.overrides.Lookup(ctx, keys)
 	e.observe("overrides", start, err)
-	if err != nil {
-		return nil, fmt.Errorf("look up overrides: %w", err)
+	if err == nil {
+		return m, nil, nil
 	}
-	return m, nil
+	if ou, ok := errors.AsType[*OverridesUnavailableError](err); ok && errors.Is(err, ErrStoreUnavailable) {
+		if so, ok := e.store.(servesOthers); ok && so.ServesOthers(ctx) {
+			failed := make(map[string]error, len(ou.Keys))
+			for _, k := range ou.Keys {
+				failed[k] = fmt.Errorf("look up the override: %w", ou.Err)
+			}
+			return m, failed, nil
+		}
+	}
+	return nil, nil, fmt.Errorf("look up overrides: %w", err)
 }
 
 // matchKey returns the rule of key: its override when it has one, else the

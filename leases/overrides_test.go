@@ -3,6 +3,7 @@ package leases_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -82,4 +83,79 @@ func TestOverridesBeatThePolicy(t *testing.T) {
 	assert.True(t, errors.Is(err, leases.ErrStoreUnavailable))
 	_, err = e.KeyState(ctx, "user:3")
 	assert.ErrorIs(t, err, leases.ErrStoreUnavailable, "a lookup error fails KeyState: no rule is reported that may not be the key's")
+}
+
+// partialOverrides is a leases.Overrides whose source does not answer for
+// the keys that start with "new:" (the node that holds it is down, and
+// they were never cached); the others are answered by mapOverrides.
+type partialOverrides struct{ mapOverrides }
+
+func (o *partialOverrides) Lookup(ctx context.Context, keys []string) (map[string]*leases.Rule, error) {
+	m, _ := o.mapOverrides.Lookup(ctx, keys)
+	var unknown []string
+	for _, k := range keys {
+		if len(k) > 4 && k[:4] == "new:" {
+			unknown = append(unknown, k)
+		}
+	}
+	if unknown == nil {
+		return m, nil
+	}
+	return m, &leases.OverridesUnavailableError{Keys: unknown, Err: fmt.Errorf("redis: %w: connection refused", leases.ErrStoreUnavailable)}
+}
+
+// servingStore is a store that says whether it serves other keys than
+// those that failed (see leases.RedisStore.ServesOthers).
+type servingStore struct {
+	leases.Store
+	serves bool
+}
+
+func (s servingStore) ServesOthers(context.Context) bool { return s.serves }
+
+// TestOverridesUnavailableForSomeKeys (found by the second review of the
+// shard-down change): the overrides of some keys cannot be looked up (the
+// Redis Cluster node that holds the rule database is down), and the store
+// serves the other keys: those keys' entries and takes fail alone with an
+// error wrapping ErrStoreUnavailable, the others are decided, their
+// overrides included. When the store does not serve others (one Redis
+// down), the call fails whole, as before. It failed whole either way.
+func TestOverridesUnavailableForSomeKeys(t *testing.T) {
+	p, err := leases.NewPolicy(leases.RuleSet{Rules: []leases.Rule{{Name: "per-user", Match: "*", Limit: 100, Period: time.Hour}}})
+	require.NoError(t, err)
+	ov, err := leases.NewOverrideRule("old:vip", leases.Rule{Limit: 2, Period: time.Minute})
+	require.NoError(t, err)
+	src := &partialOverrides{mapOverrides{m: map[string]*leases.Rule{"old:vip": ov}}}
+	mem := leases.NewMemoryStore(leases.MemoryOptions{})
+	defer mem.Close()
+	store := &servingStore{Store: mem, serves: true}
+	e := leases.NewEngine(leases.EngineOptions{Store: store, Policy: p, Overrides: src})
+	ctx := context.Background()
+	owner := leases.Owner{Client: "c", Process: "p"}
+
+	res, _, err := e.Lease(ctx, owner, []leases.LeaseAsk{{Key: "old:vip", Want: 10}, {Key: "new:a", Want: 10}, {Key: "old:b", Want: 10}})
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, res[0].Granted, "the override governs")
+	require.ErrorIs(t, res[1].Err, leases.ErrStoreUnavailable)
+	de, ok := errors.AsType[*leases.DecisionError](res[1].Err)
+	require.True(t, ok)
+	assert.Contains(t, de.Detail, `"new:a"`)
+	assert.Zero(t, res[1].Granted)
+	assert.EqualValues(t, 10, res[2].Granted)
+
+	took, _, err := e.Take(ctx, []leases.TakeAsk{{Keys: []string{"old:b", "new:a"}, Cost: 1}, {Keys: []string{"old:c"}, Cost: 1}})
+	require.NoError(t, err)
+	require.ErrorIs(t, took[0].Err, leases.ErrStoreUnavailable)
+	assert.True(t, took[1].Allowed)
+	st, err := e.KeyState(ctx, "old:b")
+	require.NoError(t, err)
+	assert.InDelta(t, 90, st.Limits[0].State.Level, 1, "the failed take took nothing of old:b (its lease holds 10)")
+	_, err = e.KeyState(ctx, "new:a")
+	require.ErrorIs(t, err, leases.ErrStoreUnavailable)
+
+	store.serves = false
+	_, _, err = e.Lease(ctx, owner, []leases.LeaseAsk{{Key: "old:b", Want: 1}, {Key: "new:a", Want: 1}})
+	require.ErrorIs(t, err, leases.ErrStoreUnavailable, "the store serves nothing: the call fails whole")
+	_, _, err = e.Take(ctx, []leases.TakeAsk{{Keys: []string{"new:a"}, Cost: 1}})
+	require.ErrorIs(t, err, leases.ErrStoreUnavailable)
 }

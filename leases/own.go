@@ -87,14 +87,16 @@ type OwnOutcome struct {
 	// RetryAfter is set when Owned is false after an acquire: the bucket
 	// has open leases or another live owner; do not ask again sooner.
 	RetryAfter time.Duration
-	// Err is ErrNotOwnable, or nil.
+	// Err is ErrNotOwnable, an error wrapping ErrStoreUnavailable when the
+	// store failed for this op alone (a Redis Cluster node down, while the
+	// others answer), or nil.
 	Err error
 }
 
 // Owning is implemented by the stores whose token buckets a lease server
 // may own (MemoryStore, RedisStore). OwningStore uses it.
 type Owning interface {
-	// Own runs ops, each atomic on its key. Only a store failure fails the
-	// whole call.
+	// Own runs ops, each atomic on its key. Only a store failure for every
+	// op fails the whole call (see Store.Lease).
 	Own(ctx context.Context, ops []OwnOp) ([]OwnOutcome, error)
 }

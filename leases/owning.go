@@ -433,6 +433,13 @@ func (s *OwningStore) Lease(ctx context.Context, owner Owner, ops []LeaseOp) ([]
 	}
 }
 
+// ServesOthers reports what the store underneath does (see
+// RedisStore.ServesOthers), or false.
+func (s *OwningStore) ServesOthers(ctx context.Context) bool {
+	so, ok := s.inner.(servesOthers)
+	return ok && so.ServesOthers(ctx)
+}
+
 // State returns an owned bucket's state from memory (no lease is open on
 // it: Leases, Holders and Outstanding are zero), any other from the store
 // underneath.

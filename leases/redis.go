@@ -262,6 +262,14 @@ func (s *RedisStore) run(ctx context.Context, algs []Algorithm, keys [][]string,
 // did but the failure is taken as partial (RedisOptions.PartialWindow);
 // otherwise err, wrapping ErrStoreUnavailable.
 func (s *RedisStore) ran(ctx context.Context, cmds []*redis.Cmd, err error) ([]*redis.Cmd, error) {
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok && err != nil && slices.ContainsFunc(cmds, unreachable) {
+		// A node did not answer: the cluster may have failed over to
+		// another, which a dead node never says (MOVED). go-redis reads
+		// the slots again on MOVED only, else once a minute; this asks it
+		// to now (lazily, at most every 200 ms), so that a moved slot's
+		// keys fail for about a round trip, not a minute.
+		cc.ReloadState(ctx)
+	}
 	if err == nil || slices.ContainsFunc(cmds, func(c *redis.Cmd) bool { return cmdFailed(c) == nil }) {
 		s.ranAt.Store(s.mono())
 		return cmds, nil
@@ -272,6 +280,17 @@ func (s *RedisStore) ran(ctx context.Context, cmds []*redis.Cmd, err error) ([]*
 		return cmds, nil
 	}
 	return nil, unavailable(err)
+}
+
+// ServesOthers reports whether the store serves other keys than those
+// an op of which just failed: false on a single node (Redis failing is the
+// store failing); on a Redis Cluster, whether an op ran within
+// RedisOptions.PartialWindow or a master says cluster_state:ok. The Engine
+// asks it when the overrides of some keys could not be looked up (see
+// OverridesUnavailableError): with the node that holds them down, those
+// keys fail alone.
+func (s *RedisStore) ServesOthers(ctx context.Context) bool {
+	return s.partial >= 0 && s.othersAnswer(ctx)
 }
 
 // mono returns the time since the store was made, plus one (0 is never).
@@ -341,6 +360,14 @@ func clusterServes(ctx context.Context, cc *redis.ClusterClient, limit time.Dura
 		}
 	}
 	return false
+}
+
+// unreachable reports whether c failed without an answer from Redis (a
+// connection refused or reset, a timeout), not with a Redis error reply.
+func unreachable(c *redis.Cmd) bool {
+	err := c.Err()
+	_, reply := errors.AsType[redis.Error](err)
+	return err != nil && !reply
 }
 
 // cmdFailed returns the error of a command of run's pipeline that failed on
@@ -578,6 +605,15 @@ func (s *RedisStore) Own(ctx context.Context, ops []OwnOp) ([]OwnOutcome, error)
 		return nil, err
 	}
 	for j, c := range cmds {
+		if err := cmdFailed(c); err != nil {
+			// This key's node failed (see run): the others' ops ran,
+			// and an acquisition that ran is this server's (failing them
+			// all had the store refuse their takes as owned, while this
+			// server decided them by the store: a failure answered as a
+			// rate limit, TestRedisClusterOwnOneNodeDown).
+			out[at[j]].Err = err
+			continue
+		}
 		vals, err := c.Slice()
 		if err != nil || len(vals) != 6 {
 			return nil, fmt.Errorf("redis: %w: bad own reply %v: %v", ErrStoreUnavailable, vals, err)

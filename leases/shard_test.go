@@ -407,3 +407,105 @@ func TestRedisClusterStalledRefundOnce(t *testing.T) {
 		require.LessOrEqual(t, st.Level, 60.5, "%s: 100 - 40 - 40, plus 40 given back once at most", k)
 	}
 }
+
+// TestRedisClusterFailoverRecovers (found by the second review): a master
+// dies and another serves its slots (what a failover does: the replica
+// that takes over has another address; here node 0 takes node 2's slots
+// with CLUSTER SETSLOT). A fresh client takes the dead node's key at once;
+// the store that knew the old map of the slots serves it within a moment.
+// It sent the key to the dead address for a minute: a dead node never
+// answers MOVED, and go-redis read the slots again only every
+// ClusterStateReloadInterval (60 s).
+func TestRedisClusterFailoverRecovers(t *testing.T) {
+	cl, _, keys, store, b := shardSetup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	cl.Nodes[2].Kill(t)
+	n0, n1 := cl.Nodes[0].Client(t), cl.Nodes[1].Client(t)
+	id0, err := n0.ClusterMyID(ctx).Result()
+	require.NoError(t, err)
+	require.NoError(t, n0.Do(ctx, "CLUSTER", "BUMPEPOCH").Err())
+	for _, n := range []*redis.Client{n0, n1} {
+		p := n.Pipeline()
+		for s := 2 * 16384 / 3; s < 16384; s++ {
+			p.Do(ctx, "CLUSTER", "SETSLOT", s, "NODE", id0)
+		}
+		_, err := p.Exec(ctx)
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool {
+		for _, n := range []*redis.Client{n0, n1} {
+			info, err := n.ClusterInfo(ctx).Result()
+			if err != nil || !strings.Contains(info, "cluster_state:ok") {
+				return false
+			}
+		}
+		return true
+	}, 20*time.Second, 50*time.Millisecond)
+	failedOver := time.Now()
+
+	// The cluster serves the dead node's key: a fresh client takes it.
+	fresh := leases.NewRedisStore(failFastClient(t, cl), leases.RedisOptions{})
+	outs, err := fresh.Take(ctx, []leases.TakeOp{{Key: keys[2], Bucket: b, Cost: 1}})
+	require.NoError(t, err)
+	require.NoError(t, outs[0].Err, "the cluster serves the moved key")
+
+	// The store that knew the old map.
+	var last error
+	for time.Since(failedOver) < 10*time.Second {
+		c, cancel := context.WithTimeout(ctx, storeTimeout)
+		outs, err := store.Take(c, []leases.TakeOp{{Key: keys[0], Bucket: b, Cost: 1}, {Key: keys[2], Bucket: b, Cost: 1}})
+		cancel()
+		require.NoError(t, err)
+		if outs[1].Err == nil {
+			t.Logf("recovered %v after the failover", time.Since(failedOver))
+			return
+		}
+		last = outs[1].Err
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("10 s after the failover the moved key still fails on the store: %v", last)
+}
+
+// TestRedisClusterOwnOneNodeDown (found by the second review): rateleased's
+// store owns hot token buckets by default (-own-keys: an OwningStore over
+// the Redis store). With one master of three down, a key of a live master,
+// its bucket nearly full, is taken at a steady pace through the
+// OwningStore, as is a key of the dead master: every take of the live key
+// is admitted. RedisStore.Own failed its whole call when one op's node was
+// down, while the live key's acquisition had run: Redis recorded this
+// server as the owner, the OwningStore believed it failed and sent the
+// key's takes to the store, which refused them as owned (17 taken, 540
+// denied in 3 s): a store failure answered as a rate limit.
+func TestRedisClusterOwnOneNodeDown(t *testing.T) {
+	cl, _, keys, store, _ := shardSetup(t)
+	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 1_000_000, Period: time.Hour, Burst: 1_000_000, LeaseTTL: time.Second}
+	owning, err := leases.NewOwningStore(store, leases.OwningOptions{MinTakes: 4})
+	require.NoError(t, err)
+	defer owning.Close()
+	ctx := context.Background()
+	cl.Nodes[2].Kill(t)
+
+	var liveTaken, liveDenied, liveFailed, deadFailed int
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
+		c, cancel := context.WithTimeout(ctx, storeTimeout)
+		outs, err := owning.Take(c, []leases.TakeOp{{Key: keys[0], Bucket: b, Cost: 1}, {Key: keys[2], Bucket: b, Cost: 1}})
+		cancel()
+		require.NoError(t, err)
+		switch {
+		case outs[0].Err != nil:
+			liveFailed++
+		case outs[0].Taken:
+			liveTaken++
+		default:
+			liveDenied++
+		}
+		if outs[1].Err != nil {
+			deadFailed++
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("live key: %d taken, %d denied, %d failed; dead key: %d failed; owning stats %+v", liveTaken, liveDenied, liveFailed, deadFailed, owning.Stats())
+	require.Zero(t, liveDenied+liveFailed, "the live master's key, its bucket full, is denied or fails while only another node is down")
+}

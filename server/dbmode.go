@@ -246,6 +246,10 @@ func intOf(v any) int64 {
 // a mutex and reads a map; the misses of one lookup cost one HMGET
 // together.
 //
+// When the database does not answer (the Redis Cluster node that holds it
+// down), a key's expired entry stands, and the keys without one fail alone
+// while the store serves others (see stale).
+//
 // A fill races with invalidation: a value read before a change may arrive
 // after the change was invalidated. Every invalidation bumps epoch, and a
 // fill stores its values only if epoch did not move while it read them.
@@ -271,6 +275,37 @@ type overrideEntry struct {
 
 func newOverrideCache(db *RuleDB, size int, ttl time.Duration, now func() time.Time) *overrideCache {
 	return &overrideCache{db: db, max: size, ttl: ttl, now: now, m: map[string]*list.Element{}}
+}
+
+// stale answers a lookup whose misses (missing) the database did not
+// answer (err): a key's expired entry stands (its override, or its lack of
+// one, as last read: the database cannot have been changed without an
+// invalidation while it does not answer, and a change made before comes
+// within the TTL as ever), and the keys without one fail alone
+// (*leases.OverridesUnavailableError), when the store serves others (a
+// Redis Cluster whose node that holds the database is down: the engine
+// asks). out holds the overrides found so far.
+func (c *overrideCache) stale(out map[string]*leases.Rule, missing []string, err error) (map[string]*leases.Rule, error) {
+	var unknown []string
+	c.mu.Lock()
+	for _, k := range missing {
+		el, ok := c.m[k]
+		if !ok {
+			unknown = append(unknown, k)
+			continue
+		}
+		if e := el.Value.(*overrideEntry); e.rule != nil {
+			if out == nil {
+				out = make(map[string]*leases.Rule, len(missing))
+			}
+			out[k] = e.rule
+		}
+	}
+	c.mu.Unlock()
+	if len(unknown) == 0 {
+		return out, nil
+	}
+	return out, &leases.OverridesUnavailableError{Keys: unknown, Err: err}
 }
 
 // Lookup implements leases.Overrides.
@@ -304,7 +339,7 @@ func (c *overrideCache) Lookup(ctx context.Context, keys []string) (map[string]*
 	}
 	vals, err := c.db.rdb.HMGet(ctx, c.db.OverridesKey(), missing...).Result()
 	if err != nil {
-		return nil, fmt.Errorf("read overrides: %w", unavailable(err))
+		return c.stale(out, missing, fmt.Errorf("read overrides: %w", unavailable(err)))
 	}
 	rules := make([]*leases.Rule, len(missing))
 	for i, v := range vals {
