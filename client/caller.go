@@ -238,7 +238,8 @@ func failedStatus(resp *http.Response) bool {
 }
 
 // keysStoreFailed reports whether resp, a 503 problem, is store_unavailable
-// with the result of each entry (see decodeLeaseResponse). It reads the
+// with the result of each entry, each failed (see decodeLeaseResponse; a
+// lying server's other 503s are retried at another server). It reads the
 // body, at most maxResponseBytes, and puts it back for the decoder, with
 // the verdict: go-retryablehttp asks again once the decoder has read it.
 func keysStoreFailed(resp *http.Response) bool {
@@ -251,7 +252,8 @@ func keysStoreFailed(resp *http.Response) bool {
 	resp.Body = pb
 	var p protocol.Problem
 	pb.keysFailed = err == nil && len(data) <= maxResponseBytes && json.Unmarshal(data, &p) == nil &&
-		p.Code == protocol.CodeStoreUnavailable && len(p.Leases) > 0
+		p.Code == protocol.CodeStoreUnavailable && len(p.Leases) > 0 &&
+		!slices.ContainsFunc(p.Leases, func(r protocol.LeaseResult) bool { return r.Error == nil })
 	return pb.keysFailed
 }
 
