@@ -6,13 +6,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/ratelease/ratelease/leases"
 	"github.com/ratelease/ratelease/protocol"
+	"github.com/redis/go-redis/v9"
 )
 
 // Defaults of the rule database's cache (see Options.RuleDB).
@@ -138,6 +140,7 @@ func (s *Server) syncDBLocked(ctx context.Context) error {
 	d := s.db
 	vals, err := d.db.rdb.MGet(ctx, d.db.key("version"), d.db.key("setversion")).Result()
 	if err != nil {
+		rereadSlots(d.db.rdb, err)
 		return fmt.Errorf("read rule database version: %w", unavailable(err))
 	}
 	ver, setVer := intOf(vals[0]), intOf(vals[1])
@@ -247,8 +250,8 @@ func intOf(v any) int64 {
 // together.
 //
 // When the database does not answer (the Redis Cluster node that holds it
-// down), a key's expired entry stands, and the keys without one fail alone
-// while the store serves others (see stale).
+// down), a key's entry expired less than a TTL ago stands, and the keys
+// without one fail alone while the store serves others (see stale).
 //
 // A fill races with invalidation: a value read before a change may arrive
 // after the change was invalidated. Every invalidation bumps epoch, and a
@@ -264,7 +267,7 @@ type overrideCache struct {
 	lru   list.List                // front: most recently used
 	epoch uint64
 
-	lookups, misses uint64 // under mu
+	lookups, misses, stales uint64 // under mu
 }
 
 type overrideEntry struct {
@@ -278,22 +281,24 @@ func newOverrideCache(db *RuleDB, size int, ttl time.Duration, now func() time.T
 }
 
 // stale answers a lookup whose misses (missing) the database did not
-// answer (err): a key's expired entry stands (its override, or its lack of
-// one, as last read: the database cannot have been changed without an
-// invalidation while it does not answer, and a change made before comes
-// within the TTL as ever), and the keys without one fail alone
+// answer at now (err): a key's entry expired less than a TTL ago stands
+// (its override, or its lack of one, as read at most two TTLs ago: a
+// change this server missed, its notice lost just before the database
+// stopped answering, so applies at most a TTL later than it would have),
+// counted in override_cache_stale_total; the keys without one fail alone
 // (*leases.OverridesUnavailableError), when the store serves others (a
 // Redis Cluster whose node that holds the database is down: the engine
 // asks). out holds the overrides found so far.
-func (c *overrideCache) stale(out map[string]*leases.Rule, missing []string, err error) (map[string]*leases.Rule, error) {
+func (c *overrideCache) stale(out map[string]*leases.Rule, missing []string, now time.Time, err error) (map[string]*leases.Rule, error) {
 	var unknown []string
 	c.mu.Lock()
 	for _, k := range missing {
 		el, ok := c.m[k]
-		if !ok {
+		if !ok || !now.Before(el.Value.(*overrideEntry).expires.Add(c.ttl)) {
 			unknown = append(unknown, k)
 			continue
 		}
+		c.stales++
 		if e := el.Value.(*overrideEntry); e.rule != nil {
 			if out == nil {
 				out = make(map[string]*leases.Rule, len(missing))
@@ -339,7 +344,8 @@ func (c *overrideCache) Lookup(ctx context.Context, keys []string) (map[string]*
 	}
 	vals, err := c.db.rdb.HMGet(ctx, c.db.OverridesKey(), missing...).Result()
 	if err != nil {
-		return c.stale(out, missing, fmt.Errorf("read overrides: %w", unavailable(err)))
+		rereadSlots(c.db.rdb, err)
+		return c.stale(out, missing, now, fmt.Errorf("read overrides: %w", unavailable(err)))
 	}
 	rules := make([]*leases.Rule, len(missing))
 	for i, v := range vals {
@@ -423,6 +429,12 @@ func (c *overrideCache) collectors() []prometheus.Collector {
 			Help: "Keys looked up for a per-key override (database mode)."}, count(false)),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: "override_cache_misses_total",
 			Help: "Override lookups the cache could not answer, read from Redis (database mode)."}, count(true)),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: "override_cache_stale_total",
+			Help: "Keys decided with a cache entry expired less than a TTL ago, while the rule database did not answer (database mode)."}, func() float64 {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return float64(c.stales)
+		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "override_cache_entries",
 			Help: "Keys the override cache holds, with or without an override (database mode)."}, func() float64 {
 			c.mu.Lock()
@@ -436,4 +448,16 @@ func (c *overrideCache) stats() (lookups, misses uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.lookups, c.misses
+}
+
+// rereadSlots has a Redis Cluster client read the map of the slots again
+// (lazily, at most every 200 ms) when err came without an answer from
+// Redis: the node that holds the rule database may have failed over, and a
+// dead node never answers MOVED (see leases.RedisStore, which does the
+// same for its own commands).
+func rereadSlots(rdb redis.UniversalClient, err error) {
+	cc, ok := rdb.(*redis.ClusterClient)
+	if _, reply := errors.AsType[redis.Error](err); ok && err != nil && !reply {
+		cc.ReloadState(context.Background())
+	}
 }

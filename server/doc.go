@@ -173,8 +173,9 @@
 // their limits denied), elastic_borrows_total (entries and checks of
 // elastic rules their pool served),
 // build_info{version,revision,goversion} (see ReadBuild), and, in database
-// mode, override_lookups_total, override_cache_misses_total and
-// override_cache_entries (the override cache; dbmode.go), and, when
+// mode, override_lookups_total, override_cache_misses_total,
+// override_cache_stale_total and override_cache_entries (the override
+// cache; dbmode.go), and, when
 // Options.Store is a leases.OwningStore (rateleased -own-keys),
 // owned_buckets, owned_takes_total and ownerships_total{event}
 // (owningmetrics.go), and, when Options.Peers counts its commands (a
