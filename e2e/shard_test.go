@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -168,6 +169,36 @@ rules:
 	_ = resp.Body.Close()
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "a check with a dead node's key among others")
 	assert.Equal(t, protocol.CodeStoreUnavailable, pr.Code)
+
+	// A second master stalls (SIGSTOP) rather than dies: a lease call
+	// with a key of the last live node and one of the stalled node is
+	// answered for the first after the read timeout, the second failing
+	// alone. With go-redis's redirections (rateleased's before it set
+	// MaxRedirects −1) the stalled node's script was sent again, and the
+	// call failed whole when the store timeout passed.
+	var live, stalled string
+	for i := 0; live == "" || stalled == ""; i++ {
+		switch k := fmt.Sprintf("stall:%d", i); nodeOf(k) {
+		case 0:
+			live = cmp.Or(live, k)
+		case 1:
+			stalled = cmp.Or(stalled, k)
+		}
+	}
+	cl.Nodes[1].Pause(t)
+	t0 := time.Now()
+	resp, err = http.Post(urls[0]+protocol.PathLeases, "application/json", strings.NewReader(
+		fmt.Sprintf(`{"client_id":"probe","leases":[{"key":%q,"want":1},{"key":%q,"want":1}]}`, live, stalled)))
+	require.NoError(t, err)
+	lr = protocol.LeaseResponse{}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&lr))
+	_ = resp.Body.Close()
+	t.Logf("a lease call with a master stalled took %v", time.Since(t0))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Len(t, lr.Leases, 2)
+	assert.Nil(t, lr.Leases[0].Error, "the live node's key is answered")
+	require.NotNil(t, lr.Leases[1].Error)
+	assert.Equal(t, protocol.CodeStoreUnavailable, lr.Leases[1].Error.Code)
 }
 
 // keySlot returns the Redis Cluster slot of key: CRC16 (XMODEM) of its hash
