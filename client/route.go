@@ -105,20 +105,7 @@ func (s *serverHealth) answered(sent int64) {
 func (h *caller) pick(kh uint64, tried []int, now int64) int {
 	minAvoid := int64(h.cfg.SettleInterval)
 	for {
-		top, best := -1, -1
-		var topW, bestW uint64
-		for i, seed := range h.seeds {
-			if slices.Contains(tried, i) {
-				continue
-			}
-			w := rendezvous(kh, seed)
-			if top < 0 || w > topW {
-				top, topW = i, w
-			}
-			if now >= h.health[i].until.Load() && (best < 0 || w > bestW) {
-				best, bestW = i, w
-			}
-		}
+		top, best := h.rank(kh, tried, now)
 		if best < 0 {
 			return top
 		}
@@ -134,21 +121,32 @@ func (h *caller) pick(kh uint64, tried []int, now int64) int {
 // it goes to at now: the first not avoided, else the preferred one. Unlike
 // pick, it claims no probe.
 func (h *caller) route(kh uint64, now int64) (top, to int) {
-	top, to = -1, -1
-	var topW, toW uint64
-	for i, seed := range h.seeds {
-		w := rendezvous(kh, seed)
-		if top < 0 || w > topW {
-			top, topW = i, w
-		}
-		if now >= h.health[i].until.Load() && (to < 0 || w > toW) {
-			to, toW = i, w
-		}
-	}
+	top, to = h.rank(kh, nil, now)
 	if to < 0 {
 		to = top
 	}
 	return top, to
+}
+
+// rank returns, among the servers not in skip, the first of kh's
+// rendezvous order (weights descending) and the first that is not avoided
+// at now (-1 when every one is).
+func (h *caller) rank(kh uint64, skip []int, now int64) (top, best int) {
+	top, best = -1, -1
+	var topW, bestW uint64
+	for i, seed := range h.seeds {
+		if slices.Contains(skip, i) {
+			continue
+		}
+		w := rendezvous(kh, seed)
+		if top < 0 || w > topW {
+			top, topW = i, w
+		}
+		if now >= h.health[i].until.Load() && (best < 0 || w > bestW) {
+			best, bestW = i, w
+		}
+	}
+	return top, best
 }
 
 // routing reports whether direct takes are routed by key.

@@ -271,7 +271,9 @@ func (s *RedisStore) ran(ctx context.Context, cmds []*redis.Cmd, err error) ([]*
 		cc.ReloadState(ctx)
 	}
 	if err == nil || slices.ContainsFunc(cmds, func(c *redis.Cmd) bool { return cmdFailed(c) == nil }) {
-		s.ranAt.Store(s.mono())
+		if s.partial >= 0 {
+			s.ranAt.Store(s.mono()) // a clock read per call, on a cluster only
+		}
 		return cmds, nil
 	}
 	if s.partial >= 0 && ctx.Err() == nil && s.othersAnswer(ctx) {
