@@ -224,9 +224,12 @@
 // stores implement Owning, tokenbucket_own.go and the script's modes own
 // and release). The ownership is recorded beside the level, never apart
 // from it: in memory in the bucket's state, in Redis in the same string,
-// "<level> <clock> <deadline> <contested> <owner>", where level and clock
-// are the owner's L0 and t0 (nothing changes them while it owns the
-// bucket) and PX outlives the deadline by the refill of the whole burst.
+// "<level> <clock> <deadline> <contested> =<id> <owner>", where level and
+// clock are the owner's L0 and t0 (nothing changes them while it owns the
+// bucket), id is the ID of the acquisition that began it (OwnOp.ID) and
+// PX outlives the deadline by the refill of the whole burst. (A script
+// from before the IDs reads "=<id> <owner>" as another server's name, and
+// refuses; a record without the ID reads as ID "".)
 // So a bucket nobody owns costs what it always did: a direct take is
 // still EVALSHA, TIME, GET and SET, and a take refused because the bucket
 // is owned adds at most one SET, for the contested mark
@@ -268,6 +271,25 @@
 // deadline. TestOwning* run it over the memory store and a real Redis on
 // a clock the test drives, comparing every answer with one tbState fed
 // the same takes at the same times.
+//
+// A Redis master that stalls past the read timeout runs, when it resumes,
+// the ops it had queued, whose answers the owner never saw. An
+// acquisition that ran so left the store refusing the owner's takes, and
+// the owner's next acquisition was answered as a renewal, without a
+// level: it started from an empty bucket (on a real cluster, 73 of 73
+// takes of a bucket of 99 tokens refused). Each acquisition now carries a
+// new ID and the IDs of the key's acquisitions whose answers were lost;
+// the store begins afresh (from L0 + rate·(now − t0), under the burst) an
+// ownership that one of those began, since nobody decided from it, and a
+// late copy changes nothing, since the ownership it finds is not among
+// its own Lost. Renewals and releases name the ownership's ID, so a late
+// release cannot end the ownership that followed. Why not begin afresh
+// any ownership of the same server: the one it finds may be one the owner
+// decided from and lost track of (its renewals' answers lost), and
+// beginning that afresh would admit again what it admitted; such an
+// ownership is handed back at level 0 instead. TestOwningAcquisitionAnswerLost
+// drives those orders over both stores, TestRedisClusterOwnAcquisitionStalled
+// on a cluster with a master stopped (SIGSTOP).
 //
 // # Algorithms
 //

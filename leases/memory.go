@@ -247,6 +247,10 @@ func (s *MemoryStore) Own(ctx context.Context, ops []OwnOp) ([]OwnOutcome, error
 			out[i].Err = ErrNotOwnable
 			continue
 		}
+		if err := op.check(); err != nil {
+			out[i].Err = err
+			continue
+		}
 		if err := s.with(op.Key, &op.Bucket, now, func(st keyState) {
 			out[i] = st.(*tbState).own(&op.Bucket, op, op.releaseLevel(), now)
 		}); err != nil {

@@ -3,6 +3,7 @@ package leases
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -23,14 +24,27 @@ import (
 //     answers L0 and t0: the owner runs the bucket from there, refilling at
 //     the rule's rate up to its burst, counting time from when its request
 //     was sent (so its clock lags the store's, never leads it).
-//   - Own again by the same owner before the deadline (renew): the deadline
-//     moves to now + TTL; nothing else changes. The answer says whether a
-//     take or a lease was refused because of the ownership since the last
-//     renewal (Contested): the owner should then release, so that the key
-//     goes back to being decided by the store for everyone.
-//   - Release: the bucket's level becomes the owner's level, at most L0 +
-//     rate·(now − t0) and at most the burst, at the store's now (no refill
-//     is credited for the time the release took to arrive).
+//     The store keeps the ID of the op that began the ownership
+//     (OwnOp.ID).
+//   - Own again by the same owner before the deadline, with that ID
+//     (renew): the deadline moves to now + TTL; nothing else changes. The
+//     answer says whether a take or a lease was refused because of the
+//     ownership since the last renewal (Contested): the owner should then
+//     release, so that the key goes back to being decided by the store for
+//     everyone.
+//   - Own by the same owner with another ID (an acquisition that finds an
+//     ownership of its server live): when the ownership's ID is among the
+//     op's Lost — an acquisition of the same server whose answer was lost,
+//     from which nobody decided anything — it begins afresh: the level is
+//     L0 + rate·(now − t0), under the burst, as if it had never begun, and
+//     the answer is that of an acquisition, with the new ID kept. Otherwise
+//     nothing changes, and the answer says the bucket is owned (Owned, ID)
+//     but not acquired: the owner cannot know its level and decides
+//     nothing from it (OwningStore releases it at level 0).
+//   - Release, with the ownership's ID: the bucket's level becomes the
+//     owner's level, at most L0 + rate·(now − t0) and at most the burst, at
+//     the store's now (no refill is credited for the time the release took
+//     to arrive). A release with another ID changes nothing.
 //   - Expiry (no renewal by the deadline, the owner is gone): the bucket is
 //     empty at the deadline and refills from there, as if the owner had
 //     spent everything it could: a dead owner never brings back tokens it
@@ -44,6 +58,18 @@ import (
 // the bucket would have over the same time (its level starts at the
 // store's, its clock lags the store's, its refill and cap are the rule's),
 // and whatever it hands back is capped by what it could have left.
+//
+// Why the IDs: an op sent to a Redis master that stalls (a long fork, a
+// full machine) times out at the client and may still run when the master
+// resumes. Without them, an acquisition that ran after its timeout left
+// the store refusing this server's takes as owned, and the next
+// acquisition was answered as a renewal, without a level, so the owner
+// started from an empty bucket: false denials for as long as the master
+// was slow. One ID per ownership is not enough either: the owner sends the
+// acquisition again, and the first copy may run after the second began an
+// ownership the owner decides from; Lost names exactly the copies whose
+// answers the owner will never use, so only an ownership nobody decided
+// from is begun afresh, and a late copy changes nothing.
 //
 // Only the token bucket can be owned; the other algorithms answer ErrNotOwnable.
 
@@ -59,15 +85,65 @@ type OwnOp struct {
 	// Server names the owner: unique per lease server process.
 	Server string
 	// Release ends the ownership (a release by a server that does not own
-	// the bucket changes nothing); Level is then the owner's level.
+	// the bucket, or with another ID, changes nothing); Level is then the
+	// owner's level.
 	Release bool
 	Level   float64
+	// ID names the ownership: for an acquisition, a new ID of this op (the
+	// store keeps it if the op begins an ownership); for a renewal or a
+	// release, the ID of the acquisition that began the ownership. At most
+	// MaxOwnIDLen lowercase hex digits; empty names the ownerships of
+	// servers that set none.
+	ID string
+	// Lost lists the IDs of this server's earlier acquisitions of the key
+	// whose answers were lost (the call failed after they may have run),
+	// at most MaxOwnLost: an ownership begun by one of them is begun
+	// afresh by this op (see above). Only for an acquisition.
+	Lost []string
+}
+
+// MaxOwnIDLen is the longest OwnOp.ID, and MaxOwnLost the most OwnOp.Lost
+// entries, a store accepts.
+const (
+	MaxOwnIDLen = 32
+	MaxOwnLost  = 16
+)
+
+// validOwnID reports whether id is at most MaxOwnIDLen lowercase hex digits.
+func validOwnID(id string) bool {
+	if len(id) > MaxOwnIDLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// check validates op's ID and Lost: a bad one fails the op alone.
+func (op *OwnOp) check() error {
+	if !validOwnID(op.ID) {
+		return fmt.Errorf("leases: own op on %q: bad ID %q (at most %d lowercase hex digits)", op.Key, op.ID, MaxOwnIDLen)
+	}
+	if len(op.Lost) > MaxOwnLost {
+		return fmt.Errorf("leases: own op on %q: %d lost IDs (at most %d)", op.Key, len(op.Lost), MaxOwnLost)
+	}
+	for _, id := range op.Lost {
+		if id == "" || !validOwnID(id) {
+			return fmt.Errorf("leases: own op on %q: bad lost ID %q", op.Key, id)
+		}
+	}
+	return nil
 }
 
 // OwnOutcome is the result of one OwnOp.
 type OwnOutcome struct {
-	// Owned is true when Server owns the bucket after the op.
+	// Owned is true when Server owns the bucket after the op; ID is then
+	// the ID of the op that began the ownership.
 	Owned bool
+	ID    string
 	// Acquired is true when the op began a new ownership (none was live
 	// for Server): Level and At are then the bucket's level and the
 	// store's clock at that moment, from which the owner runs it. A renewal
@@ -89,7 +165,7 @@ type OwnOutcome struct {
 	RetryAfter time.Duration
 	// Err is ErrNotOwnable, an error wrapping ErrStoreUnavailable when the
 	// store failed for this op alone (a Redis Cluster node down, while the
-	// others answer), or nil.
+	// others answer), an error naming a bad ID (see OwnOp.ID), or nil.
 	Err error
 }
 

@@ -60,6 +60,20 @@ type OwningOptions struct {
 // while. Routing a key's direct takes to one server (the SDK does,
 // rendezvous hashing over its servers) makes one server see all of them.
 //
+// A store that fails (a Redis master down or stalled past the read
+// timeout) is met so: each acquisition carries a new ID and the IDs of the
+// key's earlier acquisitions whose answers were lost (OwnOp.ID, Lost), so
+// that an ownership one of them began when the master ran it late is begun
+// afresh instead of refusing this server's takes, and a late copy changes
+// nothing; an acquisition whose answer was lost is sent again at the next
+// tick, the key's takes waiting for it, up to three times, then the key is
+// decided by the store for a quarter of a TTL and acquired again (up to
+// three rounds); an ownership of this server's that it cannot know the
+// level of is handed back at level 0. The loop starts a step at each tick
+// without waiting for the last, and the ops of keys whose last op failed
+// go in a call of their own: a stalled master delays no other key's
+// renewal. Each key has one op in flight at most.
+//
 // Only token_bucket buckets are owned; every other operation goes to the
 // store underneath, which must implement Owning.
 type OwningStore struct {
@@ -84,16 +98,33 @@ type OwningStore struct {
 	}
 	stop chan struct{}
 	done chan struct{}
+	// steps counts the loop's steps in flight: each tick starts one, so
+	// that a call stalled on one Redis master delays no other key's
+	// renewal (at most maxSteps at once).
+	steps sync.WaitGroup
+	slots chan struct{}
 }
+
+// maxSteps is the most steps of the loop in flight at once, and
+// maxOwnTries the most acquisitions of a key sent in a row whose answers
+// were lost before it goes back to being decided by the store for a
+// quarter of a TTL.
+// keepLost is how many lost acquisitions' IDs a key keeps (see OwnOp.Lost).
+const (
+	maxSteps     = 4
+	maxOwnTries  = 3
+	maxOwnRounds = 3
+	keepLost     = 8
+)
 
 // ownState is the stage of one key in an OwningStore.
 type ownState int
 
 const (
 	ownNone      ownState = iota // a candidate: takes are counted, decided by the store
-	ownAcquiring                 // an acquisition is in flight: takes wait for it
+	ownAcquiring                 // an acquisition is in flight or due (resend): takes wait for it
 	ownOwned                     // decided here
-	ownReleasing                 // a release is in flight: takes wait for it
+	ownReleasing                 // a release is in flight or due (resend): takes wait for it
 )
 
 // ownedKey is the state of one key: its demand while a candidate, its
@@ -114,6 +145,25 @@ type ownedKey struct {
 	release   bool    // release at the next tick (lease wanted, bucket changed)
 	sentAt    int64   // local µs the op in flight was sent
 	offset    int64   // store clock (µs since the epoch) less the local clock, as of the acquisition
+	// id is the ID of the ownership (of the acquisition in flight while
+	// acquiring); lost the IDs of this key's acquisitions whose answers
+	// were lost (kept across resets until an acquisition is answered),
+	// tries how many were lost in a row.
+	id    string
+	lost  []string
+	tries int
+	// rounds counts the times tries ran out in a row: the key is then
+	// acquired again once its cool period passes, asked for or not (an
+	// ownership one of them began refuses everyone until its deadline),
+	// maxOwnRounds times at most.
+	rounds int
+	// resend: while acquiring, an acquisition is due at the next tick (the
+	// last one's answer was lost); while releasing, a release of an
+	// ownership this server cannot decide from (level 0) is due.
+	resend bool
+	// failed: the key's last op failed; its next ones go in a call of
+	// their own, so that a stalled master's keys delay no other key.
+	failed bool
 	// forwarded counts this key's takes sent to the store and not yet
 	// answered: no acquisition is sent while one is (the store would
 	// refuse it as contested).
@@ -149,7 +199,8 @@ func NewOwningStore(inner Store, opts OwningOptions) (*OwningStore, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	s := &OwningStore{inner: inner, own: own, opts: opts, now: opts.now, keys: make(map[string]*ownedKey),
-		due: make(map[string]*ownedKey), active: make(map[string]*ownedKey), stop: make(chan struct{}), done: make(chan struct{})}
+		due: make(map[string]*ownedKey), active: make(map[string]*ownedKey), stop: make(chan struct{}), done: make(chan struct{}),
+		slots: make(chan struct{}, maxSteps)}
 	if s.now == nil {
 		base := time.Now()
 		s.now = func() int64 { return time.Since(base).Microseconds() }
@@ -347,8 +398,8 @@ func (s *OwningStore) lose(key string, k *ownedKey, now int64) {
 // reset makes k a candidate again, not acquired before cool has passed,
 // and wakes whoever waits on it. Called with mu held.
 func (s *OwningStore) reset(key string, k *ownedKey, now, cool int64) {
-	w, b, fwd := k.wait, k.tb.bucket, k.forwarded
-	*k = ownedKey{windowStart: now, cooldown: now + cool, forwarded: fwd}
+	w, b, fwd, lost, failed, rounds := k.wait, k.tb.bucket, k.forwarded, k.lost, k.failed, k.rounds
+	*k = ownedKey{windowStart: now, cooldown: now + cool, forwarded: fwd, lost: lost, failed: failed, rounds: rounds}
 	k.tb.bucket = b
 	delete(s.active, key)
 	if w != nil {
@@ -478,12 +529,17 @@ func (s *OwningStore) Close() error {
 		close(s.stop)
 	}
 	<-s.done
+	s.steps.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	s.mu.Lock()
-	for _, k := range s.active {
-		if k.state == ownOwned {
+	now := s.now()
+	for key, k := range s.active {
+		switch {
+		case k.state == ownOwned:
 			k.release = true
+		case k.state == ownAcquiring && k.resend:
+			s.reset(key, k, now, 0) // acquire nothing more
 		}
 	}
 	s.due = map[string]*ownedKey{} // acquire nothing more
@@ -502,9 +558,19 @@ func (s *OwningStore) loop() {
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		s.step(ctx)
-		cancel()
+		select {
+		case s.slots <- struct{}{}:
+		default:
+			continue // maxSteps in flight: the keys they carry wait for them anyway
+		}
+		s.steps.Add(1)
+		go func() {
+			defer s.steps.Done()
+			defer func() { <-s.slots }()
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			s.step(ctx)
+		}()
 	}
 }
 
@@ -514,12 +580,42 @@ type pendingOwn struct {
 	k   *ownedKey
 }
 
-// step sends the acquisitions, renewals and releases due now in one store
-// call and applies the answers.
+// ownCall is the ops of one store call of a step.
+type ownCall struct {
+	ops []OwnOp
+	at  []pendingOwn
+}
+
+func (c *ownCall) add(key string, k *ownedKey, op OwnOp) {
+	c.ops = append(c.ops, op)
+	c.at = append(c.at, pendingOwn{key, k})
+}
+
+// newOwnID returns a new ID for an acquisition (OwnOp.ID).
+func newOwnID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// step sends the acquisitions, renewals and releases due now and applies
+// the answers: in one store call, and the ops of the keys whose last op
+// failed in a second one, concurrent, so that a Redis master that stalls
+// (its ops fail at the read timeout) delays no other key's renewal.
 func (s *OwningStore) step(ctx context.Context) {
 	now := s.now()
-	var ops []OwnOp
-	var at []pendingOwn
+	var calls [2]ownCall // healthy keys, keys whose last op failed
+	call := func(k *ownedKey) *ownCall {
+		if k.failed {
+			return &calls[1]
+		}
+		return &calls[0]
+	}
+	acquire := func(key string, k *ownedKey) {
+		k.state, k.sentAt, k.takes, k.resend, k.id = ownAcquiring, now, 0, false, newOwnID()
+		s.active[key] = k
+		call(k).add(key, k, OwnOp{Key: key, Bucket: k.tb.bucket, Server: s.opts.Server, ID: k.id, Lost: slices.Clone(k.lost)})
+	}
 	s.mu.Lock()
 	if now-s.lastSweep > int64(time.Second/time.Microsecond) {
 		s.sweep(now)
@@ -531,17 +627,32 @@ func (s *OwningStore) step(ctx context.Context) {
 			}
 			continue // a take of its own at the store: next tick
 		}
+		forced := k.rounds > 0 // see rounds
+		if forced && now < k.cooldown {
+			continue // due when it has passed
+		}
 		delete(s.due, key)
-		if k.takes < s.opts.MinTakes || now < k.cooldown {
+		if (k.takes < s.opts.MinTakes && !forced) || now < k.cooldown {
 			continue
 		}
-		k.state, k.sentAt, k.takes = ownAcquiring, now, 0
-		s.active[key] = k
-		ops = append(ops, OwnOp{Key: key, Bucket: k.tb.bucket, Server: s.opts.Server})
-		at = append(at, pendingOwn{key, k})
+		acquire(key, k)
 	}
 	for key, k := range s.active {
-		if k.state != ownOwned {
+		switch {
+		case k.state == ownAcquiring && k.resend:
+			acquire(key, k)
+			continue
+		case k.state == ownReleasing && k.resend:
+			// An ownership of this server's it cannot decide from:
+			// handed back empty.
+			k.resend, k.sentAt = false, now
+			call(k).add(key, k, OwnOp{Key: key, Bucket: k.tb.bucket, Server: s.opts.Server, ID: k.id, Release: true})
+			continue
+		case k.state != ownOwned || k.renewing:
+			// Nothing due, or its renewal in flight (a key has one op
+			// in flight at most: a release sent meanwhile could run
+			// first, and the renewal then begin an ownership this
+			// server no longer knows).
 			continue
 		}
 		ttl := k.tb.bucket.LeaseTTL.Microseconds()
@@ -551,35 +662,45 @@ func (s *OwningStore) step(ctx context.Context) {
 			// Hand back the level as it stands now; decide nothing more
 			// from it.
 			k.tb.advance(&k.tb.bucket, now)
-			ops = append(ops, OwnOp{Key: key, Bucket: k.tb.bucket, Server: s.opts.Server, Release: true, Level: k.tb.level})
+			call(k).add(key, k, OwnOp{Key: key, Bucket: k.tb.bucket, Server: s.opts.Server, ID: k.id, Release: true, Level: k.tb.level})
 			k.state, k.sentAt = ownReleasing, now
-		case now >= k.renewAt && !k.renewing:
+		case now >= k.renewAt:
 			k.renewing, k.sentAt = true, now
-			ops = append(ops, OwnOp{Key: key, Bucket: k.tb.bucket, Server: s.opts.Server})
-		default:
-			continue
+			call(k).add(key, k, OwnOp{Key: key, Bucket: k.tb.bucket, Server: s.opts.Server, ID: k.id})
 		}
-		at = append(at, pendingOwn{key, k})
 	}
 	s.mu.Unlock()
-	if len(ops) == 0 {
+	if len(calls[1].ops) == 0 {
+		s.send(ctx, &calls[0])
 		return
 	}
-	outs, err := s.own.Own(ctx, ops)
-	now = s.now()
+	var wg sync.WaitGroup
+	wg.Go(func() { s.send(ctx, &calls[1]) })
+	s.send(ctx, &calls[0])
+	wg.Wait()
+}
+
+// send makes one store call of a step and applies its answers.
+func (s *OwningStore) send(ctx context.Context, c *ownCall) {
+	if len(c.ops) == 0 {
+		return
+	}
+	outs, err := s.own.Own(ctx, c.ops)
+	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for i, p := range at {
+	for i, p := range c.at {
 		var o OwnOutcome
 		if err == nil {
 			o = outs[i]
 		} else {
 			o.Err = err
 		}
-		s.apply(p.key, p.k, &ops[i], &o, now)
+		p.k.failed = o.Err != nil
+		s.apply(p.key, p.k, &c.ops[i], &o, now)
 	}
 	if err != nil {
-		s.opts.Logger.Warn("ratelease: owning buckets: store call failed", "ops", len(ops), "err", err)
+		s.opts.Logger.Warn("ratelease: owning buckets: store call failed", "ops", len(c.ops), "err", err)
 	}
 }
 
@@ -603,23 +724,54 @@ func (s *OwningStore) apply(key string, k *ownedKey, op *OwnOp, o *OwnOutcome, n
 		}
 		s.reset(key, k, now, cool)
 	case k.state == ownAcquiring:
-		if o.Err != nil || !o.Owned {
-			cool := max(ttl, o.RetryAfter.Microseconds())
-			if errors.Is(o.Err, ErrNotOwnable) {
-				cool = math.MaxInt64 / 2
+		switch {
+		case errors.Is(o.Err, ErrNotOwnable):
+			s.reset(key, k, now, math.MaxInt64/2)
+		case o.Err != nil:
+			// The op may have run, or run later (a stalled master runs
+			// what it has queued when it resumes): the next acquisition
+			// names it (OwnOp.Lost), so that an ownership it began is
+			// begun afresh rather than refusing this server's takes.
+			// Sent again at the next tick, the takes waiting for it.
+			if len(k.lost) == keepLost {
+				k.lost = slices.Delete(k.lost, 0, 1)
 			}
-			s.reset(key, k, now, cool)
-			return
+			k.lost = append(k.lost, op.ID)
+			if k.tries++; k.tries < maxOwnTries {
+				k.resend = true
+				return
+			}
+			// Decided by the store meanwhile (which refuses the takes
+			// if one of them began an ownership), and acquired again
+			// well before such an ownership ends at its deadline,
+			// empty.
+			s.reset(key, k, now, ttl/4)
+			if k.rounds++; k.rounds < maxOwnRounds {
+				s.due[key] = k
+			} else {
+				k.rounds = 0
+			}
+		case !o.Owned:
+			k.rounds = 0 // no ownership of this server's is live
+			s.reset(key, k, now, max(ttl, o.RetryAfter.Microseconds()))
+		case !o.Acquired || o.ID != op.ID:
+			// Owned by this server through an ownership this op does
+			// not know (its acquisition's answer lost long ago, or its
+			// renewals'): its level cannot be known. Handed back empty
+			// at the next tick; the takes wait for it.
+			k.state, k.resend, k.id, k.rounds = ownReleasing, true, o.ID, 0
+		default:
+			s.stats.acquired.Add(1)
+			k.lost, k.tries, k.rounds = nil, 0, 0
+			s.begin(k, o, now)
 		}
-		s.stats.acquired.Add(1)
-		s.begin(k, o, now)
 	default: // a renewal
 		k.renewing = false
 		switch {
 		case o.Err != nil:
 			// Not renewed: decide until the deadline, then let it go.
 			s.wake(k)
-		case !o.Owned:
+		case !o.Owned || o.ID != op.ID:
 			s.lose(key, k, now)
 		case o.Acquired:
 			// The store had let it expire (it emptied the bucket at its

@@ -590,14 +590,19 @@ func (s *RedisStore) Own(ctx context.Context, ops []OwnOp) ([]OwnOutcome, error)
 			out[i].Err = ErrNotOwnable
 			continue
 		}
+		if err := op.check(); err != nil {
+			out[i].Err = err
+			continue
+		}
 		mode, level := "own", ""
 		if op.Release {
 			mode, level = "release", formatLevel(op.releaseLevel())
 		}
 		at = append(at, i)
 		keys = append(keys, redisKeyList(op.Key, TokenBucket))
-		a := append(bucketArgs(mode, now, &op.Bucket), op.Server, "", level)
-		args = append(args, append(append(a, noOwner[3:]...), s.noEviction))
+		// ARGV[10] the op's ID, ARGV[12] the lost IDs, space-separated.
+		a := append(bucketArgs(mode, now, &op.Bucket), op.Server, "", level, op.ID, noOwner[4], strings.Join(op.Lost, " "))
+		args = append(args, append(append(a, noOwner[6:]...), s.noEviction))
 	}
 	if len(at) == 0 {
 		return out, nil
@@ -617,7 +622,7 @@ func (s *RedisStore) Own(ctx context.Context, ops []OwnOp) ([]OwnOutcome, error)
 			continue
 		}
 		vals, err := c.Slice()
-		if err != nil || len(vals) != 6 {
+		if err != nil || len(vals) != 7 {
 			return nil, fmt.Errorf("redis: %w: bad own reply %v: %v", ErrStoreUnavailable, vals, err)
 		}
 		n := make([]int64, 6)
@@ -625,8 +630,12 @@ func (s *RedisStore) Own(ctx context.Context, ops []OwnOp) ([]OwnOutcome, error)
 			n[k], _ = vals[k].(int64)
 		}
 		lvl, _ := strconv.ParseFloat(fmt.Sprint(vals[2]), 64)
+		id, _ := vals[6].(string)
 		o := OwnOutcome{Owned: n[0] == 1, Acquired: n[1] == 1, Level: lvl, At: n[3], Contested: n[4] == 1,
 			RetryAfter: time.Duration(n[5]) * time.Millisecond}
+		if o.Owned {
+			o.ID = id
+		}
 		if o.Owned {
 			o.TTL = ops[at[j]].Bucket.LeaseTTL
 		}

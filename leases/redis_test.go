@@ -123,9 +123,16 @@ type agreeCase struct {
 
 // randomOwn returns an OwnOp on key: an acquire or renewal two times in
 // three, else a release claiming a random level, some of them out of range
-// or NaN.
+// or NaN; its ID and Lost from a few IDs, so that renewals, releases and
+// acquisitions meet ownerships of the same IDs and of others.
 func randomOwn(rng *rand.Rand, key string, b leases.Bucket) leases.OwnOp {
-	op := leases.OwnOp{Key: key, Bucket: b, Server: fmt.Sprint("s", rng.IntN(2))}
+	ids := []string{"", "a1", "b2", "c3"}
+	op := leases.OwnOp{Key: key, Bucket: b, Server: fmt.Sprint("s", rng.IntN(2)), ID: ids[rng.IntN(len(ids))]}
+	for _, id := range ids[1:] {
+		if rng.IntN(4) == 0 {
+			op.Lost = append(op.Lost, id) // an ownership begun by it is begun afresh
+		}
+	}
 	if rng.IntN(3) == 0 {
 		op.Release = true
 		op.Level = rng.Float64()*float64(b.Burst+2) - 1
@@ -249,7 +256,7 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 		g  int64
 	}
 	open := map[string]held{} // owner|key|slot -> lease, as the memory store saw it
-	var settled, expired, waiters, refused, takes, denied, refunds, acquired, contested, released, deferred, debts int
+	var settled, expired, waiters, refused, takes, denied, refunds, acquired, afresh, contested, released, deferred, debts int
 	for step := range c.steps {
 		clock.Advance(time.Duration(rng.Int64N(int64(c.maxStep))))
 		ki := rng.IntN(len(c.keys))
@@ -258,10 +265,10 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 		switch r := rng.IntN(c.takes); {
 		case c.owns > 0 && rng.IntN(c.owns) == 0:
 			op := []leases.OwnOp{randomOwn(rng, key, b)}
-			if op[0].Release {
-				if st, err := mem.State(ctx, key, b); err == nil && st.Owner == op[0].Server {
-					released++
-				}
+			st, err := mem.State(ctx, key, b)
+			require.NoError(t, err)
+			if op[0].Release && st.Owner == op[0].Server {
+				released++
 			}
 			mo, err := mem.Own(ctx, op)
 			require.NoError(t, err)
@@ -270,6 +277,9 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 			require.Equal(t, mo, ro, "step %d own %+v", step, op[0])
 			if mo[0].Acquired {
 				acquired++
+				if st.Owner == op[0].Server {
+					afresh++ // begun afresh: its ownership's ID among Lost
+				}
 			}
 			if mo[0].Contested {
 				contested++
@@ -355,8 +365,8 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 		}
 		checkLevel(t, ms, b, step)
 	}
-	t.Logf("%s: %d settles, %d leases expired or replaced unsettled, %d denials to waiters, %d refused by a cap, %d takes (%d denied), %d refunds, %d ownerships acquired, %d contested, %d released, %d grants deferred, %d steps in debt",
-		c.name, settled, expired, waiters, refused, takes, denied, refunds, acquired, contested, released, deferred, debts)
+	t.Logf("%s: %d settles, %d leases expired or replaced unsettled, %d denials to waiters, %d refused by a cap, %d takes (%d denied), %d refunds, %d ownerships acquired (%d afresh), %d contested, %d released, %d grants deferred, %d steps in debt",
+		c.name, settled, expired, waiters, refused, takes, denied, refunds, acquired, afresh, contested, released, deferred, debts)
 	// Each case must reach the paths it is for.
 	require.Positive(t, settled)
 	require.Positive(t, expired)
@@ -370,6 +380,7 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 	}
 	if c.owns > 0 {
 		require.Positive(t, acquired)
+		require.Positive(t, afresh)
 		require.Positive(t, contested)
 		require.Positive(t, released)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/ratelease/ratelease/e2e/redistest"
 	"github.com/ratelease/ratelease/leases"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -511,4 +512,183 @@ func TestRedisClusterOwnOneNodeDown(t *testing.T) {
 	}
 	t.Logf("live key: %d taken, %d denied, %d failed; dead key: %d failed; owning stats %+v", liveTaken, liveDenied, liveFailed, deadFailed, owning.Stats())
 	require.Zero(t, liveDenied+liveFailed, "the live master's key, its bucket full, is denied or fails while only another node is down")
+}
+
+// observedOwning is a Redis store whose Own calls the test watches: it
+// reports the key of each op that failed. Nothing else changes.
+type observedOwning struct {
+	*leases.RedisStore
+	failed chan string
+}
+
+func (o *observedOwning) Own(ctx context.Context, ops []leases.OwnOp) ([]leases.OwnOutcome, error) {
+	outs, err := o.RedisStore.Own(ctx, ops)
+	for i, op := range ops {
+		if err != nil || outs[i].Err != nil {
+			select {
+			case o.failed <- op.Key:
+			default:
+			}
+		}
+	}
+	return outs, err
+}
+
+// ownTakes takes one token of key through s every 20 ms for d, each with
+// the server's store timeout, and counts the outcomes.
+func ownTakes(t *testing.T, s leases.Store, key string, b leases.Bucket, d time.Duration) (taken, denied, failed int, worst time.Duration) {
+	t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+		t0 := time.Now()
+		outs, err := s.Take(ctx, []leases.TakeOp{{Key: key, Bucket: b, Cost: 1}})
+		worst = max(worst, time.Since(t0))
+		cancel()
+		switch {
+		case err != nil || outs[0].Err != nil:
+			failed++
+		case outs[0].Taken:
+			taken++
+		default:
+			denied++
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return taken, denied, failed, worst
+}
+
+// stallableCluster sets up shardSetup's cluster so that a stalled master
+// does not stop it serving (cluster-require-full-coverage no), and an
+// OwningStore over its store whose Own calls the test watches. The bucket
+// is shardSetup's, with a lease TTL of 1 s: 99 tokens left, no refill to
+// speak of.
+func stallableCluster(t *testing.T) (cl *redistest.Cluster, rdb *redis.ClusterClient, keys []string, owning *leases.OwningStore, obs *observedOwning, b leases.Bucket) {
+	t.Helper()
+	cl, rdb, keys, store, b := shardSetup(t)
+	b.LeaseTTL = time.Second
+	for _, n := range cl.Nodes {
+		require.NoError(t, n.Client(t).ConfigSet(context.Background(), "cluster-require-full-coverage", "no").Err())
+	}
+	// Idle connections to every master, so that the ops sent while one
+	// stalls go out on connections it accepted: a new connection waits
+	// for its handshake, and the op on it is never sent.
+	var wg sync.WaitGroup
+	for range 16 {
+		for _, k := range keys {
+			wg.Go(func() {
+				_, err := store.State(context.Background(), k, b)
+				assert.NoError(t, err)
+			})
+		}
+	}
+	wg.Wait()
+	obs = &observedOwning{RedisStore: store, failed: make(chan string, 64)}
+	owning, err := leases.NewOwningStore(obs, leases.OwningOptions{MinTakes: 4})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = owning.Close() })
+	return cl, rdb, keys, owning, obs, b
+}
+
+// TestRedisClusterOwnAcquisitionStalled (found by review): an acquisition
+// of a bucket sent to a master that stalls past the read timeout, and that
+// the master runs when it resumes, neither leaves the store refusing this
+// server's takes as owned nor has the owner start from an empty bucket.
+// Before, the key's bucket (99 tokens) allowed 2 takes and refused 73 in
+// 1.5 s.
+func TestRedisClusterOwnAcquisitionStalled(t *testing.T) {
+	cl, _, keys, owning, obs, b := stallableCluster(t)
+	resume := cl.Nodes[2].Pause(t)
+	// MinTakes takes make the key a candidate; they fail (the master is
+	// stalled), then the loop sends the acquisition, which fails too.
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+			defer cancel()
+			_, _ = owning.Take(ctx, []leases.TakeOp{{Key: keys[2], Bucket: b, Cost: 1}})
+		})
+	}
+	wg.Wait()
+	select {
+	case k := <-obs.failed:
+		require.Equal(t, keys[2], k)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no acquisition was sent to the stalled master")
+	}
+	resume() // it runs what it had queued: the acquisition, and any copy sent since
+	taken, denied, failed, worst := ownTakes(t, owning, keys[2], b, 1500*time.Millisecond)
+	t.Logf("after the master resumed: %d taken, %d denied, %d failed, the longest take %v; owning stats %+v", taken, denied, failed, worst, owning.Stats())
+	require.Zero(t, denied, "takes of a bucket of 99 tokens refused")
+	require.Zero(t, failed)
+	require.Equal(t, 1, owning.Stats().Owned, "owned, from the acquisition that ran late or the next one")
+}
+
+// TestRedisClusterOwnHungNodeSparesLiveKey (found by review): the
+// acquisitions of a stalled master's key, which fail at the read timeout,
+// delay no other key's renewal: an owned key on a live master is decided
+// throughout. Before, its renewals waited in the same call as the stalled
+// ones, past its deadline: a take denied (the bucket full) in two runs
+// of three, the longest waiting 493 ms.
+func TestRedisClusterOwnHungNodeSparesLiveKey(t *testing.T) {
+	cl, rdb, keys, owning, obs, b := stallableCluster(t)
+	// Keys of the master that will stall, besides keys[2].
+	var stalledKeys []string
+	for i := 0; len(stalledKeys) < 6; i++ {
+		require.Less(t, i, 10000)
+		k := fmt.Sprintf("other:%d", i)
+		h, _, _ := leases.RedisKeys(k)
+		slot, err := rdb.ClusterKeySlot(context.Background(), h).Result()
+		require.NoError(t, err)
+		if slot*3/16384 == 2 {
+			stalledKeys = append(stalledKeys, k)
+		}
+	}
+	for range 4 {
+		take := func() { _, _ = owning.Take(context.Background(), []leases.TakeOp{{Key: keys[0], Bucket: b, Cost: 1}}) }
+		take()
+	}
+	require.Eventually(t, func() bool { return owning.Stats().Owned == 1 }, 5*time.Second, time.Millisecond, "the live key owned")
+	cl.Nodes[2].Pause(t)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i, k := range stalledKeys {
+		wg.Go(func() {
+			// A key of the stalled master, asked in bursts of four: a
+			// candidate whose acquisitions go to the stalled master, one
+			// key after another.
+			time.Sleep(time.Duration(i) * 150 * time.Millisecond)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				var burst sync.WaitGroup
+				for range 4 {
+					burst.Go(func() {
+						ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+						defer cancel()
+						_, _ = owning.Take(ctx, []leases.TakeOp{{Key: k, Bucket: b, Cost: 1}})
+					})
+				}
+				burst.Wait()
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}
+	taken, denied, failed, worst := ownTakes(t, owning, keys[0], b, 1800*time.Millisecond)
+	close(stop)
+	wg.Wait()
+	stalled := 0
+	for len(obs.failed) > 0 {
+		if k := <-obs.failed; k != keys[0] {
+			stalled++
+		}
+	}
+	t.Logf("live key: %d taken, %d denied, %d failed, the longest take %v; %d ops on the stalled master's keys failed; owning stats %+v", taken, denied, failed, worst, stalled, owning.Stats())
+	require.Positive(t, stalled, "ops were sent to the stalled master")
+	require.Zero(t, denied+failed, "takes of the live master's owned key (95 tokens left), denied or failed")
+	// A take waits for its key's renewal only past its deadline: never,
+	// unless the renewal waited for the stalled master (500 ms).
+	require.Less(t, worst, 250*time.Millisecond, "a take of the live key waited for the stalled master")
 }

@@ -244,8 +244,9 @@ type tbState struct {
 // are the bucket's level and clock, which nothing changes while it lasts.
 type tbOwner struct {
 	server    string
-	deadline  int64 // µs
-	contested bool  // a take or a grant was refused since the last renewal
+	deadline  int64  // µs
+	contested bool   // a take or a grant was refused since the last renewal
+	id        string // the ID of the op that began it (OwnOp.ID)
 }
 
 func (s *tbState) algorithm() Algorithm { return TokenBucket }

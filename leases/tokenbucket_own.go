@@ -1,6 +1,7 @@
 package leases
 
 import (
+	"slices"
 	"strconv"
 	"time"
 )
@@ -89,6 +90,22 @@ func (s *tbState) own(b *Bucket, op *OwnOp, level float64, now int64) OwnOutcome
 			if !op.Release {
 				o.RetryAfter = microsToRetry(w.deadline - now)
 			}
+		case op.ID != w.id && op.Release:
+			// A release of another ownership of this server's (a late
+			// copy): nothing changes.
+		case op.ID != w.id && slices.Contains(op.Lost, w.id):
+			// Begun by an acquisition of this server's whose answer was
+			// lost: nobody decided from it, and takes through other
+			// servers were refused meanwhile. Begin afresh, from the
+			// level the bucket would have had (the contested mark stays,
+			// for the first renewal).
+			s.refillTo(b, now)
+			w.deadline, w.id = now+ttl, op.ID
+			o.Owned, o.Acquired, o.ID, o.Level, o.TTL = true, true, w.id, s.level, b.LeaseTTL
+		case op.ID != w.id:
+			// An ownership of this server's that op does not know: its
+			// level cannot be known, nothing changes.
+			o.Owned, o.ID, o.TTL = true, w.id, b.LeaseTTL
 		case op.Release:
 			// At most what the owner could have left: L0 and the refill
 			// since t0, under the burst; the clock is the store's now.
@@ -99,7 +116,7 @@ func (s *tbState) own(b *Bucket, op *OwnOp, level float64, now int64) OwnOutcome
 			}
 		default:
 			w.deadline = now + ttl
-			o.Owned, o.TTL, o.Contested = true, b.LeaseTTL, w.contested
+			o.Owned, o.ID, o.TTL, o.Contested = true, w.id, b.LeaseTTL, w.contested
 			w.contested = false
 		}
 		return o
@@ -123,9 +140,9 @@ func (s *tbState) own(b *Bucket, op *OwnOp, level float64, now int64) OwnOutcome
 			// their takes. Ask again a TTL later.
 			o.RetryAfter = microsToRetry(ttl)
 		default:
-			s.owner = &tbOwner{server: op.Server, deadline: now + ttl}
+			s.owner = &tbOwner{server: op.Server, deadline: now + ttl, id: op.ID}
 			s.taker, s.takenAt, s.mixedAt = "", 0, 0
-			o.Owned, o.Acquired, o.Level, o.TTL = true, true, s.level, b.LeaseTTL
+			o.Owned, o.Acquired, o.ID, o.Level, o.TTL = true, true, op.ID, s.level, b.LeaseTTL
 			return o
 		}
 	}

@@ -10,8 +10,11 @@
 --            for the state and its TTL, as a per-request limiter writes);
 --            while a lease server owns it (own.go), the same string with
 --            the ownership after it: "<level> <refill clock µs> <deadline
---            µs> <contested 0|1> <owner>" (the owner last, as it may hold
---            spaces), where level and clock are the owner's L0 and t0,
+--            µs> <contested 0|1> =<id> <owner>" (the ID of the op that
+--            began it, hex; the owner last, as it may hold spaces; a
+--            record without "=<id>", written before IDs, has ID ""; a
+--            script from before IDs reads "=<id> <owner>" as another
+--            server's name, and refuses), where level and clock are the owner's L0 and t0,
 --            which nothing changes while it lasts, and PX outlives the
 --            deadline by the refill of the whole burst (an expiry empties
 --            the bucket at the deadline); while any lease is open, a hash
@@ -49,9 +52,12 @@
 --          answers in these shapes (see algorithm.go); only this one has
 --          the modes own and release (OwnOp), which answer {owned (0|1),
 --          acquired (0|1), level (a decimal string: the bucket's L0 when
---          acquired, else "0"), now µs, contested (0|1), retry ms}; for
---          them ARGV[7] is the server and ARGV[9] the released level (a
---          decimal string, finite, 0 to burst: OwnOp.releaseLevel).
+--          acquired, else "0"), now µs, contested (0|1), retry ms, the
+--          ownership's ID when owned (else "")}; for them ARGV[7] is the
+--          server, ARGV[9] the released level (a decimal string, finite,
+--          0 to burst: OwnOp.releaseLevel), ARGV[10] the op's ID and
+--          ARGV[12] the lost IDs, space-separated (OwnOp.ID, OwnOp.Lost,
+--          checked by the store: hex).
 -- ARGV     1 mode (lease|take|refund|state|own|release), 2 now µs ("" = Redis TIME),
 --          3 limit, 4 period µs, 5 burst, 6 lease ttl µs, 7 client (for a
 --          take: the lease server taking, TakeOp.Server, or ""),
@@ -110,8 +116,9 @@ else
   end
 end
 -- The ownership of the bucket by a lease server, when the string records
--- one: the owner, its deadline (µs) and its contested mark ('0' or '1').
-local ow, odl, ocon = nil, 0, '0'
+-- one: the owner, its deadline (µs), its contested mark ('0' or '1') and
+-- its ID.
+local ow, odl, ocon, oid = nil, 0, '0', ''
 -- The lease server whose direct take last took from the bucket (a string
 -- with no owner), when, and the last time the taker changed
 -- (tokenbucket_own.go, noteTaker): "<level> <clock> t <taken µs> <mixed
@@ -121,9 +128,13 @@ if not is_hash then
   st = {}
   for i = 1, 12 do st[i] = false end
   if raw then
-    local l, t, d, c, w = string.match(raw, '^(%S+) (%d+) (%d+) ([01]) (.*)$')
+    local l, t, d, c, i, w = string.match(raw, '^(%S+) (%d+) (%d+) ([01]) =(%x*) (.*)$')
+    if not l then
+      l, t, d, c, w = string.match(raw, '^(%S+) (%d+) (%d+) ([01]) (.*)$')
+      i = ''
+    end
     if l then
-      ow, odl, ocon = w, tonumber(d), c
+      ow, odl, ocon, oid = w, tonumber(d), c, i
     else
       local a, m
       l, t, a, m, w = string.match(raw, '^(%S+) (%d+) t (%d+) (%d+) (.*)$')
@@ -456,7 +467,7 @@ local function save()
     if is_hash then redis.call('DEL', H) end
     local v = fmtf(level) .. ' ' .. fmtd(last)
     if ow then
-      v = v .. ' ' .. fmtd(odl) .. ' ' .. ocon .. ' ' .. ow
+      v = v .. ' ' .. fmtd(odl) .. ' ' .. ocon .. ' =' .. oid .. ' ' .. ow
     elseif tk then
       v = v .. ' t ' .. fmtd(tkat) .. ' ' .. fmtd(tkmix) .. ' ' .. tk
     end
@@ -533,15 +544,30 @@ if ow then
     return { fmtf(level), 0, 0, fmtd(now), 0, 0, owned_ms(1), owned_ms(burst), 0, ow }
   end
   if mode == 'own' then
-    if ow ~= ARGV[7] then return { 0, 0, '0', now, 0, us_ms(odl - now) } end
+    if ow ~= ARGV[7] then return { 0, 0, '0', now, 0, us_ms(odl - now), '' } end
+    if ARGV[10] ~= oid then
+      for lost in string.gmatch(ARGV[12], '%x+') do
+        if lost == oid then
+          -- Begun by an acquisition of this server's whose answer was
+          -- lost, that nobody decided from: afresh, from the level the
+          -- bucket would have had (the contested mark stays).
+          refill_to(now)
+          odl, oid = now + ttl, ARGV[10]
+          save()
+          return { 1, 1, fmtf(level), now, 0, 0, oid }
+        end
+      end
+      -- An ownership of this server's the op does not know: unchanged.
+      return { 1, 0, '0', now, 0, 0, oid }
+    end
     local contested = 0
     if ocon == '1' then contested = 1 end
     odl, ocon = now + ttl, '0'
     save()
-    return { 1, 0, '0', now, contested, 0 }
+    return { 1, 0, '0', now, contested, 0, oid }
   end
   if mode == 'release' then
-    if ow == ARGV[7] then
+    if ow == ARGV[7] and ARGV[10] == oid then
       -- At most L0 and the refill since t0, under the burst, at now.
       ow = nil
       refill_to(now)
@@ -549,7 +575,7 @@ if ow then
       if rl < level then level = rl end
       save()
     end
-    return { 0, 0, '0', now, 0, 0 }
+    return { 0, 0, '0', now, 0, 0, '' }
   end
   if mode == 'refund' then return {} end -- nothing was taken while owned
   if mode == 'lease' and ARGV[10] ~= '' then return { 1, 0, 0, 0, 0, 0, 0 } end -- no lease is open
@@ -581,28 +607,28 @@ if mode == 'own' then
     if changed then save() end
     local w = maxexp - now
     if w > ttl then w = ttl end
-    return { 0, 0, '0', now, 0, us_ms(w) }
+    return { 0, 0, '0', now, 0, us_ms(w), '' }
   end
   if level < 0 then
     -- In debt (a deferred grant): ask again once the refill has paid it.
     if changed then save() end
-    return { 0, 0, '0', now, 0, us_ms(microsceil(-level)) }
+    return { 0, 0, '0', now, 0, us_ms(microsceil(-level)), '' }
   end
   if tk and (tkmix > now - ttl or (tk ~= ARGV[7] and tkat > now - ttl)) then
     -- Taken through other servers lately (sharedTakes): not owned; ask
     -- again a TTL later.
     if changed then save() end
-    return { 0, 0, '0', now, 0, us_ms(ttl) }
+    return { 0, 0, '0', now, 0, us_ms(ttl), '' }
   end
   tk = nil
-  ow, odl, ocon = ARGV[7], now + ttl, '0'
+  ow, odl, ocon, oid = ARGV[7], now + ttl, '0', ARGV[10]
   save()
-  return { 1, 1, fmtf(level), now, 0, 0 }
+  return { 1, 1, fmtf(level), now, 0, 0, oid }
 end
 if mode == 'release' then
   -- Not the owner's: nothing changes (but what this call closed).
   if changed then save() end
-  return { 0, 0, '0', now, 0, 0 }
+  return { 0, 0, '0', now, 0, 0, '' }
 end
 
 if mode == 'state' then

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -30,6 +31,8 @@ func runOwn(t *testing.T, newStore Factory, opts Options) {
 		{"BadLevel", testOwnBadLevel},
 		{"Kept", func(t *testing.T, f *fixture) { testOwnKept(t, f, opts) }},
 		{"SharedTakes", testOwnSharedTakes},
+		{"IDs", testOwnIDs},
+		{"BadIDs", testOwnBadIDs},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.test(t, newFixture(t, newStore)) })
 	}
@@ -370,4 +373,102 @@ func testOwnSharedTakes(t *testing.T, f *fixture) {
 	require.True(t, f.takeAs("s1", "denied", b, 100).Taken)
 	assert.False(t, f.takeAs("s2", "denied", b, 1).Taken)
 	assert.True(t, f.own("s1", "denied", b).Acquired, "s2 took nothing")
+}
+
+// testOwnIDs: the store keeps the ID of the op that began an ownership; a
+// renewal or release with another ID changes nothing; an acquisition that
+// finds an ownership of its server begun by one of its Lost begins afresh,
+// from the level the bucket would have had without it.
+func testOwnIDs(t *testing.T, f *fixture) {
+	b := bucket(100, time.Second, 100, time.Second)
+	op := func(id string, release bool, lost ...string) leases.OwnOutcome {
+		t.Helper()
+		o := f.ownOp(leases.OwnOp{Key: "k", Bucket: b, Server: "s1", ID: id, Lost: lost, Release: release, Level: 100})
+		require.NoError(t, o.Err)
+		return o
+	}
+	require.True(t, f.take("k", b, 30).Taken)
+	o := op("a1", false)
+	require.True(t, o.Acquired)
+	assert.Equal(t, "a1", o.ID)
+	assert.InDelta(t, 70, o.Level, 1e-9)
+
+	f.clock.Advance(100 * time.Millisecond)
+	o = op("a1", false) // a renewal: the deadline moves to 1.1 s
+	assert.True(t, o.Owned)
+	assert.False(t, o.Acquired)
+	assert.Equal(t, "a1", o.ID)
+
+	f.clock.Advance(100 * time.Millisecond)
+	o = op("b2", false) // another acquisition, not naming a1 lost
+	assert.True(t, o.Owned, "owned by s1")
+	assert.False(t, o.Acquired, "through an ownership op does not know")
+	assert.Equal(t, "a1", o.ID)
+	assert.InDelta(t, 0, o.Level, 1e-9)
+	op("b2", true) // nor does a release with another ID end it
+	assert.Equal(t, "s1", f.state("k", b).Owner)
+	assert.Equal(t, 900*time.Millisecond, f.own("s2", "k", b).RetryAfter, "the deadline did not move")
+
+	f.clock.Advance(100 * time.Millisecond)
+	o = op("c3", false, "b2", "a1") // a1's answer was lost: afresh
+	assert.True(t, o.Acquired)
+	assert.Equal(t, "c3", o.ID)
+	assert.InDelta(t, 100, o.Level, 1e-9, "70 and 300 ms of refill, under the burst")
+	assert.Equal(t, time.Second, f.own("s2", "k", b).RetryAfter, "a new deadline")
+	o = op("d4", false, "c3") // c3's answer lost too
+	assert.True(t, o.Acquired)
+	assert.Equal(t, "d4", o.ID)
+	o = op("c3", false, "a1", "b2") // a late copy: d4 is not among its Lost
+	assert.False(t, o.Acquired)
+	assert.Equal(t, "d4", o.ID)
+	assert.Equal(t, time.Second, f.own("s2", "k", b).RetryAfter, "nothing changed")
+
+	// The release with the ownership's ID ends it, capped as always.
+	require.True(t, f.take("k2", b, 50).Taken)
+	o = f.ownOp(leases.OwnOp{Key: "k2", Bucket: b, Server: "s1", ID: "e5"})
+	require.True(t, o.Acquired)
+	f.clock.Advance(200 * time.Millisecond)
+	o = f.ownOp(leases.OwnOp{Key: "k2", Bucket: b, Server: "s1", ID: "e5", Lost: []string{"e5"}})
+	assert.False(t, o.Acquired, "its own ID in Lost: a renewal")
+	f.ownOp(leases.OwnOp{Key: "k2", Bucket: b, Server: "s1", ID: "e5", Release: true, Level: 100})
+	st := f.state("k2", b)
+	assert.Empty(t, st.Owner)
+	assert.InDelta(t, 70, st.Level, 1e-9)
+
+	// An ownership begun afresh keeps its contested mark.
+	require.True(t, f.ownOp(leases.OwnOp{Key: "k3", Bucket: b, Server: "s1", ID: "f6"}).Acquired)
+	assert.False(t, f.takeAs("s2", "k3", b, 1).Taken)
+	require.True(t, f.ownOp(leases.OwnOp{Key: "k3", Bucket: b, Server: "s1", ID: "f7", Lost: []string{"f6"}}).Acquired)
+	assert.True(t, f.ownOp(leases.OwnOp{Key: "k3", Bucket: b, Server: "s1", ID: "f7"}).Contested)
+}
+
+// testOwnBadIDs: an op with a bad ID or Lost fails alone and changes
+// nothing.
+func testOwnBadIDs(t *testing.T, f *fixture) {
+	b := bucket(10, time.Second, 10, time.Second)
+	s := f.store.(leases.Owning)
+	many := make([]string, leases.MaxOwnLost+1)
+	for i := range many {
+		many[i] = "a"
+	}
+	bad := []leases.OwnOp{
+		{Key: "k", Bucket: b, Server: "s1", ID: "A1"},
+		{Key: "k", Bucket: b, Server: "s1", ID: "a b"},
+		{Key: "k", Bucket: b, Server: "s1", ID: "=1"},
+		{Key: "k", Bucket: b, Server: "s1", ID: strings.Repeat("a", leases.MaxOwnIDLen+1)},
+		{Key: "k", Bucket: b, Server: "s1", ID: "a", Lost: []string{""}},
+		{Key: "k", Bucket: b, Server: "s1", ID: "a", Lost: []string{"b c"}},
+		{Key: "k", Bucket: b, Server: "s1", ID: "a", Lost: many},
+		{Key: "k", Bucket: b, Server: "s1", ID: "\xff"},
+	}
+	out, err := s.Own(f.ctx, append(bad, leases.OwnOp{Key: "k2", Bucket: b, Server: "s1", ID: "a"}))
+	require.NoError(t, err)
+	require.Len(t, out, len(bad)+1)
+	for i := range bad {
+		assert.Error(t, out[i].Err, "op %d", i)
+		assert.False(t, out[i].Owned, "op %d", i)
+	}
+	assert.True(t, out[len(bad)].Acquired, "the good op of the call")
+	assert.Empty(t, f.state("k", b).Owner, "nothing changed")
+	assert.True(t, f.take("k", b, 10).Taken)
 }
