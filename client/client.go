@@ -349,7 +349,8 @@ func (c *Client) Allow(ctx context.Context, keys ...string) Decision {
 // them. Any other key is decided by a direct take at a lease server
 // (Source SourceDirect): one call, sent at once and coalesced with the
 // process's other decisions in flight, so the decision waits about one
-// round trip (at most until ctx ends). A key a server denied is denied
+// round trip (at most until ctx ends; a decision whose ctx has already
+// ended is denied without a call, its RetryAfter Config.SettleInterval). A key a server denied is denied
 // locally until its bucket can serve again (the server's retry_after, at
 // most the bucket's fill time), without a call. Config.Fallback decides
 // only while no server answers. Keys move to leases by themselves once

@@ -74,6 +74,12 @@ type directQueue struct {
 // callers who give up first, would be taken for dead and the fallback
 // would decide beside it, adding to the limit.
 func (c *Client) takeDirect(ctx context.Context, n int64, states []*keyState, maxDelay time.Duration, priority string, foreign bool) Decision {
+	if ctx.Err() != nil {
+		// Ended before it was sent: no take, whose tokens no one would
+		// use. (callOwn would cancel the call, but only once the
+		// context's AfterFunc ran, and the call could be sent first.)
+		return Decision{Source: SourceDirect, RetryAfter: c.cfg.SettleInterval}
+	}
 	req := &directReq{states: states, n: n, maxDelay: max(maxDelay, 0).Milliseconds(), done: make(chan struct{}), priority: priority, foreign: foreign}
 	c.direct.mu.Lock()
 	if c.direct.closed {

@@ -328,3 +328,21 @@ func hungClient(t *testing.T, requestTimeout, maxRetryWait time.Duration) *clien
 	return newClient(t, client.Config{Servers: []string{u}, Fallback: client.FallbackOpen,
 		RequestTimeout: requestTimeout, MaxRetryWait: maxRetryWait, ProbeTimeout: -1})
 }
+
+// TestDirectCanceledNotSent: a decision whose context ended before it was
+// made sends no take (its tokens would be spent at the server for a request
+// that does not happen), and is not allowed. Before, the call sometimes
+// went out before the context's AfterFunc canceled it
+// (TestTransportRefusedClosesBody failed so in 2 runs of 200 under load).
+func TestDirectCanceledNotSent(t *testing.T) {
+	c := transportClient(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 2000 {
+		d := c.Allow(ctx, fmt.Sprintf("b:canceled-%d", i))
+		require.False(t, d.Allowed, "decision %d", i)
+	}
+	st := c.Stats()
+	assert.Zero(t, st.ServerCalls, "calls sent for decisions whose context had ended")
+	assert.Zero(t, st.Allowed)
+}
