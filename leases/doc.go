@@ -283,7 +283,11 @@
 // ownership that one of those began, since nobody decided from it, and a
 // late copy changes nothing, since the ownership it finds is not among
 // its own Lost. Renewals and releases name the ownership's ID, so a late
-// release cannot end the ownership that followed. Why not begin afresh
+// release cannot end the ownership that followed, and a renewal never
+// begins an ownership: one that ran late, after the expiry, began one
+// under the ID the owner still renewed, and the owner decided on from the
+// bucket the store had emptied (TestOwningLateRenewalBeginsNothing; older
+// than the IDs). Why not begin afresh
 // any ownership of the same server: the one it finds may be one the owner
 // decided from and lost track of (its renewals' answers lost), and
 // beginning that afresh would admit again what it admitted; such an

@@ -205,8 +205,13 @@ func (s *MemoryStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, er
 		op := &ops[i]
 		if err := s.with(op.Key, &op.Bucket, now, func(st keyState) {
 			out[i] = st.take(&op.Bucket, op.Cost, op.Floor, maxDelayOf(op), now)
-			if tb, ok := st.(*tbState); ok && out[i].Taken {
+			tb, ok := st.(*tbState)
+			switch {
+			case !ok:
+			case out[i].Taken:
 				tb.noteTaker(op.Server, now)
+			case out[i].Owned:
+				out[i].OwnedByServer = op.Server != "" && tb.owner.server == op.Server
 			}
 		}); err != nil {
 			return nil, err

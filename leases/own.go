@@ -26,15 +26,19 @@ import (
 //     was sent (so its clock lags the store's, never leads it).
 //     The store keeps the ID of the op that began the ownership
 //     (OwnOp.ID).
-//   - Own again by the same owner before the deadline, with that ID
-//     (renew): the deadline moves to now + TTL; nothing else changes. The
+//   - Renew (OwnOp.Renew) by the same owner before the deadline, with
+//     that ID: the deadline moves to now + TTL; nothing else changes. The
 //     answer says whether a take or a lease was refused because of the
 //     ownership since the last renewal (Contested): the owner should then
 //     release, so that the key goes back to being decided by the store for
-//     everyone.
+//     everyone. A renewal that finds no live ownership (it expired: the
+//     bucket was emptied at its deadline, and others may have taken from
+//     the refill since) changes nothing and is answered not owned: were it
+//     to begin one, a renewal that arrived late would hand the owner back
+//     the bucket it held before the expiry.
 //   - Own by the same owner with another ID (an acquisition that finds an
-//     ownership of its server live): when the ownership's ID is among the
-//     op's Lost — an acquisition of the same server whose answer was lost,
+//     ownership of its server live, or a renewal of another one): when the
+//     op is an acquisition and the ownership's ID is among the op's Lost — an acquisition of the same server whose answer was lost,
 //     from which nobody decided anything — it begins afresh: the level is
 //     L0 + rate·(now − t0), under the burst, as if it had never begun, and
 //     the answer is that of an acquisition, with the new ID kept. Otherwise
@@ -89,6 +93,9 @@ type OwnOp struct {
 	// owner's level.
 	Release bool
 	Level   float64
+	// Renew renews the ownership ID names, and never begins one (see
+	// above); without it (and without Release), the op is an acquisition.
+	Renew bool
 	// ID names the ownership: for an acquisition, a new ID of this op (the
 	// store keeps it if the op begins an ownership); for a renewal or a
 	// release, the ID of the acquisition that began the ownership. At most

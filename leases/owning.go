@@ -62,17 +62,24 @@ type OwningOptions struct {
 //
 // A store that fails (a Redis master down or stalled past the read
 // timeout) is met so: each acquisition carries a new ID and the IDs of the
-// key's earlier acquisitions whose answers were lost (OwnOp.ID, Lost), so
-// that an ownership one of them began when the master ran it late is begun
-// afresh instead of refusing this server's takes, and a late copy changes
-// nothing; an acquisition whose answer was lost is sent again at the next
-// tick, the key's takes waiting for it, up to three times, then the key is
-// decided by the store for a quarter of a TTL and acquired again (up to
-// three rounds); an ownership of this server's that it cannot know the
-// level of is handed back at level 0. The loop starts a step at each tick
-// without waiting for the last, and the ops of keys whose last op failed
-// go in a call of their own: a stalled master delays no other key's
-// renewal. Each key has one op in flight at most.
+// key's earlier acquisitions whose answers were lost (OwnOp.ID, Lost, the
+// last eight kept), so that an ownership one of them began when the master
+// ran it late is begun afresh instead of refusing this server's takes, and
+// a late copy changes nothing. An acquisition whose answer was lost is
+// sent again at the next tick, the key's takes waiting for it, three
+// times in all; then the key is decided by the store and acquired again a
+// quarter of a TTL later, asked for or not (three rounds in all), or at
+// the next tick once the store refuses one of its takes as owned by this
+// server. A renewal never begins an ownership (OwnOp.Renew): one that
+// finds it expired loses the key. An ownership of this server's that it
+// cannot know the level of is handed back at level 0; one renewed but
+// answered after the deadline the renewal set is handed back at its level.
+// The loop does not wait for one call before the next: at each tick it
+// sends the renewals and releases of the keys whose last op did not fail
+// in one call, and the acquisitions and the ops of the keys whose last op
+// failed in another, each kind with four calls in flight at most, so a
+// stalled master delays no renewal of another key but the ones that share
+// its first failed call. Each key has one op in flight at most.
 //
 // Only token_bucket buckets are owned; every other operation goes to the
 // store underneath, which must implement Owning.
@@ -98,20 +105,23 @@ type OwningStore struct {
 	}
 	stop chan struct{}
 	done chan struct{}
-	// steps counts the loop's steps in flight: each tick starts one, so
-	// that a call stalled on one Redis master delays no other key's
-	// renewal (at most maxSteps at once).
-	steps sync.WaitGroup
-	slots chan struct{}
+	// calls counts the loop's store calls in flight: each tick may start
+	// one of each kind (see step), so that a call stalled on one Redis
+	// master delays no renewal of another key; slots bounds them, per
+	// kind.
+	calls sync.WaitGroup
+	slots [2]chan struct{}
 }
 
-// maxSteps is the most steps of the loop in flight at once, and
-// maxOwnTries the most acquisitions of a key sent in a row whose answers
-// were lost before it goes back to being decided by the store for a
-// quarter of a TTL.
-// keepLost is how many lost acquisitions' IDs a key keeps (see OwnOp.Lost).
+// maxCalls is the most store calls of the loop in flight at once, of
+// each kind (see step); maxOwnTries the most acquisitions of a key sent
+// in a row whose answers were lost, before it goes back to being decided
+// by the store for a quarter of a TTL, and maxOwnRounds the most times
+// that happens in a row before the key is acquired only when asked for
+// again. keepLost is how many lost acquisitions' IDs a key keeps (see
+// OwnOp.Lost).
 const (
-	maxSteps     = 4
+	maxCalls     = 4
 	maxOwnTries  = 3
 	maxOwnRounds = 3
 	keepLost     = 8
@@ -158,9 +168,15 @@ type ownedKey struct {
 	// maxOwnRounds times at most.
 	rounds int
 	// resend: while acquiring, an acquisition is due at the next tick (the
-	// last one's answer was lost); while releasing, a release of an
-	// ownership this server cannot decide from (level 0) is due.
-	resend bool
+	// last one's answer was lost); while releasing, a release at relLevel
+	// is due (of an ownership this server cannot decide from, at 0; of
+	// one whose renewal was answered past its deadline, at its level).
+	resend   bool
+	relLevel float64
+	// reclaim: a take sent to the store was refused because the bucket is
+	// owned, while an acquisition of this key's may have begun that
+	// ownership (lost is not empty): acquired again at the next tick.
+	reclaim bool
 	// failed: the key's last op failed; its next ones go in a call of
 	// their own, so that a stalled master's keys delay no other key.
 	failed bool
@@ -200,7 +216,7 @@ func NewOwningStore(inner Store, opts OwningOptions) (*OwningStore, error) {
 	}
 	s := &OwningStore{inner: inner, own: own, opts: opts, now: opts.now, keys: make(map[string]*ownedKey),
 		due: make(map[string]*ownedKey), active: make(map[string]*ownedKey), stop: make(chan struct{}), done: make(chan struct{}),
-		slots: make(chan struct{}, maxSteps)}
+		slots: [2]chan struct{}{make(chan struct{}, maxCalls), make(chan struct{}, maxCalls)}}
 	if s.now == nil {
 		base := time.Now()
 		s.now = func() int64 { return time.Since(base).Microseconds() }
@@ -297,9 +313,19 @@ func (s *OwningStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, er
 			}
 			res, err := s.inner.Take(ctx, sub)
 			s.mu.Lock()
-			for _, i := range fwd {
-				if k := s.keys[ops[i].Key]; k != nil && ownable(&ops[i].Bucket) && k.forwarded > 0 {
+			for j, i := range fwd {
+				k := s.keys[ops[i].Key]
+				if k == nil || !ownable(&ops[i].Bucket) {
+					continue
+				}
+				if k.forwarded > 0 {
 					k.forwarded--
+				}
+				if err == nil && res[j].OwnedByServer && len(k.lost) > 0 && k.state == ownNone {
+					// Perhaps by an acquisition of ours that ran late:
+					// take it back (afresh, if so) at the next tick.
+					k.reclaim = true
+					s.due[ops[i].Key] = k
 				}
 			}
 			s.mu.Unlock()
@@ -398,8 +424,8 @@ func (s *OwningStore) lose(key string, k *ownedKey, now int64) {
 // reset makes k a candidate again, not acquired before cool has passed,
 // and wakes whoever waits on it. Called with mu held.
 func (s *OwningStore) reset(key string, k *ownedKey, now, cool int64) {
-	w, b, fwd, lost, failed, rounds := k.wait, k.tb.bucket, k.forwarded, k.lost, k.failed, k.rounds
-	*k = ownedKey{windowStart: now, cooldown: now + cool, forwarded: fwd, lost: lost, failed: failed, rounds: rounds}
+	w, b, fwd, lost, failed, rounds, reclaim := k.wait, k.tb.bucket, k.forwarded, k.lost, k.failed, k.rounds, k.reclaim
+	*k = ownedKey{windowStart: now, cooldown: now + cool, forwarded: fwd, lost: lost, failed: failed, rounds: rounds, reclaim: reclaim}
 	k.tb.bucket = b
 	delete(s.active, key)
 	if w != nil {
@@ -529,7 +555,7 @@ func (s *OwningStore) Close() error {
 		close(s.stop)
 	}
 	<-s.done
-	s.steps.Wait()
+	s.calls.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	s.mu.Lock()
@@ -558,19 +584,37 @@ func (s *OwningStore) loop() {
 			return
 		case <-t.C:
 		}
-		select {
-		case s.slots <- struct{}{}:
-		default:
-			continue // maxSteps in flight: the keys they carry wait for them anyway
+		// A kind whose maxCalls are in flight waits for the next tick
+		// (its ops stay due).
+		var free [2]bool
+		for i, sl := range s.slots {
+			select {
+			case sl <- struct{}{}:
+				free[i] = true
+			default:
+			}
 		}
-		s.steps.Add(1)
-		go func() {
-			defer s.steps.Done()
-			defer func() { <-s.slots }()
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			s.step(ctx)
-		}()
+		if !free[0] && !free[1] {
+			continue
+		}
+		calls := s.collect(free)
+		for i := range calls {
+			switch {
+			case !free[i]:
+				continue
+			case len(calls[i].ops) == 0:
+				<-s.slots[i]
+				continue
+			}
+			s.calls.Add(1)
+			go func() {
+				defer s.calls.Done()
+				defer func() { <-s.slots[i] }()
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				defer cancel()
+				s.send(ctx, &calls[i])
+			}()
+		}
 	}
 }
 
@@ -599,35 +643,59 @@ func newOwnID() string {
 }
 
 // step sends the acquisitions, renewals and releases due now and applies
-// the answers: in one store call, and the ops of the keys whose last op
-// failed in a second one, concurrent, so that a Redis master that stalls
-// (its ops fail at the read timeout) delays no other key's renewal.
+// the answers (see collect), its two calls concurrent. The loop does the
+// same without waiting for the answers; the tests and Close step.
 func (s *OwningStore) step(ctx context.Context) {
+	calls := s.collect([2]bool{true, true})
+	if len(calls[1].ops) == 0 {
+		s.send(ctx, &calls[0])
+		return
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { s.send(ctx, &calls[1]) })
+	s.send(ctx, &calls[0])
+	wg.Wait()
+}
+
+// collect marks in flight and returns the ops due now, in two calls: the
+// renewals and releases of the keys whose last op did not fail, which have
+// deadlines; and the acquisitions and the ops of the keys whose last op
+// failed, which a Redis master that stalls makes wait for the read timeout
+// (its key's ops fail then). Ops of a kind whose free is false are left
+// due.
+func (s *OwningStore) collect(free [2]bool) (calls [2]ownCall) {
 	now := s.now()
-	var calls [2]ownCall // healthy keys, keys whose last op failed
-	call := func(k *ownedKey) *ownCall {
+	kind := func(k *ownedKey) int {
 		if k.failed {
-			return &calls[1]
+			return 1
 		}
-		return &calls[0]
+		return 0
 	}
 	acquire := func(key string, k *ownedKey) {
-		k.state, k.sentAt, k.takes, k.resend, k.id = ownAcquiring, now, 0, false, newOwnID()
+		k.state, k.sentAt, k.takes, k.resend, k.reclaim, k.id = ownAcquiring, now, 0, false, false, newOwnID()
 		s.active[key] = k
-		call(k).add(key, k, OwnOp{Key: key, Bucket: k.tb.bucket, Server: s.opts.Server, ID: k.id, Lost: slices.Clone(k.lost)})
+		// Not with the renewals: an acquisition sent to a master that
+		// stalls delays nothing that has a deadline.
+		calls[1].add(key, k, OwnOp{Key: key, Bucket: k.tb.bucket, Server: s.opts.Server, ID: k.id, Lost: slices.Clone(k.lost)})
 	}
 	s.mu.Lock()
 	if now-s.lastSweep > int64(time.Second/time.Microsecond) {
 		s.sweep(now)
 	}
 	for key, k := range s.due {
+		if !free[1] {
+			break // acquisitions wait for a call of their kind
+		}
 		if k.state != ownNone || k.forwarded > 0 || len(s.active) >= s.opts.MaxKeys {
 			if k.state != ownNone {
 				delete(s.due, key)
 			}
 			continue // a take of its own at the store: next tick
 		}
-		forced := k.rounds > 0 // see rounds
+		if k.reclaim {
+			k.cooldown = min(k.cooldown, now)
+		}
+		forced := k.rounds > 0 || k.reclaim // see rounds, reclaim
 		if forced && now < k.cooldown {
 			continue // due when it has passed
 		}
@@ -640,15 +708,18 @@ func (s *OwningStore) step(ctx context.Context) {
 	for key, k := range s.active {
 		switch {
 		case k.state == ownAcquiring && k.resend:
-			acquire(key, k)
+			if free[1] {
+				acquire(key, k)
+			}
 			continue
 		case k.state == ownReleasing && k.resend:
-			// An ownership of this server's it cannot decide from:
-			// handed back empty.
-			k.resend, k.sentAt = false, now
-			call(k).add(key, k, OwnOp{Key: key, Bucket: k.tb.bucket, Server: s.opts.Server, ID: k.id, Release: true})
+			// See resend.
+			if free[kind(k)] {
+				k.resend, k.sentAt = false, now
+				calls[kind(k)].add(key, k, OwnOp{Key: key, Bucket: k.tb.bucket, Server: s.opts.Server, ID: k.id, Release: true, Level: k.relLevel})
+			}
 			continue
-		case k.state != ownOwned || k.renewing:
+		case k.state != ownOwned || k.renewing || !free[kind(k)]:
 			// Nothing due, or its renewal in flight (a key has one op
 			// in flight at most: a release sent meanwhile could run
 			// first, and the renewal then begin an ownership this
@@ -662,22 +733,15 @@ func (s *OwningStore) step(ctx context.Context) {
 			// Hand back the level as it stands now; decide nothing more
 			// from it.
 			k.tb.advance(&k.tb.bucket, now)
-			call(k).add(key, k, OwnOp{Key: key, Bucket: k.tb.bucket, Server: s.opts.Server, ID: k.id, Release: true, Level: k.tb.level})
+			calls[kind(k)].add(key, k, OwnOp{Key: key, Bucket: k.tb.bucket, Server: s.opts.Server, ID: k.id, Release: true, Level: k.tb.level})
 			k.state, k.sentAt = ownReleasing, now
 		case now >= k.renewAt:
 			k.renewing, k.sentAt = true, now
-			call(k).add(key, k, OwnOp{Key: key, Bucket: k.tb.bucket, Server: s.opts.Server, ID: k.id})
+			calls[kind(k)].add(key, k, OwnOp{Key: key, Bucket: k.tb.bucket, Server: s.opts.Server, ID: k.id, Renew: true})
 		}
 	}
 	s.mu.Unlock()
-	if len(calls[1].ops) == 0 {
-		s.send(ctx, &calls[0])
-		return
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() { s.send(ctx, &calls[1]) })
-	s.send(ctx, &calls[0])
-	wg.Wait()
+	return calls
 }
 
 // send makes one store call of a step and applies its answers.
@@ -759,10 +823,13 @@ func (s *OwningStore) apply(key string, k *ownedKey, op *OwnOp, o *OwnOutcome, n
 			// not know (its acquisition's answer lost long ago, or its
 			// renewals'): its level cannot be known. Handed back empty
 			// at the next tick; the takes wait for it.
-			k.state, k.resend, k.id, k.rounds = ownReleasing, true, o.ID, 0
+			k.state, k.resend, k.relLevel, k.id, k.rounds = ownReleasing, true, 0, o.ID, 0
 		default:
+			// lost stays (keepLost at most): a copy of one of them may
+			// still run late, after this ownership ends, and begin one
+			// that the next acquisition then begins afresh.
 			s.stats.acquired.Add(1)
-			k.lost, k.tries, k.rounds = nil, 0, 0
+			k.tries, k.rounds = 0, 0
 			s.begin(k, o, now)
 		}
 	default: // a renewal
@@ -771,12 +838,21 @@ func (s *OwningStore) apply(key string, k *ownedKey, op *OwnOp, o *OwnOutcome, n
 		case o.Err != nil:
 			// Not renewed: decide until the deadline, then let it go.
 			s.wake(k)
-		case !o.Owned || o.ID != op.ID:
+		case !o.Owned:
+			// Expired at the store, which emptied the bucket at its
+			// deadline (after this server's own).
 			s.lose(key, k, now)
-		case o.Acquired:
-			// The store had let it expire (it emptied the bucket at its
-			// deadline, which is after this server's own): start afresh.
-			s.begin(k, o, now)
+		case o.ID != op.ID:
+			// Another ownership of this server's, unknown: handed back
+			// empty (see the acquisition's case).
+			k.state, k.resend, k.relLevel, k.id = ownReleasing, true, 0, o.ID
+		case now >= k.sentAt+ttl:
+			// Renewed, but the answer came after the deadline it set:
+			// this server decided nothing since its own deadline, and
+			// hands back the level it holds rather than letting the
+			// store empty the bucket.
+			k.tb.advance(&k.tb.bucket, now)
+			k.state, k.resend, k.relLevel = ownReleasing, true, k.tb.level
 		default:
 			k.deadline = k.sentAt + ttl
 			k.renewAt = k.sentAt + ttl/2

@@ -520,6 +520,8 @@ func (s *RedisStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, err
 		if len(v) >= 7 {
 			out[i].At = v[6]
 		}
+		out[i].Owned = len(v) >= 8 && v[7] >= 1
+		out[i].OwnedByServer = len(v) >= 8 && v[7] == 2
 		if v[1] < 0 {
 			out[i].RetryAfter = -1
 		} else {
@@ -600,8 +602,13 @@ func (s *RedisStore) Own(ctx context.Context, ops []OwnOp) ([]OwnOutcome, error)
 		}
 		at = append(at, i)
 		keys = append(keys, redisKeyList(op.Key, TokenBucket))
-		// ARGV[10] the op's ID, ARGV[12] the lost IDs, space-separated.
-		a := append(bucketArgs(mode, now, &op.Bucket), op.Server, "", level, op.ID, noOwner[4], strings.Join(op.Lost, " "))
+		// ARGV[10] the op's ID, ARGV[11] "1" for a renewal, ARGV[12] the
+		// lost IDs, space-separated.
+		renew := ""
+		if op.Renew && !op.Release {
+			renew = "1"
+		}
+		a := append(bucketArgs(mode, now, &op.Bucket), op.Server, "", level, op.ID, renew, strings.Join(op.Lost, " "))
 		args = append(args, append(append(a, noOwner[6:]...), s.noEviction))
 	}
 	if len(at) == 0 {

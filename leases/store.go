@@ -244,6 +244,10 @@ type TakeOutcome struct {
 	// At is the take's stamp, for Refund (TakeOp.At): the store's clock
 	// (µs) at the take, or for leaky_bucket the end of the take's slots.
 	At int64
+	// Owned is set when the take was refused because a lease server owns
+	// the bucket (see Owning); OwnedByServer too when that server is
+	// TakeOp.Server.
+	Owned, OwnedByServer bool
 	// Err, when set, wraps ErrStoreUnavailable: the store failed for this
 	// op alone (a Redis Cluster node down, while the others answer), and
 	// nothing is taken as far as the caller knows.

@@ -93,7 +93,7 @@ func (s *tbState) own(b *Bucket, op *OwnOp, level float64, now int64) OwnOutcome
 		case op.ID != w.id && op.Release:
 			// A release of another ownership of this server's (a late
 			// copy): nothing changes.
-		case op.ID != w.id && slices.Contains(op.Lost, w.id):
+		case op.ID != w.id && !op.Renew && slices.Contains(op.Lost, w.id):
 			// Begun by an acquisition of this server's whose answer was
 			// lost: nobody decided from it, and takes through other
 			// servers were refused meanwhile. Begin afresh, from the
@@ -123,7 +123,7 @@ func (s *tbState) own(b *Bucket, op *OwnOp, level float64, now int64) OwnOutcome
 	}
 	lvl, last, open := s.level, s.last, len(s.leases)
 	s.advance(b, now)
-	if !op.Release {
+	if !op.Release && !op.Renew { // a renewal of none begins nothing
 		switch {
 		case len(s.leases) > 0:
 			// Open leases: until the last of them ends, at most one
@@ -173,7 +173,7 @@ func (s *tbState) ownedWait(b *Bucket, tokens float64, now int64) time.Duration 
 // tell what the owner has left: Remaining is 0, Reset the wait until whole
 // should the ownership expire.
 func (s *tbState) ownedTake(b *Bucket, now int64) TakeOutcome {
-	return TakeOutcome{RetryAfter: s.refuse(now), Reset: s.ownedWait(b, float64(b.Burst), now), At: now}
+	return TakeOutcome{RetryAfter: s.refuse(now), Reset: s.ownedWait(b, float64(b.Burst), now), At: now, Owned: true}
 }
 
 // ownedLease answers a lease op on the owned bucket: no lease is open to

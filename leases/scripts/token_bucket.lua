@@ -44,7 +44,10 @@
 --          owned bucket adds a grant TTL of 0 and owned (1: refused
 --          because owned), LeaseOutcome.Owned); take {taken (0|1),
 --          retry ms (−1: never), remaining, expired, reset ms, delay ms,
---          now µs (the take's time, which a refund names in ARGV[10])};
+--          now µs (the take's time, which a refund names in ARGV[10]),
+--          and after them, when refused because the bucket is owned, 1,
+--          or 2 when by the server taking (TakeOutcome.Owned,
+--          OwnedByServer)};
 --          refund {}; state {level, outstanding, open leases, now µs,
 --          holders, free, next ms, full ms, window end ms} (BucketState),
 --          and the owner after them while the bucket is owned.
@@ -55,9 +58,10 @@
 --          acquired, else "0"), now µs, contested (0|1), retry ms, the
 --          ownership's ID when owned (else "")}; for them ARGV[7] is the
 --          server, ARGV[9] the released level (a decimal string, finite,
---          0 to burst: OwnOp.releaseLevel), ARGV[10] the op's ID and
---          ARGV[12] the lost IDs, space-separated (OwnOp.ID, OwnOp.Lost,
---          checked by the store: hex).
+--          0 to burst: OwnOp.releaseLevel), ARGV[10] the op's ID,
+--          ARGV[11] '1' for a renewal (OwnOp.Renew: it never begins an
+--          ownership) and ARGV[12] the lost IDs, space-separated (OwnOp.ID,
+--          OwnOp.Lost, checked by the store: hex).
 -- ARGV     1 mode (lease|take|refund|state|own|release), 2 now µs ("" = Redis TIME),
 --          3 limit, 4 period µs, 5 burst, 6 lease ttl µs, 7 client (for a
 --          take: the lease server taking, TakeOp.Server, or ""),
@@ -546,7 +550,7 @@ if ow then
   if mode == 'own' then
     if ow ~= ARGV[7] then return { 0, 0, '0', now, 0, us_ms(odl - now), '' } end
     if ARGV[10] ~= oid then
-      for lost in string.gmatch(ARGV[12], '%x+') do
+      for lost in string.gmatch(ARGV[11] == '1' and '' or ARGV[12], '%x+') do
         if lost == oid then
           -- Begun by an acquisition of this server's whose answer was
           -- lost, that nobody decided from: afresh, from the level the
@@ -592,7 +596,13 @@ if ow then
       save()
     end
   end
-  if mode == 'take' then return { 0, retry, 0, 0, owned_ms(burst), 0, now } end
+  if mode == 'take' then
+    -- The eighth: refused because owned (TakeOutcome.Owned), 2 when by
+    -- the server taking (OwnedByServer).
+    local by = 1
+    if ARGV[7] ~= '' and ow == ARGV[7] then by = 2 end
+    return { 0, retry, 0, 0, owned_ms(burst), 0, now, by }
+  end
   -- The eleventh element says that the lease was refused because the
   -- bucket is owned (LeaseOutcome.Owned); the tenth, a grant's TTL, is 0.
   local refused = 0
@@ -601,6 +611,12 @@ if ow then
 end
 refill_to(now)
 
+if mode == 'own' and ARGV[11] == '1' then
+  -- A renewal of an ownership no longer live (it expired): not owned, and
+  -- nothing begun (tokenbucket_own.go).
+  if changed then save() end
+  return { 0, 0, '0', now, 0, 0, '' }
+end
 if mode == 'own' then
   if n > 0 then
     -- Open leases: retry once the last of them ends, at most a lease TTL.
