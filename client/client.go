@@ -710,9 +710,15 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			// per request on exactly the keys whose demand exceeds their
 			// share, and would take tokens outside the fair share that
 			// leases keep.
+			l := ks.active.Load()
+			roomy := !waitedLease && c.ranOutRoomy(ks, l, now)
+			var changed <-chan struct{}
+			if roomy {
+				changed = ks.waitCh() // before the loop is woken: see awaitChange
+			}
 			ks.need.Store(true)
 			c.wake()
-			if l := ks.active.Load(); !waitedLease && c.ranOutRoomy(ks, l, now) {
+			if roomy {
 				// But a roomy key (the bucket held at least twice its
 				// lease at its latest answer) ran out only because its
 				// renewal came late (a paused process, a starved CPU; a
@@ -732,7 +738,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 				// demoting has no lease either), else denied as below.
 				waitedLease = true
 				again := letGo()
-				nl := c.awaitLease(ctx, ks, n, budget(), func() bool {
+				nl := c.awaitLease(ctx, ks, n, budget(), changed, func() bool {
 					a := ks.active.Load()
 					return (a == l || a == nil) && ks.need.Load() && ks.leasing.Load() && !ks.dead.Load()
 				})
@@ -758,7 +764,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			waitedAnswer = true
 			ks.unserved.Add(-n)
 			again := letGo()
-			c.awaitChange(ctx, ks, budget(), func() bool { return ks.probing.Load() && c.young(ks) }, n)
+			c.awaitChange(ctx, ks, budget(), nil, func() bool { return ks.probing.Load() && c.young(ks) }, n)
 			now = 0 // read again after a wait
 			i--
 			if again {
@@ -778,14 +784,19 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			// held store-down is not asked for (see storeDownHold): its
 			// decisions do not wake the loop.
 			held := storeDown(ks, now)
+			wait := !waitedLease && ks.deadline.Load() == 0 && c.leasesOnline.Load() && !held
+			var changed <-chan struct{}
+			if wait {
+				changed = ks.waitCh() // before the loop is woken: see awaitChange
+			}
 			if !held {
 				ks.need.Store(true)
 				c.wake()
 			}
-			if !waitedLease && ks.deadline.Load() == 0 && c.leasesOnline.Load() && !held {
+			if wait {
 				waitedLease = true
 				again := !ks.shaped.Load() && letGo()
-				l := c.awaitLease(ctx, ks, n, budget(), func() bool {
+				l := c.awaitLease(ctx, ks, n, budget(), changed, func() bool {
 					return ks.active.Load() == nil && ks.deadline.Load() == 0 && ks.leasing.Load()
 				})
 				if leaseWaited(ks, l, again) {
@@ -889,14 +900,21 @@ func (c *Client) ranOutRoomy(ks *keyState, l *lease, now int64) bool {
 // decision's Config.RequestTimeout), or until ctx ends or the client
 // closes; not at all when waiting no longer holds once the key's change
 // channel is taken (a change just before is seen so), or limit is not
-// positive.
+// positive. changed is that channel, taken by the caller before it woke
+// the loop for the change it waits for, or nil (taken here): taken after
+// the wake, a loop that answered first (a refusal, which leaves waiting
+// true) closed the channel before, and the decision waited for the whole
+// limit — on a clock a test drives, for ever (found by make test under
+// load: TestRefusedLeaseCallReportedAsRateLimit hung for 20 minutes).
 // The decisions that wait for a key's change are waiting tokens of the
 // key's demand meanwhile (keyState.waiting, see admitted).
-func (c *Client) awaitChange(ctx context.Context, ks *keyState, limit time.Duration, waiting func() bool, tokens int64) {
+func (c *Client) awaitChange(ctx context.Context, ks *keyState, limit time.Duration, changed <-chan struct{}, waiting func() bool, tokens int64) {
 	if limit <= 0 {
 		return
 	}
-	changed := ks.waitCh()
+	if changed == nil {
+		changed = ks.waitCh()
+	}
 	if !waiting() {
 		return
 	}
@@ -941,8 +959,8 @@ func (c *Client) young(ks *keyState) bool {
 // awaitLease waits for a lease of ks while waiting holds (see
 // awaitChange), then spends n tokens from the key's active lease: it
 // returns that lease, or nil when none could serve.
-func (c *Client) awaitLease(ctx context.Context, ks *keyState, n int64, limit time.Duration, waiting func() bool) *lease {
-	c.awaitChange(ctx, ks, limit, waiting, 0)
+func (c *Client) awaitLease(ctx context.Context, ks *keyState, n int64, limit time.Duration, changed <-chan struct{}, waiting func() bool) *lease {
+	c.awaitChange(ctx, ks, limit, changed, waiting, 0)
 	if l := ks.active.Load(); l != nil && l.spend(n, c) {
 		ks.unserved.Add(-n) // served after all
 		return l

@@ -365,7 +365,12 @@ func TestTakeErrorIsNotRateLimited(t *testing.T) {
 // SourceRetryAfter with no Err, and Wait returned an error matching
 // ErrRateLimited: a misconfiguration reported as a rate limit. The key is
 // now denied as refused, with the refusal, for refusalHold only.
-func TestRefusedLeaseCallReportedAsRateLimit(t *testing.T) {
+// revokedAfterPromotion returns a client, on a clock the test drives, of a
+// server that stops accepting its token after its first call: the key
+// "s:h" is promoted by a direct take, and the loop's lease call for it is
+// refused (401).
+func revokedAfterPromotion(t *testing.T) (*Client, *testClock) {
+	t.Helper()
 	var revoked atomic.Bool
 	url, _ := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
 		if revoked.Swap(true) {
@@ -375,10 +380,15 @@ func TestRefusedLeaseCallReportedAsRateLimit(t *testing.T) {
 	})
 	clk := newTestClock()
 	c := clockedClient(t, Config{Servers: []string{url}, LeaseMinTokens: 1, Horizon: 3 * time.Second}, clk)
-	ctx := context.Background()
-	require.True(t, c.Allow(ctx, "s:h").Allowed, "direct, and promotes the key")
+	require.True(t, c.Allow(context.Background(), "s:h").Allowed, "direct, and promotes the key")
 	clk.advance(t, 0) // the loop asks for its lease: refused
 	require.Eventually(t, func() bool { return c.Stats().Refusals > 0 }, 5*time.Second, time.Millisecond)
+	return c, clk
+}
+
+func TestRefusedLeaseCallReportedAsRateLimit(t *testing.T) {
+	c, clk := revokedAfterPromotion(t)
+	ctx := context.Background()
 	d := c.Allow(ctx, "s:h")
 	require.Equal(t, SourceRefused, d.Source)
 
@@ -393,6 +403,31 @@ func TestRefusedLeaseCallReportedAsRateLimit(t *testing.T) {
 	t.Logf("Wait: %v", err)
 	assert.ErrorIs(t, err, ErrUnauthorized)
 	assert.NotErrorIs(t, err, ErrRateLimited)
+}
+
+// TestRefusedLeaseWakesWaiter: a promoted key's decision that wakes the
+// loop for its first lease and waits for it returns when the loop's call
+// is refused, however fast the refusal comes. The decision took the key's
+// change channel after waking the loop; a refusal applied in between
+// closed the channel before, and left the decision waiting for the rest of
+// Config.RequestTimeout — on this clock, which no one moves, for ever:
+// make test hung 20 minutes in TestRefusedLeaseCallReportedAsRateLimit
+// under load, and this scenario hung in 1 of about 1,000 runs with -race
+// on a loaded machine. Each run is bounded here; the race is rare, so a
+// run of this test that passes proves little, one that fails a lot.
+func TestRefusedLeaseWakesWaiter(t *testing.T) {
+	for i := range 100 {
+		c, clk := revokedAfterPromotion(t)
+		clk.move(1500 * time.Millisecond) // the client-wide refusal has ended
+		ch := make(chan Decision, 1)
+		go func() { ch <- c.Allow(context.Background(), "s:h") }() // wakes the loop, which is refused again
+		select {
+		case d := <-ch:
+			require.False(t, d.Allowed, "run %d", i)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("run %d: the decision waits for a lease whose call was refused", i)
+		}
+	}
 }
 
 // TestStaleCallerGoneMarksOffline: the old client measured from the first
