@@ -204,14 +204,22 @@ func (s *MemoryStore) Take(ctx context.Context, ops []TakeOp) ([]TakeOutcome, er
 	for i := range ops {
 		op := &ops[i]
 		if err := s.with(op.Key, &op.Bucket, now, func(st keyState) {
+			tb, _ := st.(*tbState)
+			var contested *bool // the owner's mark, when op comes through the owner
+			if tb != nil && tb.owner != nil && op.Server != "" && tb.owner.server == op.Server {
+				c := tb.owner.contested
+				contested = &c
+			}
 			out[i] = st.take(&op.Bucket, op.Cost, op.Floor, maxDelayOf(op), now)
-			tb, ok := st.(*tbState)
 			switch {
-			case !ok:
+			case tb == nil:
 			case out[i].Taken:
 				tb.noteTaker(op.Server, now)
-			case out[i].Owned:
-				out[i].OwnedByServer = op.Server != "" && tb.owner.server == op.Server
+			case out[i].Owned && contested != nil:
+				// Through the owner itself, which lost track of its
+				// ownership: not contested (nobody else wants it).
+				out[i].OwnedByServer = true
+				tb.owner.contested = *contested
 			}
 		}); err != nil {
 			return nil, err

@@ -44,7 +44,8 @@ import (
 //     the answer is that of an acquisition, with the new ID kept. Otherwise
 //     nothing changes, and the answer says the bucket is owned (Owned, ID)
 //     but not acquired: the owner cannot know its level and decides
-//     nothing from it (OwningStore releases it at level 0).
+//     nothing from it (OwningStore releases it at level 0). An
+//     acquisition with the ownership's own ID is a renewal.
 //   - Release, with the ownership's ID: the bucket's level becomes the
 //     owner's level, at most L0 + rate·(now − t0) and at most the burst, at
 //     the store's now (no refill is credited for the time the release took
@@ -54,9 +55,12 @@ import (
 //     spent everything it could: a dead owner never brings back tokens it
 //     may have admitted.
 //   - While the ownership is live, a take or a lease on the key by anyone
-//     (the store cannot tell the owner's calls from others', and the owner
-//     makes none on keys it owns) is refused, with a RetryAfter of at most
-//     100 ms, and marks the ownership contested.
+//     (the owner makes none on keys it knows it owns) is refused, with a
+//     RetryAfter of at most 100 ms, and marks the ownership contested —
+//     but a take through the owner itself (TakeOp.Server), which says so
+//     (TakeOutcome.OwnedByServer) and marks nothing: an owner that lost
+//     track of its ownership (see the IDs below), which nobody else
+//     wants.
 //
 // The bound holds across owners and the store: an owner admits no more than
 // the bucket would have over the same time (its level starts at the
@@ -73,7 +77,8 @@ import (
 // acquisition again, and the first copy may run after the second began an
 // ownership the owner decides from; Lost names exactly the copies whose
 // answers the owner will never use, so only an ownership nobody decided
-// from is begun afresh, and a late copy changes nothing.
+// from is begun afresh, and a late copy that finds another ownership
+// changes nothing.
 //
 // Only the token bucket can be owned; the other algorithms answer ErrNotOwnable.
 

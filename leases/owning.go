@@ -64,22 +64,29 @@ type OwningOptions struct {
 // timeout) is met so: each acquisition carries a new ID and the IDs of the
 // key's earlier acquisitions whose answers were lost (OwnOp.ID, Lost, the
 // last eight kept), so that an ownership one of them began when the master
-// ran it late is begun afresh instead of refusing this server's takes, and
-// a late copy changes nothing. An acquisition whose answer was lost is
-// sent again at the next tick, the key's takes waiting for it, three
-// times in all; then the key is decided by the store and acquired again a
-// quarter of a TTL later, asked for or not (three rounds in all), or at
-// the next tick once the store refuses one of its takes as owned by this
-// server. A renewal never begins an ownership (OwnOp.Renew): one that
-// finds it expired loses the key. An ownership of this server's that it
-// cannot know the level of is handed back at level 0; one renewed but
-// answered after the deadline the renewal set is handed back at its level.
+// ran it late is begun afresh instead of refusing this server's takes. A
+// late copy that finds another ownership changes nothing; one that finds
+// none begins an ownership nobody decides from, which the store ends at
+// its deadline, empty, unless this server acquires the key first: it does
+// at the next tick once the store refuses one of its takes as owned by
+// this server (TakeOutcome.OwnedByServer; such a take does not mark the
+// ownership contested), beginning it afresh. An acquisition whose answer
+// was lost is sent again at the next tick, the key's takes waiting for it,
+// three times in all; then the key is decided by the store and acquired
+// again a quarter of a TTL later, asked for or not (three rounds in all).
+// A renewal never begins an ownership (OwnOp.Renew): one that finds it
+// expired loses the key. An ownership of this server's that it cannot
+// know the level of is handed back at level 0; one acquired or renewed but
+// answered after the deadline the op set is handed back at its level.
+//
 // The loop does not wait for one call before the next: at each tick it
-// sends the renewals and releases of the keys whose last op did not fail
-// in one call, and the acquisitions and the ops of the keys whose last op
-// failed in another, each kind with four calls in flight at most, so a
-// stalled master delays no renewal of another key but the ones that share
-// its first failed call. Each key has one op in flight at most.
+// sends three kinds of call, each waiting for every node it reaches — the
+// renewals and releases of the keys whose last op did not fail, which
+// never wait for a slot; their acquisitions; and the ops of the keys whose
+// last op failed — the last two with four calls in flight at most. So a
+// stalled master delays no other key's renewal but those sent in the same
+// call as its keys' first failed renewals (by the read timeout, at half a
+// TTL from their deadlines). Each key has one op in flight at most.
 //
 // Only token_bucket buckets are owned; every other operation goes to the
 // store underneath, which must implement Owning.
@@ -106,15 +113,19 @@ type OwningStore struct {
 	stop chan struct{}
 	done chan struct{}
 	// calls counts the loop's store calls in flight: each tick may start
-	// one of each kind (see step), so that a call stalled on one Redis
-	// master delays no renewal of another key; slots bounds them, per
-	// kind.
+	// one of each kind (see collect), so that a call stalled on one Redis
+	// master delays no renewal of another key. slots bounds the calls of
+	// the kinds that have no deadline (acquisitions, and the ops of keys
+	// whose last op failed); the renewals and releases of the others are
+	// bounded by the keys owned (one op in flight each), and never wait
+	// for a slot: four calls stalled on a hung master would have held
+	// every slot while a live key's deadline passed.
 	calls sync.WaitGroup
-	slots [2]chan struct{}
+	slots [numKinds]chan struct{}
 }
 
 // maxCalls is the most store calls of the loop in flight at once, of
-// each kind (see step); maxOwnTries the most acquisitions of a key sent
+// each kind but kindRenew (see collect); maxOwnTries the most acquisitions of a key sent
 // in a row whose answers were lost, before it goes back to being decided
 // by the store for a quarter of a TTL, and maxOwnRounds the most times
 // that happens in a row before the key is acquired only when asked for
@@ -125,6 +136,14 @@ const (
 	maxOwnTries  = 3
 	maxOwnRounds = 3
 	keepLost     = 8
+)
+
+// The kinds of the loop's store calls (see collect).
+const (
+	kindRenew   = iota // renewals and releases of keys whose last op did not fail
+	kindAcquire        // acquisitions of keys whose last op did not fail
+	kindFailed         // the ops of keys whose last op failed
+	numKinds
 )
 
 // ownState is the stage of one key in an OwningStore.
@@ -156,12 +175,15 @@ type ownedKey struct {
 	sentAt    int64   // local µs the op in flight was sent
 	offset    int64   // store clock (µs since the epoch) less the local clock, as of the acquisition
 	// id is the ID of the ownership (of the acquisition in flight while
-	// acquiring); lost the IDs of this key's acquisitions whose answers
-	// were lost (kept across resets until an acquisition is answered),
-	// tries how many were lost in a row.
-	id    string
-	lost  []string
-	tries int
+	// acquiring); lost the IDs of this key's last keepLost acquisitions
+	// whose answers were lost (kept across resets and answered
+	// acquisitions, and the key kept by the sweep for ten TTLs after the
+	// last, lostAt: a copy of one may still run late), tries how many
+	// were lost in a row.
+	id     string
+	lost   []string
+	lostAt int64
+	tries  int
 	// rounds counts the times tries ran out in a row: the key is then
 	// acquired again once its cool period passes, asked for or not (an
 	// ownership one of them began refuses everyone until its deadline),
@@ -216,7 +238,7 @@ func NewOwningStore(inner Store, opts OwningOptions) (*OwningStore, error) {
 	}
 	s := &OwningStore{inner: inner, own: own, opts: opts, now: opts.now, keys: make(map[string]*ownedKey),
 		due: make(map[string]*ownedKey), active: make(map[string]*ownedKey), stop: make(chan struct{}), done: make(chan struct{}),
-		slots: [2]chan struct{}{make(chan struct{}, maxCalls), make(chan struct{}, maxCalls)}}
+		slots: [numKinds]chan struct{}{kindAcquire: make(chan struct{}, maxCalls), kindFailed: make(chan struct{}, maxCalls)}}
 	if s.now == nil {
 		base := time.Now()
 		s.now = func() int64 { return time.Since(base).Microseconds() }
@@ -424,8 +446,8 @@ func (s *OwningStore) lose(key string, k *ownedKey, now int64) {
 // reset makes k a candidate again, not acquired before cool has passed,
 // and wakes whoever waits on it. Called with mu held.
 func (s *OwningStore) reset(key string, k *ownedKey, now, cool int64) {
-	w, b, fwd, lost, failed, rounds, reclaim := k.wait, k.tb.bucket, k.forwarded, k.lost, k.failed, k.rounds, k.reclaim
-	*k = ownedKey{windowStart: now, cooldown: now + cool, forwarded: fwd, lost: lost, failed: failed, rounds: rounds, reclaim: reclaim}
+	w, b, fwd, lost, lostAt, failed, rounds, reclaim := k.wait, k.tb.bucket, k.forwarded, k.lost, k.lostAt, k.failed, k.rounds, k.reclaim
+	*k = ownedKey{windowStart: now, cooldown: now + cool, forwarded: fwd, lost: lost, lostAt: lostAt, failed: failed, rounds: rounds, reclaim: reclaim}
 	k.tb.bucket = b
 	delete(s.active, key)
 	if w != nil {
@@ -586,30 +608,36 @@ func (s *OwningStore) loop() {
 		}
 		// A kind whose maxCalls are in flight waits for the next tick
 		// (its ops stay due).
-		var free [2]bool
+		var free [numKinds]bool
 		for i, sl := range s.slots {
+			if sl == nil {
+				free[i] = true
+				continue
+			}
 			select {
 			case sl <- struct{}{}:
 				free[i] = true
 			default:
 			}
 		}
-		if !free[0] && !free[1] {
-			continue
-		}
 		calls := s.collect(free)
+		release := func(i int) {
+			if s.slots[i] != nil {
+				<-s.slots[i]
+			}
+		}
 		for i := range calls {
 			switch {
 			case !free[i]:
 				continue
 			case len(calls[i].ops) == 0:
-				<-s.slots[i]
+				release(i)
 				continue
 			}
 			s.calls.Add(1)
 			go func() {
 				defer s.calls.Done()
-				defer func() { <-s.slots[i] }()
+				defer release(i)
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 				defer cancel()
 				s.send(ctx, &calls[i])
@@ -643,48 +671,52 @@ func newOwnID() string {
 }
 
 // step sends the acquisitions, renewals and releases due now and applies
-// the answers (see collect), its two calls concurrent. The loop does the
-// same without waiting for the answers; the tests and Close step.
+// the answers (see collect), its calls concurrent. The loop does the same
+// without waiting for the answers; the tests and Close step.
 func (s *OwningStore) step(ctx context.Context) {
-	calls := s.collect([2]bool{true, true})
-	if len(calls[1].ops) == 0 {
-		s.send(ctx, &calls[0])
-		return
-	}
+	calls := s.collect([numKinds]bool{true, true, true})
 	var wg sync.WaitGroup
-	wg.Go(func() { s.send(ctx, &calls[1]) })
-	s.send(ctx, &calls[0])
+	for i := range calls {
+		wg.Go(func() { s.send(ctx, &calls[i]) })
+	}
 	wg.Wait()
 }
 
-// collect marks in flight and returns the ops due now, in two calls: the
-// renewals and releases of the keys whose last op did not fail, which have
-// deadlines; and the acquisitions and the ops of the keys whose last op
-// failed, which a Redis master that stalls makes wait for the read timeout
-// (its key's ops fail then). Ops of a kind whose free is false are left
-// due.
-func (s *OwningStore) collect(free [2]bool) (calls [2]ownCall) {
+// collect marks in flight and returns the ops due now, in a call of each
+// kind: the renewals and releases of the keys whose last op did not fail,
+// which have deadlines; their acquisitions; and the ops of the keys whose
+// last op failed, which a Redis master that stalls makes wait for the read
+// timeout (its key's ops fail then). A call waits for every node it
+// reaches, so a call of one kind delays no other kind's. Ops of a kind
+// whose free is false are left due.
+func (s *OwningStore) collect(free [numKinds]bool) (calls [numKinds]ownCall) {
 	now := s.now()
 	kind := func(k *ownedKey) int {
 		if k.failed {
-			return 1
+			return kindFailed
 		}
-		return 0
+		return kindRenew
+	}
+	acqKind := func(k *ownedKey) int {
+		if k.failed {
+			return kindFailed
+		}
+		return kindAcquire
 	}
 	acquire := func(key string, k *ownedKey) {
 		k.state, k.sentAt, k.takes, k.resend, k.reclaim, k.id = ownAcquiring, now, 0, false, false, newOwnID()
 		s.active[key] = k
 		// Not with the renewals: an acquisition sent to a master that
 		// stalls delays nothing that has a deadline.
-		calls[1].add(key, k, OwnOp{Key: key, Bucket: k.tb.bucket, Server: s.opts.Server, ID: k.id, Lost: slices.Clone(k.lost)})
+		calls[acqKind(k)].add(key, k, OwnOp{Key: key, Bucket: k.tb.bucket, Server: s.opts.Server, ID: k.id, Lost: slices.Clone(k.lost)})
 	}
 	s.mu.Lock()
 	if now-s.lastSweep > int64(time.Second/time.Microsecond) {
 		s.sweep(now)
 	}
 	for key, k := range s.due {
-		if !free[1] {
-			break // acquisitions wait for a call of their kind
+		if !free[acqKind(k)] {
+			continue // it waits for a call of its kind
 		}
 		if k.state != ownNone || k.forwarded > 0 || len(s.active) >= s.opts.MaxKeys {
 			if k.state != ownNone {
@@ -708,7 +740,7 @@ func (s *OwningStore) collect(free [2]bool) (calls [2]ownCall) {
 	for key, k := range s.active {
 		switch {
 		case k.state == ownAcquiring && k.resend:
-			if free[1] {
+			if free[acqKind(k)] {
 				acquire(key, k)
 			}
 			continue
@@ -800,7 +832,7 @@ func (s *OwningStore) apply(key string, k *ownedKey, op *OwnOp, o *OwnOutcome, n
 			if len(k.lost) == keepLost {
 				k.lost = slices.Delete(k.lost, 0, 1)
 			}
-			k.lost = append(k.lost, op.ID)
+			k.lost, k.lostAt = append(k.lost, op.ID), now
 			if k.tries++; k.tries < maxOwnTries {
 				k.resend = true
 				return
@@ -824,6 +856,14 @@ func (s *OwningStore) apply(key string, k *ownedKey, op *OwnOp, o *OwnOutcome, n
 			// renewals'): its level cannot be known. Handed back empty
 			// at the next tick; the takes wait for it.
 			k.state, k.resend, k.relLevel, k.id, k.rounds = ownReleasing, true, 0, o.ID, 0
+		case now >= k.sentAt+ttl:
+			// Acquired, but answered after the deadline it set (a call
+			// that waited for a stalled master): nothing was decided
+			// from it; handed back at its level rather than left to
+			// expire, empty.
+			s.stats.acquired.Add(1)
+			k.tries, k.rounds = 0, 0
+			k.state, k.resend, k.relLevel, k.id = ownReleasing, true, o.Level, op.ID
 		default:
 			// lost stays (keepLost at most): a copy of one of them may
 			// still run late, after this ownership ends, and begin one
@@ -899,7 +939,9 @@ func (s *OwningStore) begin(k *ownedKey, o *OwnOutcome, now int64) {
 func (s *OwningStore) sweep(now int64) {
 	s.lastSweep = now
 	for key, k := range s.keys {
-		if k.state == ownNone && k.wait == nil && k.forwarded == 0 && now-k.windowStart > 2*k.tb.bucket.LeaseTTL.Microseconds() && now >= k.cooldown {
+		ttl := k.tb.bucket.LeaseTTL.Microseconds()
+		if k.state == ownNone && k.wait == nil && k.forwarded == 0 && now-k.windowStart > 2*ttl && now >= k.cooldown &&
+			(len(k.lost) == 0 || now-k.lostAt > 10*ttl) {
 			delete(s.keys, key)
 			delete(s.due, key)
 		}

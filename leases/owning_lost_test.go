@@ -263,3 +263,46 @@ func TestOwningUnknownOwnershipReleased(t *testing.T) {
 		})
 	}
 }
+
+// TestOwningReclaimNotContested (found by review): one server alone. A
+// late copy of its acquisition begins an ownership; the server's own take,
+// refused as owned by itself (OwnedByServer), marked that ownership
+// contested; the reclaim began it afresh keeping the mark, and the first
+// renewal answered Contested: the key was handed back for ten TTLs,
+// although no other server ever asked for it. A take through the owner
+// itself now marks nothing.
+func TestOwningReclaimNotContested(t *testing.T) {
+	for _, name := range []string{"memory", "redis"} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			clk, inner, s, _ := faultyOwner(t, name)
+			for range 4 {
+				require.True(t, take(t, s, "k", ownBucket).Taken)
+			}
+			inner.fault("hold")
+			s.step(ctx) // a1: answer lost, queued
+			clk.Advance(time.Millisecond)
+			s.step(ctx) // a2, Lost [a1]: owned
+			require.Equal(t, 1, s.Stats().Owned)
+			clk.Advance(time.Second)
+			s.step(ctx) // unused: released
+			require.Zero(t, s.Stats().Owned)
+			inner.runHeld(t, 0) // a1 runs now: an ownership nobody decides from
+			o := take(t, s, "k", ownBucket)
+			require.True(t, o.OwnedByServer)
+			clk.Advance(time.Millisecond)
+			s.step(ctx) // reclaimed, afresh
+			require.Equal(t, 1, s.Stats().Owned)
+			// In use, renewed at half the TTL.
+			for range 120 {
+				take(t, s, "k", ownBucket)
+				clk.Advance(10 * time.Millisecond)
+				s.step(ctx)
+			}
+			st := s.Stats()
+			t.Logf("%+v", st)
+			require.Zero(t, st.Contested, "no other server ever took or leased the key")
+			require.Equal(t, 1, st.Owned, "still owned, used all along")
+		})
+	}
+}

@@ -121,10 +121,11 @@ type agreeCase struct {
 	offset time.Duration
 }
 
-// randomOwn returns an OwnOp on key: an acquire or renewal two times in
-// three, else a release claiming a random level, some of them out of range
-// or NaN; its ID and Lost from a few IDs, so that renewals, releases and
-// acquisitions meet ownerships of the same IDs and of others.
+// randomOwn returns an OwnOp on key: an acquire or renewal (OwnOp.Renew a
+// third of the time) two times in three, else a release claiming a random
+// level, some of them out of range or NaN; its ID and Lost from a few IDs,
+// so that renewals, releases and acquisitions meet ownerships of the same
+// IDs and of others.
 func randomOwn(rng *rand.Rand, key string, b leases.Bucket) leases.OwnOp {
 	ids := []string{"", "a1", "b2", "c3"}
 	op := leases.OwnOp{Key: key, Bucket: b, Server: fmt.Sprint("s", rng.IntN(2)), ID: ids[rng.IntN(len(ids))]}
@@ -132,6 +133,9 @@ func randomOwn(rng *rand.Rand, key string, b leases.Bucket) leases.OwnOp {
 		if rng.IntN(4) == 0 {
 			op.Lost = append(op.Lost, id) // an ownership begun by it is begun afresh
 		}
+	}
+	if rng.IntN(3) == 0 {
+		op.Renew = true // never begins an ownership
 	}
 	if rng.IntN(3) == 0 {
 		op.Release = true

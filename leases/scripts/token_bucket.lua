@@ -584,14 +584,16 @@ if ow then
   if mode == 'refund' then return {} end -- nothing was taken while owned
   if mode == 'lease' and ARGV[10] ~= '' then return { 1, 0, 0, 0, 0, 0, 0 } end -- no lease is open
   -- A take, or a lease asking for tokens, is refused and marks the
-  -- ownership contested (one SET, the first time); a lease of nothing is
-  -- answered alone.
+  -- ownership contested (one SET, the first time), but a take through the
+  -- owner itself (an owner that lost track of its ownership: nobody else
+  -- wants the bucket); a lease of nothing is answered alone.
   local retry = 0
   if mode == 'take' or tonumber(ARGV[9]) > 0 then
     local d = odl - now
     if d > 100000 then d = 100000 end
     retry = us_ms(d)
-    if ocon == '0' then
+    local by_owner = mode == 'take' and ARGV[7] ~= '' and ow == ARGV[7]
+    if ocon == '0' and not by_owner then
       ocon = '1'
       save()
     end
