@@ -350,9 +350,10 @@ func (c *Client) Allow(ctx context.Context, keys ...string) Decision {
 // (Source SourceDirect): one call, sent at once and coalesced with the
 // process's other decisions in flight, so the decision waits about one
 // round trip (at most until ctx ends; a decision whose ctx has already
-// ended is denied without a call, its RetryAfter Config.SettleInterval). A key a server denied is denied
-// locally until its bucket can serve again (the server's retry_after, at
-// most the bucket's fill time), without a call. Config.Fallback decides
+// ended is denied without a call, its RetryAfter Config.SettleInterval).
+// A key a server denied is denied locally until its bucket can serve again
+// (the server's retry_after, at most the bucket's fill time), without a
+// call. Config.Fallback decides
 // only while no server answers. Keys move to leases by themselves once
 // this process is admitted enough of them (Config.LeaseMinTokens).
 // Invalid keys, or n < 1, are denied with Source SourceDenied. A key named

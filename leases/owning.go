@@ -125,12 +125,12 @@ type OwningStore struct {
 }
 
 // maxCalls is the most store calls of the loop in flight at once, of
-// each kind but kindRenew (see collect); maxOwnTries the most acquisitions of a key sent
-// in a row whose answers were lost, before it goes back to being decided
-// by the store for a quarter of a TTL, and maxOwnRounds the most times
-// that happens in a row before the key is acquired only when asked for
-// again. keepLost is how many lost acquisitions' IDs a key keeps (see
-// OwnOp.Lost).
+// each kind but kindRenew (see collect); maxOwnTries the most
+// acquisitions of a key sent in a row whose answers were lost, before it
+// goes back to being decided by the store for a quarter of a TTL, and
+// maxOwnRounds the most times that happens in a row before the key is
+// acquired only when asked for again. keepLost is how many lost
+// acquisitions' IDs a key keeps (see OwnOp.Lost).
 const (
 	maxCalls     = 4
 	maxOwnTries  = 3
