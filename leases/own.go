@@ -19,13 +19,12 @@ import (
 //     within the last lease TTL (TakeOp.Server names the server a take
 //     comes through; a bucket taken through several servers, as behind a
 //     load balancer that spreads one key's requests, is never owned, for
-//     the owner would refuse the others' takes). The store records the owner, its deadline (now +
-//     Bucket.LeaseTTL) and the bucket's level L0 at that moment t0, and
-//     answers L0 and t0: the owner runs the bucket from there, refilling at
-//     the rule's rate up to its burst, counting time from when its request
-//     was sent (so its clock lags the store's, never leads it).
-//     The store keeps the ID of the op that began the ownership
-//     (OwnOp.ID).
+//     the owner would refuse the others' takes). The store records the
+//     owner, its deadline (now + Bucket.LeaseTTL), the ID of the op
+//     (OwnOp.ID) and the bucket's level L0 at that moment t0, and answers
+//     L0 and t0: the owner runs the bucket from there, refilling at the
+//     rule's rate up to its burst, counting time from when its request was
+//     sent (so its clock lags the store's, never leads it).
 //   - Renew (OwnOp.Renew) by the same owner before the deadline, with
 //     that ID: the deadline moves to now + TTL; nothing else changes. The
 //     answer says whether a take or a lease was refused because of the
@@ -38,8 +37,9 @@ import (
 //     the bucket it held before the expiry.
 //   - Own by the same owner with another ID (an acquisition that finds an
 //     ownership of its server live, or a renewal of another one): when the
-//     op is an acquisition and the ownership's ID is among the op's Lost — an acquisition of the same server whose answer was lost,
-//     from which nobody decided anything — it begins afresh: the level is
+//     op is an acquisition and the ownership's ID is among the op's Lost
+//     (begun by an acquisition of the same server whose answer was lost,
+//     from which nobody decided anything), it begins afresh: the level is
 //     L0 + rate·(now − t0), under the burst, as if it had never begun, and
 //     the answer is that of an acquisition, with the new ID kept. Otherwise
 //     nothing changes, and the answer says the bucket is owned (Owned, ID)
