@@ -829,6 +829,10 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			// fallback while the servers answer their takes
 			// (TestLeasedKeyStoreDownKeepsOthersTaken).
 			dd = c.offline(n, direct, now)
+		case ctx.Err() != nil:
+			// Ended before a call was made: no take (see takeDirect), no
+			// probe of the servers spent, nothing counted as sent.
+			dd = Decision{Source: SourceDirect, RetryAfter: c.cfg.SettleInterval}
 		case c.online.Load() || c.probe(now):
 			c.directs.Add(1)
 			probes := c.claimProbes(direct, foreign)

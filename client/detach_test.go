@@ -238,3 +238,29 @@ func TestRefusedProbeEndsOutage(t *testing.T) {
 	assert.Equal(t, SourceRefused, d.Source)
 	assert.True(t, c.Stats().Online, "the server answers, refusing")
 }
+
+// TestCanceledDecisionSpendsNoProbe (found by review): a decision whose
+// context has ended, made while the client is offline and its backoff has
+// just run out, makes no call; it used to spend the one probe of the
+// period and count as a direct take all the same, so the next live
+// decision went to the fallback (here denied) while the servers answered.
+func TestCanceledDecisionSpendsNoProbe(t *testing.T) {
+	url, calls := lyingServer(t, allowAnswer)
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{url}, Fallback: FallbackClosed}, clk)
+	// After an outage whose backoff has just ended: the next decision probes.
+	c.online.Store(false)
+	c.directBackoff.Store(int64(time.Second))
+	c.directRetryAt.Store(clk.nanos())
+
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	d := c.Allow(gone, "b:canceled")
+	require.False(t, d.Allowed)
+	assert.Zero(t, calls.Load(), "no call for the canceled decision")
+	assert.Zero(t, c.Stats().DirectDecisions, "nothing was sent as a direct take")
+
+	d = c.Allow(context.Background(), "b:live")
+	assert.Equal(t, SourceDirect, d.Source, "the live decision probes the servers, which answer: %+v", d)
+	assert.True(t, d.Allowed)
+}
