@@ -712,7 +712,13 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			// share, and would take tokens outside the fair share that
 			// leases keep.
 			l := ks.active.Load()
-			roomy := !waitedLease && c.ranOutRoomy(ks, l, now)
+			// Only a lease that ran out (or is closed) has a renewal
+			// coming for it: a live one with fewer tokens left than
+			// this decision wants is renewed at its usual point, and a
+			// decision waiting for that waited the whole RequestTimeout
+			// to be denied (found by review).
+			ranOut := l == nil || l.left() == 0 || now >= l.deadline
+			roomy := !waitedLease && ranOut && c.ranOutRoomy(ks, l, now)
 			var changed <-chan struct{}
 			if roomy {
 				changed = ks.waitCh() // before the loop is woken: see awaitChange

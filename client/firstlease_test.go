@@ -392,3 +392,39 @@ rules:
 		})
 	}
 }
+
+// TestRoomyPartialLeaseNoPointlessWait (found by review): a roomy key
+// whose live lease holds fewer tokens than a decision wants (10 left,
+// AllowN(15)) has no renewal coming before its usual point: the decision
+// waited for one for the whole RequestTimeout (on this clock, for ever;
+// on the real clock 1.0 s), then was denied. It is denied at once now.
+func TestRoomyPartialLeaseNoPointlessWait(t *testing.T) {
+	const rules = `
+rules:
+  - {name: s, match: "s:*", limit: 1, period: 1h, burst: 1000, lease_ttl: 2s}
+`
+	srv := leasetest.Start(t, rules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 50}, clk)
+	ctx := context.Background()
+	require.True(t, c.Allow(ctx, "s:k").Allowed)
+	ks := c.state("s:k")
+	require.Eventually(t, func() bool { return ks.active.Load() != nil }, 5*time.Second, time.Millisecond)
+	l := ks.active.Load()
+	require.True(t, c.ranOutRoomy(ks, l, clk.nanos()), "the key is roomy")
+	for l.left() > 10 {
+		require.True(t, c.Allow(ctx, "s:k").Allowed)
+	}
+	left := l.left()
+	done := make(chan Decision, 1)
+	go func() { done <- c.AllowN(ctx, left+5, "s:k") }()
+	select {
+	case d := <-done:
+		assert.False(t, d.Allowed)
+		assert.Equal(t, SourceLease, d.Source)
+	case <-time.After(3 * time.Second):
+		clk.move(time.Second) // RequestTimeout: the wait's bound
+		d := <-done
+		t.Fatalf("AllowN(%d) with %d left in a live lease waited for a renewal no one asks for; after RequestTimeout: %+v", left+5, left, d)
+	}
+}
