@@ -720,6 +720,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			ranOut := l == nil || l.left() == 0 || now >= l.deadline
 			roomy := !waitedLease && ranOut && c.ranOutRoomy(ks, l, now)
 			var changed <-chan struct{}
+			answers := ks.answers.Load()
 			if roomy {
 				changed = ks.waitCh() // before the loop is woken: see awaitChange
 			}
@@ -734,9 +735,10 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 				// waits for the renewal, as for a first lease, rather
 				// than be denied. So it does when the loop has closed the
 				// spent-out lease to ask for the next (l nil, or nil by
-				// the time it waits: a closing wakes no waiter). It waits
-				// for the key's next change, unless the answer came
-				// already (a lease neither l nor nil, or need cleared: a
+				// the time it waits), or past its deadline (the loop's
+				// closing of it is no answer: see awaitLease). It waits
+				// for the loop's answer, unless the answer came already
+				// (a lease neither l nor nil, or need cleared: a
 				// refusal), or the key is no longer leased or forgotten.
 				// Served by no lease, the decision is made again (no
 				// second wait): denied for as long as the server said if
@@ -745,7 +747,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 				// demoting has no lease either), else denied as below.
 				waitedLease = true
 				again := letGo()
-				nl := c.awaitLease(ctx, ks, n, budget(), changed, func() bool {
+				nl := c.awaitLease(ctx, ks, n, budget(), changed, answers, func() bool {
 					a := ks.active.Load()
 					return (a == l || a == nil) && ks.need.Load() && ks.leasing.Load() && !ks.dead.Load()
 				})
@@ -793,6 +795,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			held := storeDown(ks, now)
 			wait := !waitedLease && ks.deadline.Load() == 0 && c.leasesOnline.Load() && !held
 			var changed <-chan struct{}
+			answers := ks.answers.Load()
 			if wait {
 				changed = ks.waitCh() // before the loop is woken: see awaitChange
 			}
@@ -803,7 +806,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			if wait {
 				waitedLease = true
 				again := !ks.shaped.Load() && letGo()
-				l := c.awaitLease(ctx, ks, n, budget(), changed, func() bool {
+				l := c.awaitLease(ctx, ks, n, budget(), changed, answers, func() bool {
 					return ks.active.Load() == nil && ks.deadline.Load() == 0 && ks.leasing.Load()
 				})
 				if leaseWaited(ks, l, again) {
@@ -969,14 +972,31 @@ func (c *Client) young(ks *keyState) bool {
 
 // awaitLease waits for a lease of ks while waiting holds (see
 // awaitChange), then spends n tokens from the key's active lease: it
-// returns that lease, or nil when none could serve.
-func (c *Client) awaitLease(ctx context.Context, ks *keyState, n int64, limit time.Duration, changed <-chan struct{}, waiting func() bool) *lease {
-	c.awaitChange(ctx, ks, limit, changed, waiting, 0)
-	if l := ks.active.Load(); l != nil && l.spend(n, c) {
-		ks.unserved.Add(-n) // served after all
-		return l
+// returns that lease, or nil when none could serve. answers is
+// ks.answers as the caller read it before it woke the loop: a change that
+// is no answer of the loop's (a lease closed at its deadline, which the
+// loop then asks to replace) does not end the wait while waiting holds
+// and limit lasts (found by review: a roomy key's decision whose
+// spent-out lease expired before the loop's tick woke at the closing and
+// was denied, its renewal granted a moment later).
+func (c *Client) awaitLease(ctx context.Context, ks *keyState, n int64, limit time.Duration, changed <-chan struct{}, answers int64, waiting func() bool) *lease {
+	end := c.nanos() + int64(limit)
+	for {
+		c.awaitChange(ctx, ks, time.Duration(end-c.nanos()), changed, waiting, 0)
+		if l := ks.active.Load(); l != nil && l.spend(n, c) {
+			ks.unserved.Add(-n) // served after all
+			return l
+		}
+		select {
+		case <-c.stopped:
+			return nil
+		default:
+		}
+		if ks.answers.Load() != answers || ctx.Err() != nil || c.nanos() >= end || !waiting() {
+			return nil
+		}
+		changed = nil // taken again, after the change that woke it
 	}
-	return nil
 }
 
 // claimProbes marks the young keys of a direct take (see young) that no

@@ -393,25 +393,36 @@ rules:
 	}
 }
 
+// roomyRules makes "s:k" a roomy key: a bucket of 1,000 that its lease
+// of about 50 leaves at least twice as full.
+const roomyRules = `
+rules:
+  - {name: s, match: "s:*", limit: 1, period: 1h, burst: 1000, lease_ttl: 2s}
+`
+
+// roomyLeased returns a client of the server at url on clk, with "s:k"
+// promoted (LeaseMinTokens 1) and holding its first lease l, roomy.
+func roomyLeased(t *testing.T, url string, clk *testClock) (*Client, *lease) {
+	t.Helper()
+	c := clockedClient(t, Config{Servers: []string{url}, LeaseMinTokens: 1, InitialBatch: 50}, clk)
+	require.True(t, c.Allow(context.Background(), "s:k").Allowed)
+	ks := c.state("s:k")
+	require.Eventually(t, func() bool { return ks.active.Load() != nil }, 5*time.Second, time.Millisecond)
+	l := ks.active.Load()
+	require.True(t, c.ranOutRoomy(ks, l, clk.nanos()), "the key is roomy")
+	return c, l
+}
+
 // TestRoomyPartialLeaseNoPointlessWait (found by review): a roomy key
 // whose live lease holds fewer tokens than a decision wants (10 left,
 // AllowN(15)) has no renewal coming before its usual point: the decision
 // waited for one for the whole RequestTimeout (on this clock, for ever;
 // on the real clock 1.0 s), then was denied. It is denied at once now.
 func TestRoomyPartialLeaseNoPointlessWait(t *testing.T) {
-	const rules = `
-rules:
-  - {name: s, match: "s:*", limit: 1, period: 1h, burst: 1000, lease_ttl: 2s}
-`
-	srv := leasetest.Start(t, rules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
+	srv := leasetest.Start(t, roomyRules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
 	clk := newTestClock()
-	c := clockedClient(t, Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 50}, clk)
+	c, l := roomyLeased(t, srv.URL(), clk)
 	ctx := context.Background()
-	require.True(t, c.Allow(ctx, "s:k").Allowed)
-	ks := c.state("s:k")
-	require.Eventually(t, func() bool { return ks.active.Load() != nil }, 5*time.Second, time.Millisecond)
-	l := ks.active.Load()
-	require.True(t, c.ranOutRoomy(ks, l, clk.nanos()), "the key is roomy")
 	for l.left() > 10 {
 		require.True(t, c.Allow(ctx, "s:k").Allowed)
 	}
@@ -427,4 +438,46 @@ rules:
 		d := <-done
 		t.Fatalf("AllowN(%d) with %d left in a live lease waited for a renewal no one asks for; after RequestTimeout: %+v", left+5, left, d)
 	}
+}
+
+// TestRoomyExpiredLeaseWaitsForRenewal (found by review): a roomy key's
+// spent-out lease passes its deadline before the settle loop's next scan
+// (a paused process). The decision that wakes the loop waits for the
+// renewal: the loop's closing of the expired lease, which wakes the key's
+// waiters, used to end the wait, and the decision was denied while the
+// renewal it woke the loop for was granted a moment later.
+func TestRoomyExpiredLeaseWaitsForRenewal(t *testing.T) {
+	srv := leasetest.Start(t, roomyRules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
+	var hold atomic.Bool
+	g := newGate(t, srv.URL(), func(req *protocol.LeaseRequest) bool {
+		return len(req.Leases) > 0 && hold.Load()
+	})
+	clk := newTestClock()
+	c, l := roomyLeased(t, g.url, clk)
+	ctx := context.Background()
+
+	hold.Store(true)
+	for l.left() > 0 {
+		require.True(t, c.Allow(ctx, "s:k").Allowed)
+	}
+	// The process "pauses" past the lease's deadline: no tick ran.
+	clk.move(time.Duration(l.deadline-clk.nanos()) + time.Millisecond)
+
+	var d Decision
+	done := make(chan struct{})
+	go func() { d = c.Allow(ctx, "s:k"); close(done) }()
+	select {
+	case <-g.arrived: // the loop asks for the renewal, which the gate holds
+	case <-time.After(5 * time.Second):
+		t.Fatal("no renewal asked for")
+	}
+	select {
+	case <-done:
+		t.Errorf("the decision returned before the renewal was answered: %+v", d)
+	case <-time.After(200 * time.Millisecond):
+	}
+	g.open(g.pass)
+	<-done
+	assert.True(t, d.Allowed, "served by the renewal it waited for: %+v", d)
+	assert.Equal(t, SourceLease, d.Source)
 }

@@ -197,6 +197,7 @@ type keyState struct {
 	limits       atomic.Pointer[[]LimitState] // the rule's limits as of the latest answer (see LimitState)
 	shaped       atomic.Bool                  // the key's rule shapes (leaky_bucket), from any answer
 	storeDown    atomic.Int64                 // client clock: decided as offline until then, without a call (the store failed for this key alone)
+	answers      atomic.Int64                 // lease answers (or failures) the loop applied to the key: see answered
 
 	// mu guards its fields.
 	mu struct {
@@ -286,6 +287,15 @@ func (ks *keyState) waitCh() <-chan struct{} {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
 	return ks.mu.ready
+}
+
+// answered counts an answer to a lease call for the key (a grant, a
+// refusal, an entry's error, the call's failure) and wakes its waiters: a
+// decision waiting for its lease waits on through the other changes (a
+// lease closed at its deadline), until an answer or its time is up.
+func (ks *keyState) answered() {
+	ks.answers.Add(1)
+	ks.notify()
 }
 
 // notify wakes every caller waiting on the key.

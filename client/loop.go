@@ -668,7 +668,7 @@ func (c *Client) apply(r callResult, retryAt, backoff *int64) {
 				p.ks.refused.Store(true)
 				p.ks.refusal.Store(re)
 				p.ks.extendDenial(now + int64(refusalHold))
-				p.ks.notify()
+				p.ks.answered()
 			}
 		}
 		return
@@ -679,7 +679,7 @@ func (c *Client) apply(r callResult, retryAt, backoff *int64) {
 	c.noteLeaseError(r.err)
 	for _, p := range failed {
 		if p.want > 0 {
-			p.ks.notify() // waiters decide without the lease now
+			p.ks.answered() // waiters decide without the lease now
 		}
 	}
 }
@@ -721,7 +721,7 @@ func (c *Client) evict(n int, skip map[*keyState]bool) {
 
 func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64) {
 	ks := p.ks
-	defer ks.notify()
+	defer ks.answered()
 	if p.settling != nil && ks.run.slots[p.slot] == p.settling {
 		// Settled, or unknown to the server (expired): gone either way.
 		ks.run.slots[p.slot] = nil
