@@ -262,13 +262,12 @@ func (s *RedisStore) run(ctx context.Context, algs []Algorithm, keys [][]string,
 // did but the failure is taken as partial (RedisOptions.PartialWindow);
 // otherwise err, wrapping ErrStoreUnavailable.
 func (s *RedisStore) ran(ctx context.Context, cmds []*redis.Cmd, err error) ([]*redis.Cmd, error) {
-	if cc, ok := s.rdb.(*redis.ClusterClient); ok && err != nil && slices.ContainsFunc(cmds, unreachable) {
-		// A node did not answer: the cluster may have failed over to
-		// another, which a dead node never says (MOVED). go-redis reads
-		// the slots again on MOVED only, else once a minute; this asks it
-		// to now (lazily, at most every 200 ms), so that a moved slot's
-		// keys fail for about a round trip, not a minute.
-		cc.ReloadState(ctx)
+	if err != nil {
+		for _, c := range cmds {
+			if RereadSlots(s.rdb, c.Err()) {
+				break
+			}
+		}
 	}
 	if err == nil || slices.ContainsFunc(cmds, func(c *redis.Cmd) bool { return cmdFailed(c) == nil }) {
 		if s.partial >= 0 {
@@ -331,8 +330,7 @@ var probeKeys = func() (keys [64]string) {
 // clusterServes reports whether a master of cc answers CLUSTER INFO with
 // cluster_state:ok, within limit when it is positive. With one node down,
 // the others say ok until the cluster declares the node failed, and for
-// good with
-// cluster-require-full-coverage no; once it has declared it failed under
+// good with cluster-require-full-coverage no; once it has declared it failed under
 // the default (yes), they say fail, and refuse every key (CLUSTERDOWN): the
 // store is down, not some keys. The masters come from the client's map of
 // the slots as it stands: ForEachMaster would read the map from a node
@@ -364,12 +362,22 @@ func clusterServes(ctx context.Context, cc *redis.ClusterClient, limit time.Dura
 	return false
 }
 
-// unreachable reports whether c failed without an answer from Redis (a
-// connection refused or reset, a timeout), not with a Redis error reply.
-func unreachable(c *redis.Cmd) bool {
-	err := c.Err()
-	_, reply := errors.AsType[redis.Error](err)
-	return err != nil && !reply
+// RereadSlots has rdb, when it is a Redis Cluster client, read its map of
+// the slots again (lazily, at most every 200 ms) when err came without an
+// answer from Redis (a connection refused or reset, a timeout), not with a
+// Redis error reply; it reports whether it did. A node that did not answer
+// may have been failed over to another, which a dead node never says
+// (MOVED): go-redis reads the slots again on MOVED only, else once a
+// minute, and a moved slot's keys would fail for that long, not for about
+// a round trip. RedisStore does it for its commands; rateleased's rule
+// database for its reads.
+func RereadSlots(rdb redis.UniversalClient, err error) bool {
+	cc, ok := rdb.(*redis.ClusterClient)
+	if _, reply := errors.AsType[redis.Error](err); !ok || err == nil || reply {
+		return false
+	}
+	cc.ReloadState(context.Background())
+	return true
 }
 
 // cmdFailed returns the error of a command of run's pipeline that failed on

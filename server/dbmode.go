@@ -14,7 +14,6 @@ import (
 
 	"github.com/ratelease/ratelease/leases"
 	"github.com/ratelease/ratelease/protocol"
-	"github.com/redis/go-redis/v9"
 )
 
 // Defaults of the rule database's cache (see Options.RuleDB).
@@ -140,7 +139,7 @@ func (s *Server) syncDBLocked(ctx context.Context) error {
 	d := s.db
 	vals, err := d.db.rdb.MGet(ctx, d.db.key("version"), d.db.key("setversion")).Result()
 	if err != nil {
-		rereadSlots(d.db.rdb, err)
+		leases.RereadSlots(d.db.rdb, err) // the node that holds the database may have failed over
 		return fmt.Errorf("read rule database version: %w", unavailable(err))
 	}
 	ver, setVer := intOf(vals[0]), intOf(vals[1])
@@ -344,7 +343,7 @@ func (c *overrideCache) Lookup(ctx context.Context, keys []string) (map[string]*
 	}
 	vals, err := c.db.rdb.HMGet(ctx, c.db.OverridesKey(), missing...).Result()
 	if err != nil {
-		rereadSlots(c.db.rdb, err)
+		leases.RereadSlots(c.db.rdb, err)
 		return c.stale(out, missing, now, fmt.Errorf("read overrides: %w", unavailable(err)))
 	}
 	rules := make([]*leases.Rule, len(missing))
@@ -448,16 +447,4 @@ func (c *overrideCache) stats() (lookups, misses uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.lookups, c.misses
-}
-
-// rereadSlots has a Redis Cluster client read the map of the slots again
-// (lazily, at most every 200 ms) when err came without an answer from
-// Redis: the node that holds the rule database may have failed over, and a
-// dead node never answers MOVED (see leases.RedisStore, which does the
-// same for its own commands).
-func rereadSlots(rdb redis.UniversalClient, err error) {
-	cc, ok := rdb.(*redis.ClusterClient)
-	if _, reply := errors.AsType[redis.Error](err); ok && err != nil && !reply {
-		cc.ReloadState(context.Background())
-	}
 }
