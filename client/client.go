@@ -141,7 +141,8 @@ type Stats struct {
 	// direct decisions go to the fallback (a direct take went unanswered,
 	// and no call of either kind has been answered since), or while lease
 	// calls go unanswered (the servers may still answer direct takes, and
-	// the fallback then decides nothing).
+	// the fallback then decides nothing): from a failed lease call until
+	// one is answered, or until no key holds or wants a lease any more.
 	Online bool
 }
 
@@ -194,7 +195,9 @@ type Client struct {
 	// online and leasesOnline are the two paths' views of the servers:
 	// online is cleared by a failed direct take only (decisions go to
 	// Fallback while it is false, see probe), leasesOnline by a failed
-	// lease call only (decisions wait for leases only while it is true).
+	// lease call only (decisions wait for leases only while it is true),
+	// and set again by an answered one or once the loop holds no key (no
+	// call left to make again, see loop).
 	// A failure of the one path says nothing of the other: lease calls
 	// failing (a server or a proxy that fails them alone) once sent every
 	// direct decision to the fallback while the servers answered its

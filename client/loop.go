@@ -105,6 +105,17 @@ func (c *Client) loop() {
 		if len(items) > 0 {
 			inflight++
 			go func() { results <- c.send(context.Background(), items) }()
+		} else if inflight == 0 && len(c.run.leased) == 0 && backoff != 0 {
+			// Lease calls failed, and the loop has dropped every key it
+			// kept leases for: no call is waiting to be made again, and a
+			// failure of calls nobody makes any longer says nothing of
+			// the servers. Left as it was, Stats.Online stayed false until
+			// a key was leased again, however long the servers answered
+			// every direct take (TestOnlineAfterLeaseCallsStop); the next
+			// promoted key starts as the first one did: it waits for its
+			// first lease, and the loop asks at once.
+			backoff, retryAt = 0, 0
+			c.leasesOnline.Store(true)
 		}
 	}
 }

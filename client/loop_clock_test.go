@@ -448,3 +448,58 @@ rules:
 		t.Fatal("no lease asked for")
 	}
 }
+
+// TestOnlineAfterLeaseCallsStop: lease calls that failed, and then stopped
+// because no key wanted a lease any more, leave the client online once the
+// loop holds no key: a failure of calls nobody makes any longer says
+// nothing of the servers. The old client cleared Stats.Online at the
+// failed lease call and set it again only at an answered one, so it
+// reported the servers down for as long as no key was leased again (here
+// for a minute of the loop's ticks), while every direct take was answered.
+func TestOnlineAfterLeaseCallsStop(t *testing.T) {
+	srv := leasetest.Start(t, sRules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
+	target, err := url.Parse(srv.URL())
+	require.NoError(t, err)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	var failLeases atomic.Bool
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if failLeases.Load() && bytes.Contains(body, []byte(`"lease_id"`)) {
+			http.Error(w, "lease calls fail", http.StatusServiceUnavailable)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{proxy.URL}, LeaseMinTokens: 1, InitialBatch: 50, MaxRetryWait: 100 * time.Millisecond}, clk)
+	ctx := context.Background()
+
+	require.Equal(t, SourceDirect, c.Allow(ctx, "s:k").Source)
+	require.Eventually(t, func() bool { return c.Stats().KeysHeld == 1 }, 5*time.Second, time.Millisecond)
+
+	// Unused, the lease is returned at its renewal point, and the return
+	// fails (its retries included: the call is over): offline while the
+	// return waits to be sent again.
+	failLeases.Store(true)
+	clk.advance(t, time.Second)
+	require.Eventually(t, func() bool { return c.Stats().ServerErrors > 0 }, 5*time.Second, time.Millisecond)
+	clk.advance(t, 0) // the failure is applied
+	require.False(t, c.Stats().Online, "lease calls go unanswered")
+
+	// The lease calls answer again, too late: the lease reaches its
+	// deadline before the return is sent again, and nothing is left to
+	// return. The client has no lease to ask for or return, and its
+	// direct takes are answered: once the loop has dropped the key, it is
+	// online.
+	failLeases.Store(false)
+	clk.advance(t, 1100*time.Millisecond)
+	ks := c.state("s:k")
+	for i := 0; !c.Stats().Online; i++ {
+		require.Less(t, i, 600, "still offline after a minute of ticks; the key leasing: %v, held: %d", ks.leasing.Load(), c.Stats().KeysHeld)
+		clk.advance(t, 100*time.Millisecond)
+	}
+	require.Equal(t, int64(1), c.Stats().ServerErrors)
+	assert.Zero(t, c.Stats().KeysHeld)
+}
