@@ -657,7 +657,11 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			direct = append(direct, ks)
 			continue
 		}
-		if l := ks.active.Load(); l != nil && l.spend(n, c) {
+		l := ks.active.Load()
+		if l != nil && !l.spend(n, c) {
+			l = ks.spendAgain(l, n, c)
+		}
+		if l != nil {
 			done = append(done, spent{l: l, ks: ks})
 			d.leased(l, ks)
 			continue
@@ -986,7 +990,11 @@ func (c *Client) awaitLease(ctx context.Context, ks *keyState, n int64, limit ti
 	end := c.nanos() + int64(limit)
 	for {
 		c.awaitChange(ctx, ks, time.Duration(end-c.nanos()), changed, waiting, 0)
-		if l := ks.active.Load(); l != nil && l.spend(n, c) {
+		l := ks.active.Load()
+		if l != nil && !l.spend(n, c) {
+			l = ks.spendAgain(l, n, c)
+		}
+		if l != nil {
 			ks.unserved.Add(-n) // served after all
 			return l
 		}

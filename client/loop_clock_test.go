@@ -503,3 +503,61 @@ func TestOnlineAfterLeaseCallsStop(t *testing.T) {
 	require.Equal(t, int64(1), c.Stats().ServerErrors)
 	assert.Zero(t, c.Stats().KeysHeld)
 }
+
+// hookClock is a testClock whose nanos runs onNanos once, when armed: a
+// test steps in at the moment a decision reads the clock.
+type hookClock struct {
+	*testClock
+	onNanos atomic.Pointer[func()]
+}
+
+func (k *hookClock) nanos() int64 {
+	if f := k.onNanos.Swap(nil); f != nil {
+		(*f)()
+	}
+	return k.testClock.nanos()
+}
+
+// TestRenewalSwapDeniesNothing: the settle loop installs a key's renewal,
+// then closes the lease it replaced, while decisions spend from it. A
+// decision that read the old lease before the swap and spent from it
+// after the close found it closed, and took the new lease, full, for one
+// not run out: it was denied (SourceLease, RetryAfter a tick) on a bucket
+// of a billion tokens. Found by make bench: one decision denied in 73 M in
+// the closed-loop hot-path run, on a lease installed a moment before with
+// 27,479,776 of its 27,480,019 tokens left. Here the swap is made at the
+// decision's clock read inside the spend of a strict lease (one past its
+// late renewal point), as the loop does it: setActive, then closeLease.
+func TestRenewalSwapDeniesNothing(t *testing.T) {
+	const bigRules = `
+rules:
+  - {name: big, match: "big:*", limit: 1000000000, period: 1s, burst: 1000000000, lease_ttl: 2s}
+`
+	srv := leasetest.Start(t, bigRules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
+	clk := &hookClock{testClock: newTestClock()}
+	c := clockedClient(t, Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 1000}, clk)
+	ctx := context.Background()
+	require.Equal(t, SourceDirect, c.Allow(ctx, "big:k").Source)
+	require.Eventually(t, func() bool { return c.Stats().KeysHeld == 1 }, 5*time.Second, time.Millisecond)
+	ks := c.state("big:k")
+	old := ks.active.Load()
+	require.NotNil(t, old)
+	require.Equal(t, SourceLease, c.Allow(ctx, "big:k").Source)
+
+	// The renewal: a lease as the loop makes one (applyOne), in the other
+	// slot, installed when the decision reads the clock in old.spend.
+	renewal := &lease{id: "renewal", slot: 1 - old.slot, granted: 500, halfway: old.halfway, deadline: old.deadline}
+	renewal.remaining.Store(500)
+	old.strict.Store(true)
+	swap := func() {
+		if prev := c.setActive(ks, renewal); prev != nil {
+			ks.closeLease(prev)
+		}
+	}
+	clk.onNanos.Store(&swap)
+	d := c.Allow(ctx, "big:k")
+	require.Nil(t, clk.onNanos.Load(), "the decision read the clock")
+	assert.True(t, d.Allowed, "%+v", d)
+	assert.Equal(t, SourceLease, d.Source)
+	assert.Equal(t, int64(499), renewal.left(), "spent from the renewal")
+}
