@@ -111,6 +111,19 @@ func (k *testClock) advance(t *testing.T, d time.Duration) {
 	}
 }
 
+// leaseOnClock makes c's first decision on key, direct, which promotes it
+// (Config.LeaseMinTokens 1), and waits for the key's first lease, asked for
+// by the loop at once. It returns the key and its lease.
+func leaseOnClock(t *testing.T, c *Client, key string) (*keyState, *lease) {
+	t.Helper()
+	require.Equal(t, SourceDirect, c.Allow(context.Background(), key).Source)
+	require.Eventually(t, func() bool { return c.Stats().KeysHeld == 1 }, 5*time.Second, time.Millisecond)
+	ks := c.state(key)
+	l := ks.active.Load()
+	require.NotNil(t, l)
+	return ks, l
+}
+
 // TestLoopOnChosenTimes drives the settle loop's clock: a key promoted to
 // leases gets its lease, which, spent from by nobody, is kept until its
 // renewal point (half its TTL), returned then, not renewed; the key costs
@@ -187,11 +200,7 @@ func TestStrictFromLateRenewalPoint(t *testing.T) {
 	c := clockedClient(t, Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 50}, clk)
 	ctx := context.Background()
 
-	require.Equal(t, SourceDirect, c.Allow(ctx, "s:k").Source)
-	require.Eventually(t, func() bool { return c.Stats().KeysHeld == 1 }, 5*time.Second, time.Millisecond)
-	ks := c.state("s:k")
-	l := ks.active.Load()
-	require.NotNil(t, l)
+	ks, l := leaseOnClock(t, c, "s:k")
 	for range 10 {
 		d := c.Allow(ctx, "s:k")
 		require.True(t, d.Allowed)
@@ -474,10 +483,7 @@ func TestOnlineAfterLeaseCallsStop(t *testing.T) {
 	t.Cleanup(proxy.Close)
 	clk := newTestClock()
 	c := clockedClient(t, Config{Servers: []string{proxy.URL}, LeaseMinTokens: 1, InitialBatch: 50, MaxRetryWait: 100 * time.Millisecond}, clk)
-	ctx := context.Background()
-
-	require.Equal(t, SourceDirect, c.Allow(ctx, "s:k").Source)
-	require.Eventually(t, func() bool { return c.Stats().KeysHeld == 1 }, 5*time.Second, time.Millisecond)
+	leaseOnClock(t, c, "s:k")
 
 	// Unused, the lease is returned at its renewal point, and the return
 	// fails (its retries included: the call is over): offline while the
@@ -537,11 +543,7 @@ rules:
 	clk := &hookClock{testClock: newTestClock()}
 	c := clockedClient(t, Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 1000}, clk)
 	ctx := context.Background()
-	require.Equal(t, SourceDirect, c.Allow(ctx, "big:k").Source)
-	require.Eventually(t, func() bool { return c.Stats().KeysHeld == 1 }, 5*time.Second, time.Millisecond)
-	ks := c.state("big:k")
-	old := ks.active.Load()
-	require.NotNil(t, old)
+	ks, old := leaseOnClock(t, c, "big:k")
 	require.Equal(t, SourceLease, c.Allow(ctx, "big:k").Source)
 
 	// The renewal: a lease as the loop makes one (applyOne), in the other
