@@ -80,13 +80,17 @@ type OwningOptions struct {
 // answered after the deadline the op set is handed back at its level.
 //
 // The loop does not wait for one call before the next: at each tick it
-// sends three kinds of call, each waiting for every node it reaches — the
-// renewals and releases of the keys whose last op did not fail, which
-// never wait for a slot; their acquisitions; and the ops of the keys whose
-// last op failed — the last two with four calls in flight at most. So a
-// stalled master delays no other key's renewal but those sent in the same
-// call as its keys' first failed renewals (by the read timeout, at half a
-// TTL from their deadlines). Each key has one op in flight at most.
+// sends three kinds of call — the renewals and releases of the keys whose
+// last op did not fail, which never wait for a slot; their acquisitions;
+// and the ops of the keys whose last op failed — the last two with four
+// calls in flight at most. A store call waits for every node it reaches,
+// so each is split into one call per node where the store names its nodes
+// (RedisStore on a Redis Cluster: the master of each key's slot, by the
+// client's map), each answer applied as it comes. So a stalled master
+// delays no other master's keys; on a store that does not name its nodes,
+// a key's renewal sent in the same call as a stalled master's keys' first
+// failed renewals waits the read timeout (at half a TTL from its
+// deadline). Each key has one op in flight at most.
 //
 // Only token_bucket buckets are owned; every other operation goes to the
 // store underneath, which must implement Owning.
@@ -113,8 +117,9 @@ type OwningStore struct {
 	stop chan struct{}
 	done chan struct{}
 	// calls counts the loop's store calls in flight: each tick may start
-	// one of each kind (see collect), so that a call stalled on one Redis
-	// master delays no renewal of another key. slots bounds the calls of
+	// one of each kind (see collect), each split by node (see send), so
+	// that a call stalled on one Redis master delays no renewal of another
+	// key. slots bounds the calls of
 	// the kinds that have no deadline (acquisitions, and the ops of keys
 	// whose last op failed); the renewals and releases of the others are
 	// bounded by the keys owned (one op in flight each), and never wait
@@ -776,8 +781,53 @@ func (s *OwningStore) collect(free [numKinds]bool) (calls [numKinds]ownCall) {
 	return calls
 }
 
-// send makes one store call of a step and applies its answers.
+// nodeNamer is implemented by a store whose buckets live on several nodes
+// (RedisStore on a Redis Cluster): nodeOf names the node that serves key's
+// bucket, "" when it has one node or does not know.
+type nodeNamer interface {
+	nodeOf(ctx context.Context, key string) string
+}
+
+// send makes one store call of a step and applies its answers: one call
+// per node of the store (see nodeNamer), concurrent, each applied as it
+// is answered. A store call waits for every node it reaches: made as one,
+// the first renewals of the keys of a master that had just stalled held
+// back the healthy keys' renewals due at the same tick for the read
+// timeout, past their deadlines at a short lease TTL, and the healthy
+// ownerships were lost with their tokens
+// (TestRedisClusterOwnStalledKeysSpareLiveRenewal).
 func (s *OwningStore) send(ctx context.Context, c *ownCall) {
+	nn, ok := s.inner.(nodeNamer)
+	if !ok || len(c.ops) < 2 {
+		s.sendNode(ctx, c)
+		return
+	}
+	var parts []ownCall
+	byNode := make(map[string]int)
+	for i := range c.ops {
+		node := nn.nodeOf(ctx, c.ops[i].Key)
+		j, seen := byNode[node]
+		if !seen {
+			j = len(parts)
+			byNode[node] = j
+			parts = append(parts, ownCall{})
+		}
+		parts[j].add(c.at[i].key, c.at[i].k, c.ops[i])
+	}
+	if len(parts) == 1 {
+		s.sendNode(ctx, c)
+		return
+	}
+	var wg sync.WaitGroup
+	for i := range parts {
+		wg.Go(func() { s.sendNode(ctx, &parts[i]) })
+	}
+	wg.Wait()
+}
+
+// sendNode makes one store call of a step, to one node, and applies its
+// answers.
+func (s *OwningStore) sendNode(ctx context.Context, c *ownCall) {
 	if len(c.ops) == 0 {
 		return
 	}

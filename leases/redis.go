@@ -582,6 +582,22 @@ func (s *RedisStore) State(ctx context.Context, key string, b Bucket) (BucketSta
 	return st, nil
 }
 
+// nodeOf names the master that serves key's bucket on a Redis Cluster, as
+// the client's map of the slots has it (see OwningStore.send); "" on a
+// single Redis, or when the map cannot be had.
+func (s *RedisStore) nodeOf(ctx context.Context, key string) string {
+	cc, ok := s.rdb.(*redis.ClusterClient)
+	if !ok {
+		return ""
+	}
+	h, _, _ := RedisKeys(key)
+	m, err := cc.MasterForKey(ctx, h)
+	if err != nil {
+		return ""
+	}
+	return m.Options().Addr
+}
+
 // Own implements Owning: the script's modes own and release (see the
 // header of scripts/token_bucket.lua for where the ownership is kept). A
 // direct take on a bucket nobody owns costs what it always did; a take or

@@ -557,6 +557,24 @@ func ownTakes(t *testing.T, s leases.Store, key string, b leases.Bucket, d time.
 	return taken, denied, failed, worst
 }
 
+// otherKeysOfNode returns n keys "other:<i>" that node (of a cluster of
+// three started by redistest.StartCluster) serves.
+func otherKeysOfNode(t *testing.T, rdb *redis.ClusterClient, node uint64, n int) []string {
+	t.Helper()
+	var out []string
+	for i := 0; len(out) < n; i++ {
+		require.Less(t, i, 10000)
+		k := fmt.Sprintf("other:%d", i)
+		h, _, _ := leases.RedisKeys(k)
+		slot, err := rdb.ClusterKeySlot(context.Background(), h).Result()
+		require.NoError(t, err)
+		if uint64(slot)*3/16384 == node {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
 // stallableCluster sets up shardSetup's cluster so that a stalled master
 // does not stop it serving (cluster-require-full-coverage no), and an
 // OwningStore over its store whose Own calls the test watches. The bucket
@@ -632,17 +650,7 @@ func TestRedisClusterOwnAcquisitionStalled(t *testing.T) {
 func TestRedisClusterOwnHungNodeSparesLiveKey(t *testing.T) {
 	cl, rdb, keys, owning, obs, b := stallableCluster(t)
 	// Keys of the master that will stall, besides keys[2].
-	var stalledKeys []string
-	for i := 0; len(stalledKeys) < 6; i++ {
-		require.Less(t, i, 10000)
-		k := fmt.Sprintf("other:%d", i)
-		h, _, _ := leases.RedisKeys(k)
-		slot, err := rdb.ClusterKeySlot(context.Background(), h).Result()
-		require.NoError(t, err)
-		if slot*3/16384 == 2 {
-			stalledKeys = append(stalledKeys, k)
-		}
-	}
+	stalledKeys := otherKeysOfNode(t, rdb, 2, 6)
 	for range 4 {
 		take := func() { _, _ = owning.Take(context.Background(), []leases.TakeOp{{Key: keys[0], Bucket: b, Cost: 1}}) }
 		take()
@@ -691,4 +699,60 @@ func TestRedisClusterOwnHungNodeSparesLiveKey(t *testing.T) {
 	// A take waits for its key's renewal only past its deadline: never,
 	// unless the renewal waited for the stalled master (500 ms).
 	require.Less(t, worst, 250*time.Millisecond, "a take of the live key waited for the stalled master")
+}
+
+// TestRedisClusterOwnStalledKeysSpareLiveRenewal: keys owned on a master
+// that stalls, renewed at the same ticks as a key owned on a live master.
+// Their first renewals after the stall, before any of their ops has
+// failed, went in one call with the live key's, which waited for the
+// stalled master's read timeout (500 ms); with a lease TTL of 200 ms the
+// live key's renewal came back past its deadline and its takes waited for
+// the next acquisition. The calls are now made per Redis node.
+func TestRedisClusterOwnStalledKeysSpareLiveRenewal(t *testing.T) {
+	cl, rdb, keys, owning, obs, b := stallableCluster(t)
+	b.LeaseTTL = 200 * time.Millisecond
+	all := append([]string{keys[0]}, otherKeysOfNode(t, rdb, 2, 4)...)
+	take := func(ctx context.Context, k string) {
+		_, _ = owning.Take(ctx, []leases.TakeOp{{Key: k, Bucket: b, Cost: 1}})
+	}
+	// Every key a candidate at once (MinTakes takes each, back to back),
+	// so that the loop acquires them at one tick and renews them at the
+	// same ticks.
+	for _, k := range all {
+		for range 4 {
+			take(context.Background(), k)
+		}
+	}
+	require.Eventually(t, func() bool { return owning.Stats().Owned == len(all) }, 5*time.Second, time.Millisecond, "every key owned")
+	cl.Nodes[2].Pause(t)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, k := range all[1:] {
+		wg.Go(func() {
+			// In use, so renewed rather than released.
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+				take(ctx, k)
+				cancel()
+			}
+		})
+	}
+	taken, denied, failed, worst := ownTakes(t, owning, keys[0], b, 1200*time.Millisecond)
+	close(stop)
+	wg.Wait()
+	stalled := 0
+	for len(obs.failed) > 0 {
+		if k := <-obs.failed; k != keys[0] {
+			stalled++
+		}
+	}
+	t.Logf("live key: %d taken, %d denied, %d failed, the longest take %v; %d ops on the stalled master's keys failed; owning stats %+v", taken, denied, failed, worst, stalled, owning.Stats())
+	require.Positive(t, stalled, "renewals were sent to the stalled master")
+	require.Zero(t, denied+failed, "takes of the live master's owned key denied or failed")
+	require.Less(t, worst, 100*time.Millisecond, "a take of the live key waited for the stalled master")
 }
