@@ -684,21 +684,29 @@ func TestRedisClusterOwnHungNodeSparesLiveKey(t *testing.T) {
 			}
 		})
 	}
-	taken, denied, failed, worst := ownTakes(t, owning, keys[0], b, 1800*time.Millisecond)
-	close(stop)
-	wg.Wait()
+	// A take waits for its key's renewal only past its deadline: never,
+	// unless the renewal waited for the stalled master (500 ms).
+	liveKeySpared(t, owning, obs, keys[0], b, 1800*time.Millisecond, 250*time.Millisecond, func() { close(stop); wg.Wait() })
+}
+
+// liveKeySpared takes keys[0], owned on a live master, for d (ownTakes),
+// calls done, and requires that ops on other keys failed (obs: sent to a
+// stalled master), that none of the live key's takes was denied or failed,
+// and that none waited as long as worst.
+func liveKeySpared(t *testing.T, owning *leases.OwningStore, obs *observedOwning, live string, b leases.Bucket, d, worst time.Duration, done func()) {
+	t.Helper()
+	taken, denied, failed, longest := ownTakes(t, owning, live, b, d)
+	done()
 	stalled := 0
 	for len(obs.failed) > 0 {
-		if k := <-obs.failed; k != keys[0] {
+		if k := <-obs.failed; k != live {
 			stalled++
 		}
 	}
-	t.Logf("live key: %d taken, %d denied, %d failed, the longest take %v; %d ops on the stalled master's keys failed; owning stats %+v", taken, denied, failed, worst, stalled, owning.Stats())
+	t.Logf("live key: %d taken, %d denied, %d failed, the longest take %v; %d ops on the stalled master's keys failed; owning stats %+v", taken, denied, failed, longest, stalled, owning.Stats())
 	require.Positive(t, stalled, "ops were sent to the stalled master")
-	require.Zero(t, denied+failed, "takes of the live master's owned key (95 tokens left), denied or failed")
-	// A take waits for its key's renewal only past its deadline: never,
-	// unless the renewal waited for the stalled master (500 ms).
-	require.Less(t, worst, 250*time.Millisecond, "a take of the live key waited for the stalled master")
+	require.Zero(t, denied+failed, "takes of the live master's owned key denied or failed")
+	require.Less(t, longest, worst, "a take of the live key waited for the stalled master")
 }
 
 // TestRedisClusterOwnStalledKeysSpareLiveRenewal: keys owned on a master
@@ -742,17 +750,5 @@ func TestRedisClusterOwnStalledKeysSpareLiveRenewal(t *testing.T) {
 			}
 		})
 	}
-	taken, denied, failed, worst := ownTakes(t, owning, keys[0], b, 1200*time.Millisecond)
-	close(stop)
-	wg.Wait()
-	stalled := 0
-	for len(obs.failed) > 0 {
-		if k := <-obs.failed; k != keys[0] {
-			stalled++
-		}
-	}
-	t.Logf("live key: %d taken, %d denied, %d failed, the longest take %v; %d ops on the stalled master's keys failed; owning stats %+v", taken, denied, failed, worst, stalled, owning.Stats())
-	require.Positive(t, stalled, "renewals were sent to the stalled master")
-	require.Zero(t, denied+failed, "takes of the live master's owned key denied or failed")
-	require.Less(t, worst, 100*time.Millisecond, "a take of the live key waited for the stalled master")
+	liveKeySpared(t, owning, obs, keys[0], b, 1200*time.Millisecond, 100*time.Millisecond, func() { close(stop); wg.Wait() })
 }
