@@ -622,7 +622,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			ks = c.state(ks.key)
 			states[i] = ks
 		}
-		if ks.unlimited.Load() && !ks.paused.Load() && c.unlimitedLive(ks) {
+		if ks.unlimited.Load() && c.unlimitedLive(ks) && !c.deniedFor(ks) {
 			if d.Source == SourceLease && d.Remaining < 0 {
 				d.Source = SourceUnlimited
 			}
@@ -683,7 +683,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 		du := ks.denyUntil.Load()
 		// A shaped key's denial says when its next slot is now; a caller
 		// that waits at least that long asks for the slot.
-		if du > now && !(ks.shaped.Load() && !ks.paused.Load() && !ks.refused.Load() && du-now <= int64(maxDelay)) {
+		if du > now && !(ks.shaped.Load() && ks.denyForUntil.Load() <= now && !ks.refused.Load() && du-now <= int64(maxDelay)) {
 			c.undo(n, done)
 			c.denied.Add(1)
 			if ks.refused.Load() {
@@ -700,9 +700,6 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 				c.promote(ks)
 			}
 			return Decision{Source: SourceRetryAfter, RetryAfter: time.Duration(du - now), Limits: ks.limitsView()}
-		}
-		if ks.paused.Load() {
-			ks.paused.Store(false) // a DenyFor that has run out
 		}
 		if l := ks.active.Load(); l != nil && l.shape != nil && now < l.deadline && !l.shape.exhausted(now) {
 			// A schedule of slots whose next slot is not yet due: denied
@@ -1109,6 +1106,13 @@ func (c *Client) offline(n int64, states []*keyState, now int64) Decision {
 // unlimitedLive reports whether an unlimited key may still be allowed
 // without asking: a key learned unlimited by a direct take is asked again
 // once its expiry passes (the rules may have changed).
+// deniedFor reports whether a DenyFor denies ks now. It reads the clock
+// only for a key DenyFor was ever called on.
+func (c *Client) deniedFor(ks *keyState) bool {
+	u := ks.denyForUntil.Load()
+	return u != 0 && c.nanos() < u
+}
+
 func (c *Client) unlimitedLive(ks *keyState) bool {
 	exp := ks.unlimitedExp.Load()
 	return exp == 0 || c.nanos() < exp
@@ -1178,20 +1182,12 @@ func (c *Client) DenyFor(d time.Duration, keys ...string) {
 			continue
 		}
 		ks := c.state(k)
-		for {
-			cur := ks.denyUntil.Load()
-			if cur >= until || ks.denyUntil.CompareAndSwap(cur, until) {
-				break
-			}
-		}
-		ks.paused.Store(true)
+		// denyForUntil first: see setDenial. The loop pauses a lease it
+		// installs meanwhile (see applyOne).
+		extend(&ks.denyForUntil, until)
+		ks.extendDenial(until)
 		if l := ks.active.Load(); l != nil {
-			for {
-				cur := l.pausedUntil.Load()
-				if cur >= until || l.pausedUntil.CompareAndSwap(cur, until) {
-					break
-				}
-			}
+			extend(&l.pausedUntil, until)
 			l.strict.Store(true)
 		}
 	}

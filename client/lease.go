@@ -153,7 +153,8 @@ func (l *lease) left() int64 {
 //	denied      denyUntil in the future: decided locally (denied) without
 //	            a call until then, whatever else holds. From a server's
 //	            retry_after (direct or leased; at most the bucket's fill
-//	            time, see Client.denial), or DenyFor (paused).
+//	            time, see Client.denial), or DenyFor (denyForUntil, which
+//	            a server's answer does not shorten).
 //	refused     refused with denied: the server refused the key (no rule
 //	            under default deny, or not this client's); asked again
 //	            after the denial.
@@ -203,7 +204,7 @@ type keyState struct {
 	need         atomic.Bool                  // the key wants a lease (promoted, or its lease ran out)
 	refused      atomic.Bool                  // the server refused the key (no rule, forbidden)
 	refusal      atomic.Pointer[RefusedError] // why, when it was forbidden; nil for no rule
-	paused       atomic.Bool                  // denyUntil comes from DenyFor
+	denyForUntil atomic.Int64                 // client clock (ns): DenyFor denies the key until then (denyUntil is never set before it, see setDenial)
 	dead         atomic.Bool                  // forgotten by the client; resolve again
 	closedUsed   atomic.Int64                 // tokens used from leases no longer active
 	deadline     atomic.Int64                 // client clock: deadline of the latest lease
@@ -362,9 +363,32 @@ func (c *Client) denial(ks *keyState, retry time.Duration) time.Duration {
 // extendDenial denies the key locally until until, unless it already is
 // for longer.
 func (ks *keyState) extendDenial(until int64) {
+	extend(&ks.denyUntil, until)
+}
+
+// setDenial sets the key's denial from a server's answer to until, earlier
+// or later than the one in force (the bucket can serve sooner than an
+// earlier answer said), but never before the end of a DenyFor: a renewal
+// in flight when DenyFor was called, answered with a short retry_after,
+// cut a DenyFor of a minute to that retry_after (found by review). DenyFor
+// extends denyForUntil before denyUntil, so a DenyFor that runs meanwhile
+// either changes denyUntil (the CAS fails, and the next round reads its
+// denyForUntil) or extends denyUntil after.
+func (ks *keyState) setDenial(until int64) {
 	for {
 		cur := ks.denyUntil.Load()
-		if cur >= until || ks.denyUntil.CompareAndSwap(cur, until) {
+		v := max(until, ks.denyForUntil.Load())
+		if cur == v || ks.denyUntil.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}
+
+// extend sets v to until if that is later.
+func extend(v *atomic.Int64, until int64) {
+	for {
+		cur := v.Load()
+		if cur >= until || v.CompareAndSwap(cur, until) {
 			return
 		}
 	}

@@ -760,7 +760,7 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 			} else {
 				ks.refusal.Store(nil)
 			}
-			ks.denyUntil.Store(now + int64(max(time.Second, c.cfg.Horizon)))
+			ks.setDenial(now + int64(max(time.Second, c.cfg.Horizon)))
 			ks.need.Store(false)
 			c.cfg.Logger.Warn("ratelease: server refused key", "key", ks.key, "code", res.Error.Code, "detail", res.Error.Detail)
 		case protocol.CodeStoreUnavailable:
@@ -774,7 +774,7 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 			ks.need.Store(false)
 		default:
 			c.cfg.Logger.Error("ratelease: lease entry failed", "key", ks.key, "code", res.Error.Code, "detail", res.Error.Detail)
-			ks.denyUntil.Store(now + int64(c.cfg.SettleInterval))
+			ks.extendDenial(now + int64(c.cfg.SettleInterval))
 		}
 		return
 	}
@@ -855,14 +855,29 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		if res.RetryAfterMillis <= 0 {
 			from = now
 		}
-		ks.denyUntil.Store(from + int64(c.denial(ks, wait)))
+		ks.setDenial(from + int64(c.denial(ks, wait)))
 		ks.need.Store(false)
 		return
 	}
 	ks.run.roomy = res.Granted >= p.want && res.Remaining >= 2*res.Granted && !shaped(res.Algorithm)
 	ttl := res.TTLMillis * int64(time.Millisecond)
 	l := &lease{id: res.LeaseID, slot: p.slot, granted: res.Granted, halfway: sent + ttl/2, deadline: sent + ttl}
+	if now >= l.deadline {
+		// Answered past its deadline (a slow call, retries: a call may
+		// take 2·RequestTimeout + 2·MaxRetryWait): dead on arrival, and
+		// the server may have expired it already. Installed, it was spent
+		// from without a clock read until the loop's next scan closed it
+		// (found by review: 5 tokens spent 100 ms past the deadline). Not
+		// installed, nothing to return; asked for again.
+		ks.need.Store(true)
+		return
+	}
 	l.remaining.Store(res.Granted)
+	if now >= c.lateAt(l) {
+		// Past its late renewal point already: every spend reads the
+		// clock (see spend), as scan would have made it at its next tick.
+		l.strict.Store(true)
+	}
 	if shaped(res.Algorithm) && res.Limit > 0 && res.PeriodMillis > 0 {
 		l.shape = newSlots(res.Granted, res.Limit, time.Duration(res.PeriodMillis)*time.Millisecond, time.Duration(res.DelayMillis)*time.Millisecond, sent, now)
 		l.strict.Store(true)
@@ -874,13 +889,12 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		l.freeze()
 		return
 	}
-	if du := ks.denyUntil.Load(); du > now && ks.paused.Load() {
+	if du := ks.denyForUntil.Load(); du > now {
 		// DenyFor is in force: the new lease waits too.
 		l.pausedUntil.Store(du)
 		l.strict.Store(true)
 	} else {
-		ks.denyUntil.Store(0)
-		ks.paused.Store(false)
+		ks.setDenial(0) // granted: the server can serve
 	}
 	if d := res.DelayMillis; d > 0 && l.shape == nil {
 		// A deferred grant: none of it is spent before its answer arrived
@@ -902,6 +916,12 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		if ks.run.slots[old.slot] == old {
 			ks.run.returnUsed[old.slot] = used
 		}
+	}
+	if du := ks.denyForUntil.Load(); du > now && l.pausedUntil.Load() < du {
+		// A DenyFor called since the check above paused the lease active
+		// then, not this one.
+		extend(&l.pausedUntil, du)
+		l.strict.Store(true)
 	}
 	// After the lease is active: a decision waiting for it (see
 	// Client.decide) sees the lease, or need still set, never neither.

@@ -1,0 +1,190 @@
+package client
+
+// Decisions racing the settle loop: each test steps in at the moment the
+// race needs (a driven clock, a hook at a clock read, a gate holding a
+// call), and failed on the code before its fix. Most were found by an
+// adversarial review of the decisions' races with the loop.
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ratelease/ratelease/e2e/leasetest"
+	"github.com/ratelease/ratelease/leases"
+	"github.com/ratelease/ratelease/protocol"
+)
+
+// condClock is a testClock whose nanos runs hook, while armed, at every
+// read by any goroutine (not re-entered) until hook returns true: a test
+// steps in at the first clock read after a condition holds.
+type condClock struct {
+	*testClock
+	hook atomic.Pointer[func() bool]
+	in   atomic.Bool
+}
+
+func (k *condClock) nanos() int64 {
+	if h := k.hook.Load(); h != nil && k.in.CompareAndSwap(false, true) {
+		if (*h)() {
+			k.hook.CompareAndSwap(h, nil)
+		}
+		k.in.Store(false)
+	}
+	return k.testClock.nanos()
+}
+
+// holdWant holds the lease calls that ask for tokens while hold is set.
+func holdWant(hold *atomic.Bool) func(*protocol.LeaseRequest) bool {
+	return func(req *protocol.LeaseRequest) bool {
+		if !hold.Load() {
+			return false
+		}
+		for _, e := range req.Leases {
+			if e.Want > 0 {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// renewalHeld starts a client on clk (tc: the testClock under it) through
+// a gate to a lease server of sRules, leases "s:k", spends its lease out
+// and moves the clock a tick: the loop settles the lease and asks for the
+// next, and the gate holds that call (hold is set; g.open answers it).
+func renewalHeld(t *testing.T, clk clock, tc *testClock) (*Client, *keyState, *gate, *atomic.Bool) {
+	t.Helper()
+	srv := leasetest.Start(t, sRules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
+	hold := new(atomic.Bool)
+	g := newGate(t, srv.URL(), holdWant(hold))
+	c := clockedClient(t, Config{Servers: []string{g.url}, LeaseMinTokens: 1, InitialBatch: 50}, clk)
+	ks, l := leaseOnClock(t, c, "s:k")
+	hold.Store(true)
+	for l.left() > 0 {
+		require.True(t, c.Allow(context.Background(), "s:k").Allowed)
+	}
+	tc.advance(t, 20*time.Millisecond)
+	select {
+	case <-g.arrived:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no renewal asked for")
+	}
+	return c, ks, g, hold
+}
+
+// TestLateLeaseNotSpentPastDeadline: a lease whose answer arrives after
+// its client deadline (sent + TTL: a slow call, retries) is dead on
+// arrival. Before, applyOne installed it as it was, not strict, and
+// decisions spent from it without reading the clock (one spend in eight
+// does) until the loop's next scan closed it: a decision stepping in at
+// the loop's first clock read after the install spent 5 tokens of a lease
+// 100 ms past its deadline, which the server may have expired already.
+// Now it is not installed, and the loop asks again.
+func TestLateLeaseNotSpentPastDeadline(t *testing.T) {
+	clk := &condClock{testClock: newTestClock()}
+	c, ks, g, _ := renewalHeld(t, clk, clk.testClock)
+	sent := clk.nanos()
+	// The answer comes after the lease's deadline, sent + 2 s.
+	clk.move(2100 * time.Millisecond)
+
+	var spent atomic.Int64
+	var fired atomic.Bool
+	var installed *lease
+	hook := func() bool {
+		a := ks.active.Load()
+		if a == nil { // the spent-out lease was closed to ask for the next
+			return false
+		}
+		installed = a
+		if a.deadline > clk.nanos() {
+			fired.Store(true)
+			return true // a lease asked for again after the late one: live
+		}
+		for range 16 {
+			if !a.spend(1, c) { // a decision's first step (Client.decide, Limiter.Allow)
+				break
+			}
+			spent.Add(1)
+		}
+		fired.Store(true)
+		return true
+	}
+	clk.hook.Store(&hook)
+	answers := ks.answers.Load()
+	// Granted 13 (not a multiple of 8, so the sampled clock read does
+	// not come at the first spend), a TTL of 2 s, as the server would.
+	g.open(func(w http.ResponseWriter, _ *http.Request, body []byte) {
+		var req protocol.LeaseRequest
+		_ = json.Unmarshal(body, &req)
+		var out protocol.LeaseResponse
+		for _, e := range req.Leases {
+			r := protocol.LeaseResult{Key: e.Key, Slot: e.Slot, Limit: 1000, PeriodMillis: 1000, Burst: 1000, Remaining: 900, SafeRate: 1000}
+			if e.Want > 0 {
+				r.LeaseID, r.Granted, r.TTLMillis = "late", min(e.Want, 13), 2000
+			}
+			out.Leases = append(out.Leases, r)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(out)
+	})
+	// The late answer is not installed: the loop asks again, at its next
+	// tick, and installs a live lease (before the fix: the late one, spent
+	// from past its deadline).
+	require.Eventually(t, func() bool { return ks.answers.Load() > answers }, 5*time.Second, time.Millisecond, "the late answer applied")
+	for until := time.Now().Add(5 * time.Second); !fired.Load(); {
+		require.True(t, time.Now().Before(until), "no lease installed after the late answer")
+		clk.advance(t, 10*time.Millisecond)
+		time.Sleep(time.Millisecond) // the call asked again is answered on real time
+	}
+	assert.Zero(t, spent.Load(), "tokens spent from a lease %v past its client deadline (sent at %v)", time.Duration(clk.nanos()-installed.deadline), time.Duration(sent))
+	assert.Greater(t, installed.deadline, clk.nanos(), "the lease installed is live")
+}
+
+// TestDenyForNotShortenedByLeaseAnswer: DenyFor extends the denial, never
+// shortens it; nor does a lease answer. Before, applyOne stored denyUntil
+// from the answer: a renewal in flight when DenyFor was called, answered
+// with nothing granted and a retry_after of 20 ms, cut a DenyFor of a
+// minute to 20 ms; the decision after it cleared paused (a DenyFor "that
+// has run out"), the loop asked again, and the lease it got was not
+// paused: the key was served from it 100 ms into the minute. The DenyFor's
+// end is now kept apart (keyState.denyForUntil), and a server's denial is
+// never set before it (setDenial).
+func TestDenyForNotShortenedByLeaseAnswer(t *testing.T) {
+	clk := newTestClock()
+	c, ks, g, hold := renewalHeld(t, clk, clk)
+	ctx := context.Background()
+	// An upstream said 429, Retry-After one minute.
+	c.DenyFor(time.Minute, "s:k")
+	until := clk.nanos() + int64(time.Minute)
+
+	answers := ks.answers.Load()
+	hold.Store(false) // later calls pass to the server
+	g.open(entryAnswer(protocol.LeaseResult{TTLMillis: 2000, RetryAfterMillis: 20, Limit: 1000, PeriodMillis: 1000, Burst: 1000}))
+	require.Eventually(t, func() bool { return ks.answers.Load() != answers }, 5*time.Second, time.Millisecond)
+	assert.GreaterOrEqual(t, ks.denyUntil.Load(), until, "DenyFor's minute was cut to %v", time.Duration(ks.denyUntil.Load()-clk.nanos()))
+
+	// 100 ms into the minute.
+	clk.move(100 * time.Millisecond)
+	done := make(chan Decision, 1)
+	go func() { done <- c.Allow(ctx, "s:k") }()
+	var d Decision
+	select {
+	case d = <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no decision")
+	}
+	if !d.Allowed {
+		// Denied this time: the loop asks meanwhile; try again after a tick.
+		clk.advance(t, 20*time.Millisecond)
+		clk.advance(t, 0)
+		d = c.Allow(ctx, "s:k")
+	}
+	assert.False(t, d.Allowed, "allowed %v into a DenyFor of a minute: %+v", time.Duration(clk.nanos()-(until-int64(time.Minute))), d)
+}
