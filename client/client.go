@@ -657,9 +657,14 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			direct = append(direct, ks)
 			continue
 		}
-		l := ks.active.Load()
-		if l != nil && !l.spend(n, c) {
-			l = ks.spendAgain(l, n, c)
+		tried := ks.active.Load()
+		var l *lease
+		if tried != nil {
+			if tried.spend(n, c) {
+				l = tried
+			} else {
+				l, tried = ks.spendAgain(tried, n, c)
+			}
 		}
 		if l != nil {
 			done = append(done, spent{l: l, ks: ks})
@@ -716,6 +721,20 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			// share, and would take tokens outside the fair share that
 			// leases keep.
 			l := ks.active.Load()
+			if l != tried {
+				// The loop installed a lease since this decision's spend
+				// failed (the renewal of a spent-out lease, or a first
+				// lease): it serves. Judged "not run out" instead, the
+				// decision was denied with the renewal full (found by
+				// review).
+				if sl, _ := ks.spendAgain(tried, n, c); sl != nil {
+					ks.unserved.Add(-n) // served after all
+					done = append(done, spent{l: sl, ks: ks})
+					d.leased(sl, ks)
+					continue
+				}
+				l = ks.active.Load()
+			}
 			// Only a lease that ran out (or is closed) has a renewal
 			// coming for it: a live one with fewer tokens left than
 			// this decision wants is renewed at its usual point, and a
@@ -989,7 +1008,7 @@ func (c *Client) awaitLease(ctx context.Context, ks *keyState, n int64, limit ti
 		c.awaitChange(ctx, ks, time.Duration(end-c.nanos()), changed, waiting, 0)
 		l := ks.active.Load()
 		if l != nil && !l.spend(n, c) {
-			l = ks.spendAgain(l, n, c)
+			l, _ = ks.spendAgain(l, n, c)
 		}
 		if l != nil {
 			ks.unserved.Add(-n) // served after all

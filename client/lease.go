@@ -75,6 +75,14 @@ func (l *lease) spend(n int64, c *Client) bool {
 			return ok
 		}
 	}
+	if l.remaining.Load() < n {
+		// Not enough left (or frozen: negative). Checked before the
+		// subtraction: a spend of more than the lease holds (a large
+		// AllowN) drove remaining below zero for a moment, and a
+		// concurrent small spend then failed on a lease with thousands
+		// of tokens left, and was denied (found by review).
+		return false
+	}
 	v := l.remaining.Add(-n)
 	if v < 0 {
 		l.remaining.Add(n)
@@ -90,23 +98,24 @@ func (l *lease) spend(n int64, c *Client) bool {
 
 // spendAgain is called when l, ks's active lease as a decision read it,
 // could not serve n tokens: it spends them from the lease active now, if
-// another, and returns it, or nil when no live lease can serve them. The
-// settle loop installs a renewal and then closes the lease it replaced
-// (see applyOne), so a lease read just before the swap may be closed by
-// the time it is spent from; the decision was then denied, the renewal
-// taken for a lease not run out (found by make bench: one decision in
-// 73 M denied on a renewal installed a moment before with 27 M tokens).
-// Each lease is tried once, and a key's lease is replaced at most once a
-// renewal round trip, so this ends. Off the fast path: called only when
-// the spend from l failed.
-func (ks *keyState) spendAgain(l *lease, n int64, c *Client) *lease {
+// another, and returns it, or nil when no live lease can serve them; and
+// the last lease it tried (l when none other). The settle loop installs a
+// renewal and then closes the lease it replaced (see applyOne), so a lease
+// read just before the swap may be closed by the time it is spent from;
+// the decision was then denied, the renewal taken for a lease not run out
+// (found by make bench: one decision in 73 M denied on a renewal installed
+// a moment before with 27 M tokens). Each lease is tried once, and a key's
+// lease is replaced at most once a renewal round trip, so this ends. Off
+// the fast path: called only when a spend failed. l may be nil (no lease
+// was active).
+func (ks *keyState) spendAgain(l *lease, n int64, c *Client) (served, tried *lease) {
 	for {
 		nl := ks.active.Load()
 		if nl == l || nl == nil {
-			return nil
+			return nil, l
 		}
 		if l = nl; l.spend(n, c) {
-			return l
+			return l, l
 		}
 	}
 }

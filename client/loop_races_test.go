@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,6 +21,21 @@ import (
 	"github.com/ratelease/ratelease/leases"
 	"github.com/ratelease/ratelease/protocol"
 )
+
+// bigRules is a rules file of one rule, "big:*", of a billion tokens a
+// second: its limit never binds.
+const bigRules = `
+rules:
+  - {name: big, match: "big:*", limit: 1000000000, period: 1s, burst: 1000000000, lease_ttl: 2s}
+`
+
+// bigClient starts a client on clk, leasing from the first decision (with
+// a first batch of initialBatch), to a lease server of bigRules.
+func bigClient(t *testing.T, clk clock, initialBatch int64) *Client {
+	t.Helper()
+	srv := leasetest.Start(t, bigRules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
+	return clockedClient(t, Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: initialBatch}, clk)
+}
 
 // condClock is a testClock whose nanos runs hook, while armed, at every
 // read by any goroutine (not re-entered) until hook returns true: a test
@@ -187,4 +203,123 @@ func TestDenyForNotShortenedByLeaseAnswer(t *testing.T) {
 		d = c.Allow(ctx, "s:k")
 	}
 	assert.False(t, d.Allowed, "allowed %v into a DenyFor of a minute: %+v", time.Duration(clk.nanos()-(until-int64(time.Minute))), d)
+}
+
+// TestRenewalAfterFailedSpendServes: the window TestRenewalSwapDeniesNothing's
+// fix left open. A decision finds the key's lease spent out; spendAgain
+// finds it still active and gives up; the loop then installs the renewal
+// and closes the spent lease (here at the decision's next clock read, in
+// decide right after spendAgain). Before, decide then read the active
+// lease again for its "ran out?" test, took the renewal, full, for a live
+// lease with fewer tokens than the decision wanted, and denied it
+// (SourceLease, RetryAfter a tick) on a bucket of a billion.
+func TestRenewalAfterFailedSpendServes(t *testing.T) {
+	clk := &hookClock{testClock: newTestClock()}
+	c := bigClient(t, clk, 40)
+	ctx := context.Background()
+	ks, old := leaseOnClock(t, c, "big:k")
+	for old.left() > 0 {
+		require.True(t, c.Allow(ctx, "big:k").Allowed)
+	}
+
+	decideAcrossRenewal(t, c, clk, ks, old)
+}
+
+// decideAcrossRenewal makes a decision on ks ("big:k") during which the
+// settle loop's install of a renewal of old (a full lease of 500 tokens,
+// in the other slot) happens, as the loop makes it (setActive, then
+// closeLease), at the decision's first clock read; and requires that the
+// decision was allowed from the renewal.
+func decideAcrossRenewal(t *testing.T, c *Client, clk *hookClock, ks *keyState, old *lease) {
+	t.Helper()
+	renewal := &lease{id: "renewal", slot: 1 - old.slot, granted: 500, halfway: old.halfway, deadline: old.deadline}
+	renewal.remaining.Store(500)
+	swap := func() {
+		if prev := c.setActive(ks, renewal); prev != nil {
+			ks.closeLease(prev)
+		}
+	}
+	clk.onNanos.Store(&swap)
+	d := c.Allow(context.Background(), "big:k")
+	require.Nil(t, clk.onNanos.Load(), "the decision read the clock")
+	assert.True(t, d.Allowed, "denied with a full renewal installed: %+v", d)
+	assert.Equal(t, SourceLease, d.Source)
+	assert.Equal(t, int64(499), renewal.left(), "spent from the renewal")
+}
+
+// TestOversizeSpendDeniesNoSmallOne: lease.spend subtracted first and
+// added back when the result was negative, so a spend of more than the
+// lease held (an AllowN of a large cost) drove remaining below zero for a
+// moment, and a concurrent Allow(1) then failed on a lease with hundreds
+// of thousands of tokens left: decide denied it (the lease live, not run
+// out: SourceLease, RetryAfter a tick). The loop is idle (driven clock):
+// every denial here is a lost admission. spend now checks before it
+// subtracts.
+func TestOversizeSpendDeniesNoSmallOne(t *testing.T) {
+	clk := newTestClock()
+	c := bigClient(t, clk, 1_000_000)
+	ctx := context.Background()
+	_, l := leaseOnClock(t, c, "big:k")
+	require.Greater(t, l.left(), int64(100_000))
+
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // AllowN of more than the lease holds: always denied
+		defer wg.Done()
+		for !stop.Load() {
+			c.AllowN(ctx, protocol.MaxCount, "big:k")
+		}
+	}()
+	denied, tried := 0, 0
+	var last Decision
+	deadline := time.Now().Add(3 * time.Second)
+	for denied == 0 && tried < 100_000 && time.Now().Before(deadline) {
+		tried++
+		if d := c.Allow(ctx, "big:k"); !d.Allowed {
+			denied++
+			last = d
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	require.Greater(t, l.left(), int64(0))
+	assert.Zero(t, denied, "Allow denied on a lease with %d tokens left (after %d tries): %+v", l.left(), tried, last)
+}
+
+// hookClock is a testClock whose nanos runs onNanos once, when armed: a
+// test steps in at the moment a decision reads the clock.
+type hookClock struct {
+	*testClock
+	onNanos atomic.Pointer[func()]
+}
+
+func (k *hookClock) nanos() int64 {
+	if f := k.onNanos.Swap(nil); f != nil {
+		(*f)()
+	}
+	return k.testClock.nanos()
+}
+
+// TestRenewalSwapDeniesNothing: the settle loop installs a key's renewal,
+// then closes the lease it replaced, while decisions spend from it. A
+// decision that read the old lease before the swap and spent from it
+// after the close found it closed, and took the new lease, full, for one
+// not run out: it was denied (SourceLease, RetryAfter a tick) on a bucket
+// of a billion tokens. Found by make bench: one decision denied in 73 M in
+// the closed-loop hot-path run, on a lease installed a moment before with
+// 27,479,776 of its 27,480,019 tokens left. Here the swap is made at the
+// decision's clock read inside the spend of a strict lease (one past its
+// late renewal point), as the loop does it: setActive, then closeLease.
+func TestRenewalSwapDeniesNothing(t *testing.T) {
+	clk := &hookClock{testClock: newTestClock()}
+	c := bigClient(t, clk, 1000)
+	ctx := context.Background()
+	ks, old := leaseOnClock(t, c, "big:k")
+	require.Equal(t, SourceLease, c.Allow(ctx, "big:k").Source)
+
+	// The renewal is installed when the decision reads the clock in
+	// old.spend (old is strict).
+	old.strict.Store(true)
+	decideAcrossRenewal(t, c, clk, ks, old)
 }
