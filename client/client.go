@@ -713,7 +713,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			c.denied.Add(1)
 			return Decision{Source: SourceLease, RetryAfter: time.Duration(max(l.shape.due(now), 1))}
 		}
-		if ks.leasing.Load() && ks.deadline.Load() != 0 && c.leasesOnline.Load() && !storeDown(ks, now) {
+		if ks.leasing.Load() && !ks.leaving.Load() && ks.deadline.Load() != 0 && c.leasesOnline.Load() && !storeDown(ks, now) {
 			// Its lease ran out: the loop fetches the next batch, and the
 			// request is denied until it comes (it counts as demand for
 			// the batch). Deciding it directly instead would cost a call
@@ -772,7 +772,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 				again := letGo()
 				nl := c.awaitLease(ctx, ks, n, budget(), changed, answers, func() bool {
 					a := ks.active.Load()
-					return (a == l || a == nil) && ks.need.Load() && ks.leasing.Load() && !ks.dead.Load()
+					return (a == l || a == nil) && ks.need.Load() && ks.leasing.Load() && !ks.leaving.Load() && !ks.dead.Load()
 				})
 				if !leaseWaited(ks, nl, again) {
 					ks.unserved.Add(-n) // counted again
@@ -804,7 +804,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			}
 			continue
 		}
-		if ks.leasing.Load() {
+		if ks.leasing.Load() && !ks.leaving.Load() {
 			// Promoted, its first lease not in yet: the loop asks for it
 			// at once, and the decision waits for it rather than take
 			// directly, which would cost a call and Redis work per
@@ -830,7 +830,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 				waitedLease = true
 				again := !ks.shaped.Load() && letGo()
 				l := c.awaitLease(ctx, ks, n, budget(), changed, answers, func() bool {
-					return ks.active.Load() == nil && ks.deadline.Load() == 0 && ks.leasing.Load()
+					return ks.active.Load() == nil && ks.deadline.Load() == 0 && ks.leasing.Load() && !ks.leaving.Load()
 				})
 				if leaseWaited(ks, l, again) {
 					continue

@@ -186,8 +186,10 @@ func (l *lease) left() int64 {
 //	            deferred batch (the server's answer to a key whose bucket
 //	            or share could not serve it yet) is active but paused,
 //	            with the key denied, until its delay has passed.
-//	demoting    the loop returns its leases (run.demote), then sets
-//	            leasing false: direct again.
+//	demoting    the loop returns its leases (run.demote, leaving), then
+//	            sets leasing false: direct again. Its decisions are taken
+//	            directly meanwhile (leaving), as those of a key being
+//	            forgotten are.
 //	forgotten   dead: idle for Config.IdleTimeout (direct keys, swept
 //	            every second) or evicted beyond Config.MaxKeys (leased
 //	            keys, after their leases were returned); the next decision
@@ -213,6 +215,7 @@ type keyState struct {
 	need         atomic.Bool                  // the key wants a lease (promoted, or its lease ran out)
 	refused      atomic.Bool                  // the server refused the key (no rule, forbidden)
 	refusal      atomic.Pointer[RefusedError] // why, when it was forbidden; nil for no rule
+	leaving      atomic.Bool                  // the loop returns its leases to demote or forget it (see leave): decided directly meanwhile
 	denyForUntil atomic.Int64                 // client clock (ns): DenyFor denies the key until then (denyUntil is never set before it, see setDenial)
 	dead         atomic.Bool                  // forgotten by the client; resolve again
 	closedUsed   atomic.Int64                 // tokens used from leases no longer active

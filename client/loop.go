@@ -339,7 +339,7 @@ func (c *Client) scan(now, dt int64, collect bool) []pending {
 func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) {
 	idle := now-ks.run.lastActive >= int64(c.cfg.IdleTimeout)
 	if !ks.run.demote && !ks.run.forget && active != nil && c.shouldDemote(ks, active, now) {
-		ks.run.demote = true
+		ks.leave(false)
 	}
 	if ks.run.demote && !ks.run.forget && !c.closing.Load() {
 		// Back to direct decisions: return every lease, keep the key.
@@ -351,7 +351,7 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 	}
 	if idle || ks.run.forget || c.closing.Load() {
 		// Return everything and forget the key.
-		ks.run.forget = true
+		ks.leave(true)
 		if out := c.returnAll(ks, active); len(out) > 0 {
 			return out, true
 		}
@@ -620,7 +620,26 @@ func (c *Client) demoted(ks *keyState) {
 	ks.lastDirect.Store(c.nanos())
 	delete(c.run.leased, ks)
 	ks.leasing.Store(false)
+	ks.leaving.Store(false)
 	ks.notify()
+}
+
+// leave starts a key's return to direct decisions (demote) or its
+// forgetting: the loop returns its leases at its next plan, then demotes
+// or forgets it (plan). Meanwhile its decisions are taken directly
+// (keyState.leaving): taken for a key whose lease ran out, they were
+// denied, on a bucket that was full, until the return was answered, and
+// a roomy key's decision waited for that answer to be denied (found by
+// review).
+func (ks *keyState) leave(forget bool) {
+	if forget {
+		ks.run.forget = true
+	} else {
+		ks.run.demote = true
+	}
+	if !ks.leaving.Swap(true) {
+		ks.notify() // a decision waiting for a lease decides again
+	}
 }
 
 // forgetKey drops a key that holds no lease.
@@ -724,8 +743,7 @@ func (c *Client) evict(n int, skip map[*keyState]bool) {
 	for _, ks := range held[:min(n, len(held))] {
 		if l := ks.active.Load(); l != nil && c.clearActive(ks, l) {
 			ks.run.returnUsed[l.slot] = ks.closeLease(l)
-			ks.run.forget = true
-			ks.notify()
+			ks.leave(true)
 		}
 	}
 }
@@ -748,7 +766,7 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 			// The key, or this client, has as many leases as the server
 			// allows: decide the key directly, and do not ask again for an
 			// idle timeout.
-			ks.run.demote = true
+			ks.leave(false)
 			ks.directUntil.Store(now + int64(c.cfg.IdleTimeout))
 			c.cfg.Logger.Warn("ratelease: server allows no more leases on key; deciding it directly", "key", ks.key, "detail", res.Error.Detail)
 		case protocol.CodeForbidden, protocol.CodeNoRule:
@@ -779,11 +797,12 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 		return
 	}
 	ks.refused.Store(false)
-	if ks.run.forget {
-		c.forgetKey(ks)
-		if res.Granted == 0 {
-			return
-		}
+	if ks.run.forget && res.Granted == 0 {
+		// Forgotten once plan has returned its leases: forgotten here at
+		// once, a key evicted while its renewal was in flight (makeRoom)
+		// left that lease, and the renewal's grant, unreturned: held at
+		// the server until they expired (found by review).
+		return
 	}
 	if res.SafeRate > 0 {
 		// The fallback uses about the lowest safe rate given lately: it
@@ -806,7 +825,7 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 	if res.Unlimited {
 		// No rule: allowed locally until asked again, directly.
 		ks.setUnlimited(now + int64(max(c.cfg.Horizon, time.Duration(ks.leaseTTL.Load()))))
-		ks.run.demote = true
+		ks.leave(false)
 		ks.need.Store(false)
 		if old := c.setActive(ks, nil); old != nil {
 			ks.run.returnUsed[old.slot] = ks.closeLease(old)
@@ -829,7 +848,7 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 			// routed to the owner) rather than deny it, and do not lease
 			// it again for a lease TTL, by when the owner, told by the
 			// store that a lease was wanted, has handed the bucket back.
-			ks.run.demote = true
+			ks.leave(false)
 			ks.directUntil.Store(now + max(ks.leaseTTL.Load(), int64(time.Second)))
 			ks.need.Store(false)
 			return

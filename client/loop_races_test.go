@@ -323,3 +323,101 @@ func TestRenewalSwapDeniesNothing(t *testing.T) {
 	old.strict.Store(true)
 	decideAcrossRenewal(t, c, clk, ks, old)
 }
+
+// TestDemotingKeyDecidedDirectly: a leased key whose lease was not spent
+// from by half its TTL is demoted: the loop returns the lease (returnAll
+// clears it) and sets leasing false only at its next plan after the
+// answer. Before, a decision in between found leasing set, a deadline and
+// no lease, "its lease ran out", and was denied (or, roomy, waited for the
+// loop's answer, the return's, and was then denied), though the key was on
+// its way back to direct decisions and its bucket was full: an idle key's
+// first request after half a TTL was denied. Now it is taken directly.
+func TestDemotingKeyDecidedDirectly(t *testing.T) {
+	srv := leasetest.Start(t, sRules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
+	var hold atomic.Bool
+	g := newGate(t, srv.URL(), func(req *protocol.LeaseRequest) bool {
+		return hold.Load() && len(req.Leases) > 0 && req.Leases[0].Want == 0 && req.Leases[0].LeaseID != ""
+	})
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{g.url}, LeaseMinTokens: 1, InitialBatch: 50}, clk)
+	ctx := context.Background()
+	ks, _ := leaseOnClock(t, c, "s:k")
+
+	hold.Store(true)
+	clk.advance(t, time.Second) // half its TTL, unspent: demoted, returned (held)
+	select {
+	case <-g.arrived:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the idle lease was not returned")
+	}
+	require.True(t, ks.leasing.Load())
+	require.Nil(t, ks.active.Load())
+
+	done := make(chan Decision, 1)
+	go func() { done <- c.Allow(ctx, "s:k") }()
+	var d Decision
+	select {
+	case d = <-done:
+	case <-time.After(300 * time.Millisecond):
+		// Roomy: it waits for the loop's answer, the return's.
+		g.open(g.pass)
+		select {
+		case d = <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the decision still waits after the return was answered")
+		}
+	}
+	g.open(g.pass)
+	assert.True(t, d.Allowed, "the first request on an idle key being demoted, its bucket full, was denied: %+v", d)
+	assert.Equal(t, SourceDirect, d.Source)
+}
+
+// TestEvictedKeyLeasesReturned: makeRoom evicts a key (MaxKeys) whose
+// renewal is in flight in the other call: its lease is closed and it is
+// marked forget, to be returned at its next plan. Before, the renewal's
+// answer came first and applyOne forgot the key at once (forgetKey drops
+// it from the loop's set), froze the new grant in its slot, and returned:
+// neither the evicted lease nor the new one was ever returned, and the
+// server held both (26 tokens here) as outstanding until they expired.
+func TestEvictedKeyLeasesReturned(t *testing.T) {
+	store := leases.NewMemoryStore(leases.MemoryOptions{})
+	srv := leasetest.Start(t, sRules, leasetest.Options{Store: store})
+	var hold atomic.Bool
+	g := newGate(t, srv.URL(), func(req *protocol.LeaseRequest) bool {
+		return hold.Load() && len(req.Leases) > 0 && req.Leases[0].Key == "s:a" && req.Leases[0].Want > 0
+	})
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{g.url}, LeaseMinTokens: 1, InitialBatch: 50, MaxKeys: 1}, clk)
+	ctx := context.Background()
+	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 1000, Period: time.Second, Burst: 1000, LeaseTTL: 2 * time.Second}
+	outstanding := func() int64 {
+		st, err := store.State(ctx, "s:a", b)
+		require.NoError(t, err)
+		return st.Outstanding
+	}
+	a, la := leaseOnClock(t, c, "s:a")
+	require.True(t, c.Allow(ctx, "s:a").Allowed) // spent from: not idle
+
+	// At its late renewal point (a roomy key) the loop asks for a's
+	// renewal: held.
+	hold.Store(true)
+	clk.advance(t, time.Duration(c.lateAt(la)-clk.nanos()))
+	select {
+	case <-g.arrived:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no renewal of s:a asked for")
+	}
+	// s:b is promoted; its first lease, in the other call, evicts s:a.
+	require.True(t, c.Allow(ctx, "s:b").Allowed)
+	require.Eventually(t, func() bool { return a.active.Load() == nil && c.state("s:b").active.Load() != nil }, 5*time.Second, time.Millisecond, "s:a evicted")
+	// s:a's renewal is answered now.
+	g.open(g.pass)
+	require.Eventually(t, func() bool { return a.dead.Load() }, 5*time.Second, time.Millisecond, "s:a forgotten")
+	for range 20 {
+		clk.advance(t, 20*time.Millisecond)
+	}
+	// Returns are answered at once; give them real time too.
+	time.Sleep(100 * time.Millisecond)
+	clk.advance(t, 20*time.Millisecond)
+	assert.Zero(t, outstanding(), "s:a's evicted lease and its renewal are still outstanding at the server, never returned")
+}
