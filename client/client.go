@@ -341,8 +341,9 @@ func (c *Client) Allow(ctx context.Context, keys ...string) Decision {
 // class is ctx's (WithPriority), else Config.Priority; a class other than
 // the default is decided by a direct take (see WithPriority).
 //
-// A key with a live lease is decided locally, without a lock; a key just
-// moved to leases waits for its first lease, and a young key's decision
+// A key with a live lease is decided locally, without a lock, unless n is
+// more than the key's batches hold (at most a quarter of its bucket): then
+// by a direct take; a key just moved to leases waits for its first lease, and a young key's decision
 // for the answer of a take of it in flight (see the package
 // documentation): these waits take Config.RequestTimeout at most in all,
 // on the client's clock. A decision over several keys holds no token of
@@ -706,12 +707,29 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			}
 			return Decision{Source: SourceRetryAfter, RetryAfter: time.Duration(du - now), Limits: ks.limitsView()}
 		}
+		if ks.leasing.Load() && beyondLeases(ks, n) {
+			// More tokens than the key's batches hold (at most a quarter
+			// of the bucket, see batchOf): no lease of it can serve the
+			// decision, which is taken directly. Denied locally, as one
+			// a lease ran short for, it was denied for as long as the key
+			// stayed leased, while the bucket held the tokens (found by
+			// review). Not the key's lease demand either.
+			ks.unserved.Add(-n)
+			direct = append(direct, ks)
+			continue
+		}
 		if l := ks.active.Load(); l != nil && l.shape != nil && now < l.deadline && !l.shape.exhausted(now) {
 			// A schedule of slots whose next slot is not yet due: denied
-			// until it is, without waking the loop.
-			c.undo(n, done)
-			c.denied.Add(1)
-			return Decision{Source: SourceLease, RetryAfter: time.Duration(max(l.shape.due(now), 1))}
+			// until it is, without waking the loop. When it is due and
+			// the decision's slots do not fit what is left of the
+			// schedule, the lease has run out for it: see below (denied
+			// with a RetryAfter of 1 ns, Wait asked again at once, a
+			// busy loop; found by review).
+			if due := l.shape.due(now); due > 0 {
+				c.undo(n, done)
+				c.denied.Add(1)
+				return Decision{Source: SourceLease, RetryAfter: time.Duration(due)}
+			}
 		}
 		if ks.leasing.Load() && !ks.leaving.Load() && ks.deadline.Load() != 0 && c.leasesOnline.Load() && !storeDown(ks, now) {
 			// Its lease ran out: the loop fetches the next batch, and the
@@ -915,6 +933,13 @@ func (d *Decision) leased(l *lease, ks *keyState) {
 		d.Remaining = r
 		d.Limits = ks.limitsView()
 	}
+}
+
+// beyondLeases reports whether a decision for n tokens of leased key ks
+// wants more than its latest batch held: no lease of the key serves it.
+func beyondLeases(ks *keyState, n int64) bool {
+	g := ks.lastGrant.Load()
+	return g > 0 && n > g
 }
 
 // ranOutRoomy reports whether a decision on leased key ks at now, which

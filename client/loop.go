@@ -591,13 +591,18 @@ func (c *Client) returnAll(ks *keyState, active *lease) []pending {
 }
 
 // shouldDemote reports whether a leased key should return to direct
-// decisions: its lease was not spent from by half its TTL, the renewal
-// point of a key that is not roomy (idle costs nothing: the lease is
-// returned, not renewed; a roomy key's idle lease too, before its later
-// renewal point), or its demand over a lease TTL fell below half of
-// Config.LeaseMinTokens.
+// decisions: its lease was not spent from by half its TTL (from when it
+// could be spent from), the renewal point of a key that is not roomy
+// (idle costs nothing: the lease is returned, not renewed; a roomy key's
+// idle lease too, before its later renewal point), or its demand over a
+// lease TTL fell below half of Config.LeaseMinTokens.
 func (c *Client) shouldDemote(ks *keyState, active *lease, now int64) bool {
-	if now < active.halfway {
+	// Half its TTL from when it could first be spent from: a deferred
+	// batch (or one paused by DenyFor) is not idle for the time it could
+	// not serve. Counted from its sending, a batch deferred 990 ms was
+	// returned as idle 10 ms after it became spendable, the key demoted,
+	// and its turn at a saturated bucket given up (found by review).
+	if now < max(active.halfway, active.pausedUntil.Load()+active.ttl()/2) {
 		return false
 	}
 	if active.left() == active.granted && ks.denyUntil.Load() <= now {

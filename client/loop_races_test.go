@@ -421,3 +421,123 @@ func TestEvictedKeyLeasesReturned(t *testing.T) {
 	clk.advance(t, 20*time.Millisecond)
 	assert.Zero(t, outstanding(), "s:a's evicted lease and its renewal are still outstanding at the server, never returned")
 }
+
+// TestCostBeyondBatchTakenDirectly: a leased key's batches are at most a
+// quarter of its bucket (batchOf). A decision for more tokens than its
+// batch holds (AllowN(300) on a bucket of 1,000) is taken directly. Before,
+// no lease served it and decide denied it as one its lease ran short for
+// (SourceLease, a tick), for as long as the key stayed leased: 20 of 20
+// denied in 400 ms while the bucket held the tokens.
+func TestCostBeyondBatchTakenDirectly(t *testing.T) {
+	srv := leasetest.Start(t, sRules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 50}, clk)
+	ctx := context.Background()
+	ks, _ := leaseOnClock(t, c, "s:k")
+
+	// The bucket (1,000) holds three takes of 300 beside the key's lease;
+	// then the server denies them: a denial by the lease would say
+	// SourceLease.
+	allowed := 0
+	for range 20 {
+		d := c.AllowN(ctx, 300, "s:k")
+		if d.Allowed {
+			allowed++
+		}
+		assert.NotEqual(t, SourceLease, d.Source, "denied by the lease: %+v", d)
+		clk.advance(t, 20*time.Millisecond)
+		clk.advance(t, 0)
+	}
+	require.True(t, ks.leasing.Load(), "still leased")
+	assert.GreaterOrEqual(t, allowed, 3, "AllowN(300) on a leased key (batches of %d at most), the bucket holding 1,000", c.batchOf(ks, 1e12, time.Hour))
+}
+
+// TestDeferredBatchNotIdle: a key at a saturated bucket asks for its next
+// batch accepting a deferral; the server grants it with a wait of 990 ms
+// (within max_delay and half the TTL). The batch may be spent from sent +
+// 990 ms; before, its "unspent by half its TTL" check counted from sent:
+// at sent + 1 s, spendable for 10 ms and unspent, it was returned as idle
+// and the key demoted, its turn at the saturated bucket given up, and the
+// decision 1 ms later denied.
+func TestDeferredBatchNotIdle(t *testing.T) {
+	var leaseCalls atomic.Int64
+	url, _ := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
+		var out protocol.LeaseResponse
+		for _, tk := range req.Takes {
+			// The first take is allowed (it promotes the key); the bucket
+			// is saturated after.
+			cr := protocol.CheckResponse{Allowed: leaseCalls.Load() == 0}
+			if !cr.Allowed {
+				cr.RetryAfterMillis = 100
+			}
+			for _, k := range tk.Keys {
+				kr := protocol.CheckResult{Key: k, Allowed: cr.Allowed, Limit: 1000, PeriodMillis: 1000, Burst: 1000, LeaseTTLMillis: 2000}
+				if !cr.Allowed {
+					kr.RetryAfterMillis = 100
+				}
+				cr.Keys = append(cr.Keys, kr)
+			}
+			out.Takes = append(out.Takes, cr)
+		}
+		for _, e := range req.Leases {
+			r := protocol.LeaseResult{Key: e.Key, Slot: e.Slot, Limit: 1000, PeriodMillis: 1000, Burst: 1000, SafeRate: 100}
+			if e.Want > 0 {
+				n := leaseCalls.Add(1)
+				r.LeaseID, r.Granted, r.TTLMillis = "L"+string(rune('0'+n)), min(e.Want, 10), 2000
+				if n > 1 {
+					r.DelayMillis = 990 // deferred: the bucket is saturated
+				}
+			}
+			out.Leases = append(out.Leases, r)
+		}
+		return http.StatusOK, out
+	})
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{url}, LeaseMinTokens: 1, InitialBatch: 10}, clk)
+	ctx := context.Background()
+	ks, l1 := leaseOnClock(t, c, "s:k")
+	for l1.left() > 0 {
+		require.True(t, c.Allow(ctx, "s:k").Allowed)
+	}
+	clk.advance(t, 20*time.Millisecond) // settle and ask, deferrable: deferred 990 ms
+	require.Eventually(t, func() bool { l := ks.active.Load(); return l != nil && l != l1 }, 5*time.Second, time.Millisecond)
+	next := ks.active.Load()
+	require.Greater(t, next.pausedUntil.Load(), clk.nanos(), "a deferred batch")
+	d := c.Allow(ctx, "s:k")
+	require.False(t, d.Allowed, "denied until the deferral ends")
+
+	// The deferral ends at sent + 990 ms; the loop's tick at sent + 1 s.
+	clk.move(time.Duration(next.pausedUntil.Load()-clk.nanos()) + 5*time.Millisecond)
+	// (One Allow here, a spend in those 10 ms, and the batch is kept.)
+	clk.advance(t, time.Duration(next.halfway-clk.nanos()))
+	clk.advance(t, 0)
+	d = c.Allow(ctx, "s:k")
+	assert.True(t, ks.active.Load() == next, "the deferred batch, spendable for 10 ms, was returned as idle (active lease now %p, want %p)", ks.active.Load(), next)
+	assert.True(t, d.Allowed, "the decision after the deferral was denied: %+v", d)
+}
+
+// TestShapedWaitBeyondLeaseNoBusyLoop: a leased leaky_bucket key's lease
+// holds at most a quarter of its queue in slots (10 here). WaitN(15) is
+// never served by it. Before, waitShaped found the slots did not fit and
+// fell to decide, which denied it with RetryAfter max(due, 1) = 1 ns when
+// the next slot was due; WaitN slept 1 ns and asked again: a busy loop,
+// 37,791 denials in 300 ms, until its context ended. It is now taken
+// directly (the queue holds 40), as TestCostBeyondBatchTakenDirectly's
+// decision is, and a lease's due slot that the decision's slots do not
+// fit is judged as a lease run out (a tick), not 1 ns.
+func TestShapedWaitBeyondLeaseNoBusyLoop(t *testing.T) {
+	srv := leasetest.Start(t, shapeRules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
+	c := clockedClient(t, Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 10}, nil)
+	require.True(t, c.Allow(context.Background(), "lb:a").Allowed)
+	ks := c.state("lb:a")
+	require.Eventually(t, func() bool { return ks.active.Load() != nil }, 5*time.Second, time.Millisecond)
+	require.NotNil(t, ks.active.Load().shape)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	before := c.Stats().Denied
+	err := c.WaitN(ctx, 15, "lb:a")
+	denials := c.Stats().Denied - before
+	assert.NoError(t, err, "WaitN(15) on a queue of 40")
+	assert.Less(t, denials, int64(100), "WaitN(15) was denied %d times in 300 ms: a busy loop", denials)
+}
