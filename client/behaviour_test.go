@@ -121,6 +121,24 @@ func TestDenyForPausesLiveLease(t *testing.T) {
 	require.Eventually(t, l.Allow, time.Second, 5*time.Millisecond)
 }
 
+// TestDenyForEveryClass: DenyFor (an upstream's 429) denies the key for
+// every priority class. Before, a decision of a class other than the
+// default, taken directly and never denied by the default class's
+// denials, went out and was allowed during the DenyFor.
+func TestDenyForEveryClass(t *testing.T) {
+	srv := leasetest.Start(t, rules, leasetest.Options{})
+	c := newClient(t, client.Config{Servers: []string{srv.URL()}})
+	ctx := context.Background()
+	require.True(t, c.Allow(ctx, "user:deny").Allowed)
+	c.DenyFor(time.Minute, "user:deny")
+	for _, p := range []string{client.PriorityCritical, client.PriorityNormal, client.PriorityLow} {
+		d := c.Allow(client.WithPriority(ctx, p), "user:deny")
+		assert.False(t, d.Allowed, "class %s: %+v", p, d)
+		assert.Equal(t, client.SourceRetryAfter, d.Source, "class %s", p)
+		assert.Greater(t, d.RetryAfter, 59*time.Second, "class %s", p)
+	}
+}
+
 func TestRefusedKeys(t *testing.T) {
 	token := "secret-token"
 	sum := sha256.Sum256([]byte(token))

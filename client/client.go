@@ -655,6 +655,12 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 				}
 				return d
 			}
+			if u := ks.denyForUntil.Load(); u > now {
+				// DenyFor (an upstream said no) holds for every class.
+				c.undo(n, done)
+				c.denied.Add(1)
+				return Decision{Source: SourceRetryAfter, RetryAfter: time.Duration(u - now)}
+			}
 			direct = append(direct, ks)
 			continue
 		}
@@ -848,7 +854,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 				waitedLease = true
 				again := !ks.shaped.Load() && letGo()
 				l := c.awaitLease(ctx, ks, n, budget(), changed, answers, func() bool {
-					return ks.active.Load() == nil && ks.deadline.Load() == 0 && ks.leasing.Load() && !ks.leaving.Load()
+					return ks.active.Load() == nil && ks.deadline.Load() == 0 && ks.leasing.Load() && !ks.leaving.Load() && !ks.dead.Load()
 				})
 				if leaseWaited(ks, l, again) {
 					continue
@@ -1212,10 +1218,11 @@ func (c *Client) fallback(n int64, ks *keyState) (Decision, spent) {
 	return Decision{Allowed: true, Source: SourceFallback}, spent{r: r, ks: ks}
 }
 
-// DenyFor denies keys locally for d, live leases included, without a
-// network call: for example when an upstream answered 429 with a
-// Retry-After. A later call extends the denial, never shortens it. Tokens
-// of the keys' leases are kept (and returned at settle as usual).
+// DenyFor denies keys locally for d, live leases included and for every
+// priority class, without a network call: for example when an upstream
+// answered 429 with a Retry-After. A later call extends the denial, never
+// shortens it, nor does a server's answer. Tokens of the keys' leases are
+// kept (and returned at settle as usual).
 func (c *Client) DenyFor(d time.Duration, keys ...string) {
 	if d <= 0 {
 		return

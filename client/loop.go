@@ -289,6 +289,12 @@ func (c *Client) scan(now, dt int64, collect bool) []pending {
 				l.strict.Store(true)
 			} else if l.strict.Load() && l.pausedUntil.Load() <= now && l.shape == nil {
 				l.strict.Store(false) // a DenyFor ran out: back to the fast path
+				if l.pausedUntil.Load() > now {
+					// A DenyFor called since the load above (it sets
+					// pausedUntil, then strict): strict again, or its
+					// pause would be ignored by the fast path.
+					l.strict.Store(true)
+				}
 			}
 		}
 		active := ks.active.Load()
