@@ -76,9 +76,12 @@
 // is served its share. Such a key's first lease asks for two ticks of the
 // bucket's refill only, until one is granted, since a deferred grant waits
 // for its whole batch's refill. The settle loop takes the key over and
-// leases it batches sized to its demand (below). A lease not spent from
-// by half its TTL is returned, not renewed, and the key goes back to
-// direct decisions; so does a key whose
+// leases it batches sized to its demand (below); a decision for more
+// tokens than the key's batch holds is taken directly. A lease not spent
+// from by half its TTL (from when it could be spent from: a deferred
+// batch's wait does not count) is returned, not renewed, and the key goes
+// back to direct decisions, its decisions taken directly while the return
+// is on its way; so does a key whose
 // demand over a lease TTL falls below half the threshold, and a key the
 // server refuses more leases on (too_many_leases), and a key whose lease
 // was refused because a lease server owns its bucket (see
