@@ -188,10 +188,18 @@ type Client struct {
 	keys       sync.Map     // string -> *keyState
 	activeKeys atomic.Int64 // keys with an active lease
 	maxActive  atomic.Int64 // high-water mark of activeKeys
-	kick       chan struct{}
-	stop       chan struct{}
-	stopped    chan struct{}
-	closing    atomic.Bool
+
+	// denyFor keeps the end (client clock, int64) of each key's DenyFor
+	// while it lasts, apart from the key's state: an idle key is forgotten
+	// (IdleTimeout, MaxKeys), and its state made again by its next
+	// decision had lost the denial (found by review: allowed 10 s into a
+	// DenyFor of two minutes). Pruned by the settle loop's sweep.
+	denyFor sync.Map // string -> int64
+
+	kick    chan struct{}
+	stop    chan struct{}
+	stopped chan struct{}
+	closing atomic.Bool
 	// online and leasesOnline are the two paths' views of the servers:
 	// online is cleared by a failed direct take only (decisions go to
 	// Fallback while it is false, see probe), leasesOnline by a failed
@@ -324,7 +332,13 @@ func (c *Client) state(key string) *keyState {
 			continue
 		}
 		ks := newKeyState(key)
-		ks.lastDirect.Store(c.nanos())
+		now := c.nanos()
+		ks.lastDirect.Store(now)
+		if v, ok := c.denyFor.Load(key); ok && v.(int64) > now {
+			// A DenyFor in force on a key forgotten since.
+			ks.denyForUntil.Store(v.(int64))
+			ks.denyUntil.Store(v.(int64))
+		}
 		v, _ := c.keys.LoadOrStore(key, ks)
 		return v.(*keyState)
 	}
@@ -1231,6 +1245,12 @@ func (c *Client) DenyFor(d time.Duration, keys ...string) {
 	for _, k := range keys {
 		if protocol.ValidateKey(k) != nil {
 			continue
+		}
+		for {
+			v, loaded := c.denyFor.LoadOrStore(k, until)
+			if !loaded || v.(int64) >= until || c.denyFor.CompareAndSwap(k, v, until) {
+				break
+			}
 		}
 		ks := c.state(k)
 		// denyForUntil first: see setDenial. The loop pauses a lease it

@@ -540,7 +540,14 @@ func (c *Client) applyDirect(r *directReq) Decision {
 			// have allowed are not held back.
 			w := c.denial(ks, time.Duration(kr.RetryAfterMillis)*time.Millisecond)
 			keyed = max(keyed, w)
-			ks.extendDenial(r.sent + int64(w))
+			if !ks.leasing.Load() || !beyondLeases(ks, r.n) {
+				// A take beyond a leased key's batch (see decide) says
+				// when the bucket holds that many, not when its lease can
+				// be renewed: denying the key until then denied its small
+				// requests, and stopped its renewals, for up to the
+				// bucket's fill time (found by review).
+				ks.extendDenial(r.sent + int64(w))
+			}
 		}
 	}
 	if !res.Allowed {

@@ -109,8 +109,18 @@ func (l *lease) spend(n int64, c *Client) bool {
 // the fast path: called only when a spend failed. l may be nil (no lease
 // was active).
 func (ks *keyState) spendAgain(l *lease, n int64, c *Client) (served, tried *lease) {
-	for {
+	for retried := false; ; {
 		nl := ks.active.Load()
+		if nl == l && l != nil && !retried && l.left() >= n {
+			// The same lease, which holds n now: concurrent spends that
+			// fit one by one but not together took it below zero for a
+			// moment. Once more.
+			retried = true
+			if l.spend(n, c) {
+				return l, l
+			}
+			continue
+		}
 		if nl == l || nl == nil {
 			return nil, l
 		}

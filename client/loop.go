@@ -173,12 +173,18 @@ func (c *Client) takePromoted() {
 }
 
 // sweepDirect forgets the keys decided directly that saw no decision for
-// Config.IdleTimeout.
+// Config.IdleTimeout, and drops the DenyFor ends that have passed.
 func (c *Client) sweepDirect(now int64) {
 	c.keys.Range(func(_, v any) bool {
 		ks := v.(*keyState)
 		if _, leased := c.run.leased[ks]; !leased && !ks.leasing.Load() && now-ks.lastDirect.Load() >= int64(c.cfg.IdleTimeout) {
 			c.forgetKey(ks)
+		}
+		return true
+	})
+	c.denyFor.Range(func(k, v any) bool {
+		if v.(int64) <= now {
+			c.denyFor.CompareAndDelete(k, v) // ended
 		}
 		return true
 	})
@@ -403,7 +409,11 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 		// key with its cushion left (or two ticks of demand), or at its
 		// late renewal point (see lateOffset), or soon after (below).
 		ticks := int64(math.Ceil(ks.run.ewma * 2 * c.cfg.SettleInterval.Seconds()))
-		renew := (left <= max(active.granted/4, ticks) && !ks.run.bound) || now >= active.halfway
+		// A bound key's lease not spent from is not renewed at half its
+		// TTL: it is returned as idle (shouldDemote), not swapped for
+		// another deferred batch.
+		renew := (left <= max(active.granted/4, ticks) && !ks.run.bound) ||
+			(now >= active.halfway && !(ks.run.bound && left == active.granted))
 		want := c.want(ks)
 		if ks.run.roomy && !ks.run.bound {
 			// Past its late renewal point it waits for its cushion when
@@ -607,8 +617,13 @@ func (c *Client) shouldDemote(ks *keyState, active *lease, now int64) bool {
 	// batch (or one paused by DenyFor) is not idle for the time it could
 	// not serve. Counted from its sending, a batch deferred 990 ms was
 	// returned as idle 10 ms after it became spendable, the key demoted,
-	// and its turn at a saturated bucket given up (found by review).
-	if now < max(active.halfway, active.pausedUntil.Load()+active.ttl()/2) {
+	// and its turn at a saturated bucket given up (found by review). But
+	// by its late renewal point at the latest, so that it is judged
+	// before its deadline: a bound key's unspent lease is not renewed
+	// (see plan), and a key whose batches were all deferred, its demand
+	// gone, asked for a batch a second until IdleTimeout (found by
+	// review).
+	if now < max(active.halfway, min(active.pausedUntil.Load()+active.ttl()/2, c.lateAt(active))) {
 		return false
 	}
 	if active.left() == active.granted && ks.denyUntil.Load() <= now {

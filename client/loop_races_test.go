@@ -8,6 +8,7 @@ package client
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -452,20 +453,19 @@ func TestCostBeyondBatchTakenDirectly(t *testing.T) {
 	assert.GreaterOrEqual(t, allowed, 3, "AllowN(300) on a leased key (batches of %d at most), the bucket holding 1,000", c.batchOf(ks, 1e12, time.Hour))
 }
 
-// TestDeferredBatchNotIdle: a key at a saturated bucket asks for its next
-// batch accepting a deferral; the server grants it with a wait of 990 ms
-// (within max_delay and half the TTL). The batch may be spent from sent +
-// 990 ms; before, its "unspent by half its TTL" check counted from sent:
-// at sent + 1 s, spendable for 10 ms and unspent, it was returned as idle
-// and the key demoted, its turn at the saturated bucket given up, and the
-// decision 1 ms later denied.
-func TestDeferredBatchNotIdle(t *testing.T) {
-	var leaseCalls atomic.Int64
+// deferredBatch starts a client on a driven clock with a lying server
+// whose bucket is saturated: its first take is allowed (the key is
+// promoted), the others denied; its first lease is granted, and every
+// other one deferred by delay ms (min(want, 10) tokens, a TTL of 2 s). The
+// key "s:k" spends its first lease out, and the loop asks for the next,
+// deferred: it returns once that batch is active, paused. leaseCalls
+// counts the lease entries that asked for tokens.
+func deferredBatch(t *testing.T, delay int64) (c *Client, ks *keyState, clk *testClock, leaseCalls *atomic.Int64) {
+	t.Helper()
+	leaseCalls = new(atomic.Int64)
 	url, _ := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
 		var out protocol.LeaseResponse
 		for _, tk := range req.Takes {
-			// The first take is allowed (it promotes the key); the bucket
-			// is saturated after.
 			cr := protocol.CheckResponse{Allowed: leaseCalls.Load() == 0}
 			if !cr.Allowed {
 				cr.RetryAfterMillis = 100
@@ -483,26 +483,38 @@ func TestDeferredBatchNotIdle(t *testing.T) {
 			r := protocol.LeaseResult{Key: e.Key, Slot: e.Slot, Limit: 1000, PeriodMillis: 1000, Burst: 1000, SafeRate: 100}
 			if e.Want > 0 {
 				n := leaseCalls.Add(1)
-				r.LeaseID, r.Granted, r.TTLMillis = "L"+string(rune('0'+n)), min(e.Want, 10), 2000
+				r.LeaseID, r.Granted, r.TTLMillis = fmt.Sprintf("L%d", n), min(e.Want, 10), 2000
 				if n > 1 {
-					r.DelayMillis = 990 // deferred: the bucket is saturated
+					r.DelayMillis = delay
 				}
 			}
 			out.Leases = append(out.Leases, r)
 		}
 		return http.StatusOK, out
 	})
-	clk := newTestClock()
-	c := clockedClient(t, Config{Servers: []string{url}, LeaseMinTokens: 1, InitialBatch: 10}, clk)
-	ctx := context.Background()
+	clk = newTestClock()
+	c = clockedClient(t, Config{Servers: []string{url}, LeaseMinTokens: 1, InitialBatch: 10}, clk)
 	ks, l1 := leaseOnClock(t, c, "s:k")
 	for l1.left() > 0 {
-		require.True(t, c.Allow(ctx, "s:k").Allowed)
+		require.True(t, c.Allow(context.Background(), "s:k").Allowed)
 	}
-	clk.advance(t, 20*time.Millisecond) // settle and ask, deferrable: deferred 990 ms
+	clk.advance(t, 20*time.Millisecond) // settle and ask, deferrable: deferred
 	require.Eventually(t, func() bool { l := ks.active.Load(); return l != nil && l != l1 }, 5*time.Second, time.Millisecond)
+	require.Greater(t, ks.active.Load().pausedUntil.Load(), clk.nanos(), "a deferred batch")
+	return c, ks, clk, leaseCalls
+}
+
+// TestDeferredBatchNotIdle: a key at a saturated bucket asks for its next
+// batch accepting a deferral; the server grants it with a wait of 990 ms
+// (within max_delay and half the TTL). The batch may be spent from sent +
+// 990 ms; before, its "unspent by half its TTL" check counted from sent:
+// at sent + 1 s, spendable for 10 ms and unspent, it was returned as idle
+// and the key demoted, its turn at the saturated bucket given up, and the
+// decision 1 ms later denied.
+func TestDeferredBatchNotIdle(t *testing.T) {
+	c, ks, clk, _ := deferredBatch(t, 990)
+	ctx := context.Background()
 	next := ks.active.Load()
-	require.Greater(t, next.pausedUntil.Load(), clk.nanos(), "a deferred batch")
 	d := c.Allow(ctx, "s:k")
 	require.False(t, d.Allowed, "denied until the deferral ends")
 
@@ -540,4 +552,131 @@ func TestShapedWaitBeyondLeaseNoBusyLoop(t *testing.T) {
 	denials := c.Stats().Denied - before
 	assert.NoError(t, err, "WaitN(15) on a queue of 40")
 	assert.Less(t, denials, int64(100), "WaitN(15) was denied %d times in 300 ms: a busy loop", denials)
+}
+
+// slowRules: 100 a second, a bucket of 1,000 (it fills in 10 s): the
+// server's real-time refill during a test is small beside the numbers.
+const slowRules = `
+rules:
+  - {name: s, match: "s:*", limit: 100, period: 1s, burst: 1000, lease_ttl: 2s}
+`
+
+// TestBeyondLeasesDenialSparesLease: a decision for more tokens than the
+// key's batch (beyondLeases) is taken directly; the server denies it (the
+// bucket holds ~250, not 400) with a retry_after of ~1.5 s. Before,
+// applyDirect set the key's local denial from it: the leased key's small
+// decisions, which its next batch (50) would serve, were denied
+// (SourceRetryAfter) once the lease ran out, and plan did not renew it
+// while the key was denied: one oversized request starved the key's
+// leased traffic for 1.5 s (found by review of TestCostBeyondBatchTakenDirectly's fix).
+func TestBeyondLeasesDenialSparesLease(t *testing.T) {
+	store := leases.NewMemoryStore(leases.MemoryOptions{})
+	srv := leasetest.Start(t, slowRules, leasetest.Options{Store: store})
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 50}, clk)
+	ctx := context.Background()
+	ks, l := leaseOnClock(t, c, "s:k")
+	require.Less(t, l.granted, int64(250))
+
+	// Another process takes what leaves the bucket about 250.
+	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 100, Period: time.Second, Burst: 1000, LeaseTTL: 2 * time.Second}
+	res, err := store.Take(ctx, []leases.TakeOp{{Key: "s:k", Bucket: b, Cost: 1000 - 1 - l.granted - 250}})
+	require.NoError(t, err)
+	require.True(t, res[0].Taken)
+
+	// One request for 400: beyond the batch, taken directly, denied.
+	d := c.AllowN(ctx, 400, "s:k")
+	require.False(t, d.Allowed)
+	require.Equal(t, SourceDirect, d.Source)
+	t.Logf("AllowN(400) denied, RetryAfter %v; key denied locally for %v", d.RetryAfter, time.Duration(ks.denyUntil.Load()-clk.nanos()))
+
+	// The key's leased traffic of one token a request goes on.
+	for l.left() > 0 {
+		require.True(t, c.Allow(ctx, "s:k").Allowed)
+	}
+	var last Decision
+	for range 10 { // 200 ms of the client's clock, ten ticks
+		clk.advance(t, 20*time.Millisecond)
+		clk.advance(t, 0)
+		time.Sleep(5 * time.Millisecond) // a renewal is answered on real time
+		if last = c.Allow(ctx, "s:k"); last.Allowed {
+			break
+		}
+	}
+	st, err := store.State(ctx, "s:k", b)
+	require.NoError(t, err)
+	assert.True(t, last.Allowed, "Allow(1) on a leased key still denied 200 ms after one AllowN(400) was denied, the bucket holding %.0f: %+v", st.Level, last)
+}
+
+// TestDenyForSurvivesForgetting: DenyFor's end lived on the key's state,
+// and a key its callers leave alone while it is denied (they obey the
+// upstream's 429) is forgotten: a direct key by sweepDirect after
+// IdleTimeout, a leased one by plan (idle) or evict (MaxKeys: the least
+// recently active first). Before, its next decision made a fresh state
+// and was allowed 10 s into a DenyFor of two minutes; the client now
+// keeps the DenyFor ends apart (Client.denyFor).
+func TestDenyForSurvivesForgetting(t *testing.T) {
+	for _, leased := range []bool{false, true} {
+		name := "direct"
+		if leased {
+			name = "leased"
+		}
+		t.Run(name, func(t *testing.T) {
+			srv := leasetest.Start(t, sRules, leasetest.Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})})
+			clk := newTestClock()
+			minTokens := int64(1000) // direct: never promoted
+			if leased {
+				minTokens = 1
+			}
+			c := clockedClient(t, Config{Servers: []string{srv.URL()}, LeaseMinTokens: minTokens, InitialBatch: 50, IdleTimeout: 3 * time.Second}, clk)
+			ctx := context.Background()
+			if leased {
+				leaseOnClock(t, c, "s:k")
+			} else {
+				require.True(t, c.Allow(ctx, "s:k").Allowed)
+				require.False(t, c.state("s:k").leasing.Load())
+			}
+			// An upstream said 429, Retry-After two minutes; the callers
+			// obey it.
+			c.DenyFor(2*time.Minute, "s:k")
+			start := clk.nanos()
+			for range 10 {
+				clk.advance(t, time.Second)
+				time.Sleep(2 * time.Millisecond) // a return is answered on real time
+				clk.advance(t, 0)
+			}
+			d := c.Allow(ctx, "s:k")
+			assert.False(t, d.Allowed, "allowed %v into a DenyFor of two minutes: %+v", time.Duration(clk.nanos()-start), d)
+		})
+	}
+}
+
+// TestIdleDeferredKeyDemoted: at a saturated bucket the server defers a
+// key's batch (here by 100 ms, and by half the TTL, its cap). With
+// TestDeferredBatchNotIdle's fix alone, shouldDemote counted a batch's
+// idleness from max(halfway, pausedUntil + TTL/2), and plan renewed a
+// bound key's lease at halfway, so a batch nobody spent from was never
+// found idle: each was replaced by the next deferred one, and a key whose
+// demand stopped asked for 9 or 10 batches in 10 s, its turn at the
+// saturated bucket each time, until IdleTimeout forgot it (found by
+// review). Now a bound key's unspent lease is not renewed, and it is
+// judged idle by its late renewal point at the latest.
+func TestIdleDeferredKeyDemoted(t *testing.T) {
+	for _, delay := range []int64{100, 1000} {
+		t.Run(fmt.Sprintf("deferred %d ms", delay), func(t *testing.T) { idleDeferredKeyDemoted(t, delay) })
+	}
+}
+
+func idleDeferredKeyDemoted(t *testing.T, delay int64) {
+	_, ks, clk, leaseCalls := deferredBatch(t, delay)
+	asked := leaseCalls.Load()
+
+	// The demand is gone: nobody decides on the key again. Ten seconds.
+	for range 500 {
+		clk.advance(t, 20*time.Millisecond)
+		time.Sleep(200 * time.Microsecond) // calls are answered on real time
+	}
+	clk.advance(t, 0)
+	more := leaseCalls.Load() - asked
+	assert.LessOrEqual(t, more, int64(1), "an idle key asked for %d more batches in 10 s (still leased: %v)", more, ks.leasing.Load())
 }
