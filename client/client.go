@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -735,6 +736,15 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			// stayed leased, while the bucket held the tokens (found by
 			// review). Not the key's lease demand either.
 			ks.unserved.Add(-n)
+			if u := ks.beyondUntil.Load(); u > now && n >= ks.beyondCost.Load() {
+				// A take of as many was denied until then: without a
+				// call (each change of the key, every renewal, woke a
+				// WaitN that sent it again: 51 takes in 1 s of a
+				// RetryAfter of 1.5 s; found by review).
+				c.undo(n, done)
+				c.denied.Add(1)
+				return Decision{Source: SourceRetryAfter, RetryAfter: time.Duration(u - now), Limits: ks.limitsView()}
+			}
 			direct = append(direct, ks)
 			continue
 		}
@@ -1241,7 +1251,8 @@ func (c *Client) DenyFor(d time.Duration, keys ...string) {
 	if d <= 0 {
 		return
 	}
-	until := c.nanos() + int64(d)
+	now := c.nanos()
+	until := now + int64(min(d, time.Duration(math.MaxInt64-now))) // d near MaxInt64 wrapped to a past end
 	for _, k := range keys {
 		if protocol.ValidateKey(k) != nil {
 			continue

@@ -541,12 +541,16 @@ func (c *Client) applyDirect(r *directReq) Decision {
 			w := c.denial(ks, time.Duration(kr.RetryAfterMillis)*time.Millisecond)
 			keyed = max(keyed, w)
 			if !ks.leasing.Load() || !beyondLeases(ks, r.n) {
+				ks.extendDenial(r.sent + int64(w))
+			} else {
 				// A take beyond a leased key's batch (see decide) says
 				// when the bucket holds that many, not when its lease can
 				// be renewed: denying the key until then denied its small
 				// requests, and stopped its renewals, for up to the
-				// bucket's fill time (found by review).
-				ks.extendDenial(r.sent + int64(w))
+				// bucket's fill time (found by review). Takes of as many
+				// are denied until then (see keyState.beyondUntil).
+				ks.beyondCost.Store(r.n)
+				ks.beyondUntil.Store(r.sent + int64(w))
 			}
 		}
 	}

@@ -165,7 +165,8 @@
 // call. A key whose latest lease request was refused or deferred (bound)
 // is not renewed early: a renewal with tokens left would be refused, or
 // would replace the lease that still has them; it settles and asks in one
-// entry once spent out. At the saturated key of the benchmark (e2e/compare,
+// entry that accepts a deferral once spent out, or near its deadline, and
+// an unspent one is returned as idle. At the saturated key of the benchmark (e2e/compare,
 // 4 s runs) this cut the calls from about 90 to 50–70 per 1,000
 // decisions, and to 26–32 once the server deferred a whole batch rather
 // than grant a part of it (see leases/doc.go; the floor there is 20); its

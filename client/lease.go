@@ -225,6 +225,8 @@ type keyState struct {
 	need         atomic.Bool                  // the key wants a lease (promoted, or its lease ran out)
 	refused      atomic.Bool                  // the server refused the key (no rule, forbidden)
 	refusal      atomic.Pointer[RefusedError] // why, when it was forbidden; nil for no rule
+	beyondUntil  atomic.Int64                 // client clock (ns): a take beyond the key's batch was denied; takes of beyondCost or more are denied locally until then
+	beyondCost   atomic.Int64                 // see beyondUntil
 	leaving      atomic.Bool                  // the loop returns its leases to demote or forget it (see leave): decided directly meanwhile
 	denyForUntil atomic.Int64                 // client clock (ns): DenyFor denies the key until then (denyUntil is never set before it, see setDenial)
 	dead         atomic.Bool                  // forgotten by the client; resolve again
@@ -280,8 +282,8 @@ type keyState struct {
 		// deferred: its bucket, or its share, holds no batch beyond the
 		// one it has. Its lease is then not renewed early (the renewal
 		// would be refused, or would replace a lease that still has
-		// tokens) but once spent out, by a request that accepts a
-		// deferral: one call per batch.
+		// tokens) but once spent out, or near its deadline, by a request
+		// that accepts a deferral: one call per batch.
 		bound bool
 		// starved is set when the key is promoted while denied (its
 		// denials counted as demand, see admitted): its first lease asks

@@ -381,7 +381,15 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 	switch {
 	case active != nil:
 		left := active.left()
-		if left == 0 {
+		// A bound key's lease is not renewed early (see keyState.run.bound):
+		// near its deadline it is settled and the next asked for in one
+		// entry that accepts a deferral, as when spent out, so that its
+		// remainder goes back. Renewed at half its TTL by a request that
+		// accepted no deferral, it was refused at a saturated bucket, the
+		// key denied for the retry_after, and the spent-out batch's next
+		// turn asked for that much later, each batch (found by review).
+		nearEnd := ks.run.bound && active.shape == nil && left > 0 && now >= active.deadline-c.frozenMargin()
+		if left == 0 || nearEnd {
 			// Spent out: nothing is lost by closing it now, so settle it
 			// and take the next lease in one step, in its own slot. While
 			// the key is denied (a share-bound key waiting for its share),
@@ -404,16 +412,14 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 		}
 		// Renew with about a quarter left, or with less left than two
 		// ticks of demand, or at half the TTL; a bound key (see
-		// keyState.run.bound) only at half the TTL: once spent out, it
-		// settles and asks in one entry that accepts a deferral; a roomy
+		// keyState.run.bound) not early: once spent out, or near its
+		// deadline (above), it settles and asks in one entry that
+		// accepts a deferral, and an unspent one is returned as idle
+		// (shouldDemote); a roomy
 		// key with its cushion left (or two ticks of demand), or at its
 		// late renewal point (see lateOffset), or soon after (below).
 		ticks := int64(math.Ceil(ks.run.ewma * 2 * c.cfg.SettleInterval.Seconds()))
-		// A bound key's lease not spent from is not renewed at half its
-		// TTL: it is returned as idle (shouldDemote), not swapped for
-		// another deferred batch.
-		renew := (left <= max(active.granted/4, ticks) && !ks.run.bound) ||
-			(now >= active.halfway && !(ks.run.bound && left == active.granted))
+		renew := (left <= max(active.granted/4, ticks) || now >= active.halfway) && !ks.run.bound
 		want := c.want(ks)
 		if ks.run.roomy && !ks.run.bound {
 			// Past its late renewal point it waits for its cushion when
@@ -618,12 +624,15 @@ func (c *Client) shouldDemote(ks *keyState, active *lease, now int64) bool {
 	// not serve. Counted from its sending, a batch deferred 990 ms was
 	// returned as idle 10 ms after it became spendable, the key demoted,
 	// and its turn at a saturated bucket given up (found by review). But
-	// by its late renewal point at the latest, so that it is judged
-	// before its deadline: a bound key's unspent lease is not renewed
-	// (see plan), and a key whose batches were all deferred, its demand
-	// gone, asked for a batch a second until IdleTimeout (found by
-	// review).
-	if now < max(active.halfway, min(active.pausedUntil.Load()+active.ttl()/2, c.lateAt(active))) {
+	// before its deadline (frozenMargin), so that an unspent one is
+	// returned: a bound key's unspent lease is not renewed (see plan),
+	// and a key whose batches were all deferred, its demand gone, asked
+	// for a batch a second until IdleTimeout (found by review). Not by
+	// its late renewal point: a batch deferred by half its TTL was then
+	// judged idle half a second after it became spendable, and at a TTL
+	// of 16 ticks or less at the first tick it could be spent from
+	// (found by review).
+	if now < max(active.halfway, min(active.pausedUntil.Load()+active.ttl()/2, active.deadline-c.frozenMargin())) {
 		return false
 	}
 	if active.left() == active.granted && ks.denyUntil.Load() <= now {

@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -453,37 +454,49 @@ func TestCostBeyondBatchTakenDirectly(t *testing.T) {
 	assert.GreaterOrEqual(t, allowed, 3, "AllowN(300) on a leased key (batches of %d at most), the bucket holding 1,000", c.batchOf(ks, 1e12, time.Hour))
 }
 
+// answerTakes answers req's takes as a lying server: each allowed when
+// allow(its cost) holds, else denied with a retry_after of retryMillis;
+// every key's result carries rule's fields.
+func answerTakes(req *protocol.LeaseRequest, allow func(cost int64) bool, retryMillis int64, rule protocol.CheckResult) []protocol.CheckResponse {
+	var out []protocol.CheckResponse
+	for _, tk := range req.Takes {
+		cost := int64(1)
+		if tk.Cost != nil {
+			cost = *tk.Cost
+		}
+		cr := protocol.CheckResponse{Allowed: allow(cost)}
+		if !cr.Allowed {
+			cr.RetryAfterMillis = retryMillis
+		}
+		for _, k := range tk.Keys {
+			kr := rule
+			kr.Key, kr.Allowed, kr.RetryAfterMillis = k, cr.Allowed, cr.RetryAfterMillis
+			cr.Keys = append(cr.Keys, kr)
+		}
+		out = append(out, cr)
+	}
+	return out
+}
+
 // deferredBatch starts a client on a driven clock with a lying server
 // whose bucket is saturated: its first take is allowed (the key is
 // promoted), the others denied; its first lease is granted, and every
-// other one deferred by delay ms (min(want, 10) tokens, a TTL of 2 s). The
+// other one deferred by delay ms (min(want, 10) tokens, a TTL of ttl ms). The
 // key "s:k" spends its first lease out, and the loop asks for the next,
 // deferred: it returns once that batch is active, paused. leaseCalls
 // counts the lease entries that asked for tokens.
-func deferredBatch(t *testing.T, delay int64) (c *Client, ks *keyState, clk *testClock, leaseCalls *atomic.Int64) {
+func deferredBatch(t *testing.T, delay, ttl int64) (c *Client, ks *keyState, clk *testClock, leaseCalls *atomic.Int64) {
 	t.Helper()
 	leaseCalls = new(atomic.Int64)
 	url, _ := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
 		var out protocol.LeaseResponse
-		for _, tk := range req.Takes {
-			cr := protocol.CheckResponse{Allowed: leaseCalls.Load() == 0}
-			if !cr.Allowed {
-				cr.RetryAfterMillis = 100
-			}
-			for _, k := range tk.Keys {
-				kr := protocol.CheckResult{Key: k, Allowed: cr.Allowed, Limit: 1000, PeriodMillis: 1000, Burst: 1000, LeaseTTLMillis: 2000}
-				if !cr.Allowed {
-					kr.RetryAfterMillis = 100
-				}
-				cr.Keys = append(cr.Keys, kr)
-			}
-			out.Takes = append(out.Takes, cr)
-		}
+		out.Takes = answerTakes(req, func(int64) bool { return leaseCalls.Load() == 0 }, 100,
+			protocol.CheckResult{Limit: 1000, PeriodMillis: 1000, Burst: 1000, LeaseTTLMillis: ttl})
 		for _, e := range req.Leases {
 			r := protocol.LeaseResult{Key: e.Key, Slot: e.Slot, Limit: 1000, PeriodMillis: 1000, Burst: 1000, SafeRate: 100}
 			if e.Want > 0 {
 				n := leaseCalls.Add(1)
-				r.LeaseID, r.Granted, r.TTLMillis = fmt.Sprintf("L%d", n), min(e.Want, 10), 2000
+				r.LeaseID, r.Granted, r.TTLMillis = fmt.Sprintf("L%d", n), min(e.Want, 10), ttl
 				if n > 1 {
 					r.DelayMillis = delay
 				}
@@ -512,7 +525,7 @@ func deferredBatch(t *testing.T, delay int64) (c *Client, ks *keyState, clk *tes
 // and the key demoted, its turn at the saturated bucket given up, and the
 // decision 1 ms later denied.
 func TestDeferredBatchNotIdle(t *testing.T) {
-	c, ks, clk, _ := deferredBatch(t, 990)
+	c, ks, clk, _ := deferredBatch(t, 990, 2000)
 	ctx := context.Background()
 	next := ks.active.Load()
 	d := c.Allow(ctx, "s:k")
@@ -668,7 +681,7 @@ func TestIdleDeferredKeyDemoted(t *testing.T) {
 }
 
 func idleDeferredKeyDemoted(t *testing.T, delay int64) {
-	_, ks, clk, leaseCalls := deferredBatch(t, delay)
+	_, ks, clk, leaseCalls := deferredBatch(t, delay, 2000)
 	asked := leaseCalls.Load()
 
 	// The demand is gone: nobody decides on the key again. Ten seconds.
@@ -679,4 +692,188 @@ func idleDeferredKeyDemoted(t *testing.T, delay int64) {
 	clk.advance(t, 0)
 	more := leaseCalls.Load() - asked
 	assert.LessOrEqual(t, more, int64(1), "an idle key asked for %d more batches in 10 s (still leased: %v)", more, ks.leasing.Load())
+}
+
+// TestDeferredBatchLongDeferralNotIdle: the server defers a saturated key's
+// batch by half its TTL (the server's cap). With TestIdleDeferredKeyDemoted's
+// first fix, shouldDemote judged it idle by min(pausedUntil + TTL/2,
+// lateAt) (found by a third review):
+//
+//   - at a TTL of 2 s, deferred 1 s, at sent + 1.5 s: a decision 600 ms
+//     after the batch became spendable found it returned, the key demoted,
+//     its turn at the saturated bucket given up, and was denied;
+//   - at a TTL of 200 ms (ticks of 10 ms), deferred 100 ms, the late
+//     renewal point is 120 ms after the ask: the batch was returned two
+//     ticks after it became spendable, and a decision 30 ms after the
+//     deferral ended denied.
+//
+// It is judged by frozenMargin before its deadline now.
+func TestDeferredBatchLongDeferralNotIdle(t *testing.T) {
+	for _, tt := range []struct {
+		delay, ttl  int64 // ms
+		after, tick time.Duration
+	}{
+		{1000, 2000, 600 * time.Millisecond, 20 * time.Millisecond},
+		{100, 200, 30 * time.Millisecond, 10 * time.Millisecond},
+	} {
+		t.Run(fmt.Sprintf("TTL %d ms", tt.ttl), func(t *testing.T) {
+			c, ks, clk, _ := deferredBatch(t, tt.delay, tt.ttl)
+			ctx := context.Background()
+			next := ks.active.Load()
+			require.False(t, c.Allow(ctx, "s:k").Allowed, "denied until the deferral ends")
+			spendable := next.pausedUntil.Load()
+			for clk.nanos() < spendable+int64(tt.after) {
+				clk.advance(t, tt.tick)
+			}
+			clk.advance(t, 0)
+			require.Less(t, clk.nanos(), next.deadline)
+			d := c.Allow(ctx, "s:k")
+			assert.True(t, ks.active.Load() == next, "the deferred batch, spendable for %v of its %v, was returned as idle (demoting %v)",
+				time.Duration(clk.nanos()-spendable), time.Duration(next.deadline-spendable), ks.leaving.Load())
+			assert.True(t, d.Allowed, "the decision %v after the deferral ended, %v before the batch's deadline, was denied: %+v",
+				time.Duration(clk.nanos()-spendable), time.Duration(next.deadline-clk.nanos()), d)
+		})
+	}
+}
+
+// TestBeyondLeasesWaitNSleepsRetryAfter: WaitN(100) on a leased key whose
+// batches hold 10 is taken directly (beyondLeases); the server denies it,
+// retry_after 1.5 s. With TestBeyondLeasesDenialSparesLease's fix alone
+// the denial was kept nowhere, and WaitN, which waits for the RetryAfter
+// or the key's next change, was woken by every lease answer of the key
+// and sent the take again: 51 takes in 1 s (found by a third review).
+// Takes of at least that cost are denied locally until then now
+// (keyState.beyondUntil).
+func TestBeyondLeasesWaitNSleepsRetryAfter(t *testing.T) {
+	var bigTakes, leaseCalls atomic.Int64
+	url, _ := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
+		var out protocol.LeaseResponse
+		out.Takes = answerTakes(req, func(cost int64) bool {
+			if cost > 10 {
+				bigTakes.Add(1)
+				return false
+			}
+			return true
+		}, 1500, protocol.CheckResult{Limit: 100, PeriodMillis: 1000, Burst: 1000, LeaseTTLMillis: 2000, Remaining: 5})
+		for _, e := range req.Leases {
+			r := protocol.LeaseResult{Key: e.Key, Slot: e.Slot, Limit: 100, PeriodMillis: 1000, Burst: 1000, SafeRate: 100, Remaining: 5}
+			if e.Want > 0 {
+				n := leaseCalls.Add(1)
+				r.LeaseID, r.Granted, r.TTLMillis = fmt.Sprintf("L%d", n), min(e.Want, 10), 2000
+			}
+			out.Leases = append(out.Leases, r)
+		}
+		return http.StatusOK, out
+	})
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{url}, LeaseMinTokens: 1, InitialBatch: 10}, clk)
+	ctx := context.Background()
+	ks, _ := leaseOnClock(t, c, "s:k")
+	require.Equal(t, int64(10), ks.lastGrant.Load())
+
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.WaitN(wctx, 100, "s:k") }()
+	require.Eventually(t, func() bool { return bigTakes.Load() == 1 }, 5*time.Second, time.Millisecond)
+
+	// One second of the client's clock (less than the RetryAfter): the
+	// key's small requests spend each batch out; the loop renews it.
+	for range 50 {
+		for a := ks.active.Load(); a != nil && a.left() > 0; {
+			if !c.Allow(ctx, "s:k").Allowed {
+				break
+			}
+		}
+		clk.advance(t, 20*time.Millisecond)
+		time.Sleep(2 * time.Millisecond) // the renewal is answered on real time
+	}
+	cancel()
+	<-done
+	t.Logf("lease calls %d, Stats %+v", leaseCalls.Load(), c.Stats())
+	assert.LessOrEqual(t, bigTakes.Load(), int64(2), "WaitN(100) sent %d direct takes in 1 s of a RetryAfter of 1.5 s", bigTakes.Load())
+}
+
+// TestDeferredBatchSpentFromAskedAtSpendOut: at a saturated bucket a bound
+// key's batches are deferred (1 s, half the TTL), so each becomes
+// spendable at its halfway point. Before, its first spend past halfway
+// made plan renew it at once, by a request that accepted no deferral; the
+// server refused it with a retry_after (900 ms), which became the key's
+// denial, and once the batch was spent out the loop did not ask for the
+// next one (deferrable) while the key was denied: each batch's turn came
+// 900 ms late (found by a third review). A bound key is not renewed early
+// now: spent out or near its deadline, it settles and asks in one entry
+// that accepts a deferral.
+func TestDeferredBatchSpentFromAskedAtSpendOut(t *testing.T) {
+	var leaseCalls, deferrable, refused atomic.Int64
+	url, _ := lyingServer(t, func(req *protocol.LeaseRequest) (int, any) {
+		var out protocol.LeaseResponse
+		out.Takes = answerTakes(req, func(int64) bool { return leaseCalls.Load() == 0 }, 100,
+			protocol.CheckResult{Limit: 1000, PeriodMillis: 1000, Burst: 1000, LeaseTTLMillis: 2000})
+		for _, e := range req.Leases {
+			r := protocol.LeaseResult{Key: e.Key, Slot: e.Slot, Limit: 1000, PeriodMillis: 1000, Burst: 1000, SafeRate: 100, TTLMillis: 2000}
+			if e.Want > 0 {
+				switch {
+				case leaseCalls.Load() == 0:
+					n := leaseCalls.Add(1)
+					r.LeaseID, r.Granted = fmt.Sprintf("L%d", n), min(e.Want, 10)
+				case e.MaxDelayMillis > 0: // the level in debt: deferred
+					n := leaseCalls.Add(1)
+					deferrable.Add(1)
+					r.LeaseID, r.Granted, r.DelayMillis = fmt.Sprintf("L%d", n), min(e.Want, 10), 1000
+				default: // no deferral accepted: refused until the debt is paid
+					refused.Add(1)
+					r.RetryAfterMillis = 900
+				}
+			}
+			out.Leases = append(out.Leases, r)
+		}
+		return http.StatusOK, out
+	})
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{url}, LeaseMinTokens: 1, InitialBatch: 10}, clk)
+	ctx := context.Background()
+	ks, l1 := leaseOnClock(t, c, "s:k")
+	for l1.left() > 0 {
+		require.True(t, c.Allow(ctx, "s:k").Allowed)
+	}
+	clk.advance(t, 20*time.Millisecond) // settle and ask, deferrable: deferred
+	require.Eventually(t, func() bool { l := ks.active.Load(); return l != nil && l != l1 }, 5*time.Second, time.Millisecond)
+	l2 := ks.active.Load()
+	require.Equal(t, int64(1), deferrable.Load())
+
+	// The deferral ends at its halfway point; the key's requests spend it.
+	for clk.nanos() < l2.pausedUntil.Load() {
+		clk.advance(t, 10*time.Millisecond)
+	}
+	require.True(t, c.Allow(ctx, "s:k").Allowed, "served by the deferred batch")
+	clk.advance(t, 10*time.Millisecond) // plan sees it spent from past halfway
+	time.Sleep(5 * time.Millisecond)    // answered on real time
+	clk.advance(t, 0)
+	for l2.left() > 0 {
+		require.True(t, c.Allow(ctx, "s:k").Allowed)
+	}
+	spentOut := clk.nanos()
+	// Spent out: the next batch is asked for, deferrable, within a few
+	// ticks.
+	for range 5 {
+		clk.advance(t, 10*time.Millisecond)
+		time.Sleep(2 * time.Millisecond)
+	}
+	clk.advance(t, 0)
+	t.Logf("refused renewals %d; key denied for %v more", refused.Load(), time.Duration(ks.denyUntil.Load()-clk.nanos()))
+	assert.Equal(t, int64(2), deferrable.Load(), "no batch asked for %v after the bound key's batch was spent out (a non-deferrable renewal at halfway refused %d times, the key denied until then)",
+		time.Duration(clk.nanos()-spentOut), refused.Load())
+}
+
+// TestDenyForForeverDenies: DenyFor computed until = nanos() + d, which
+// overflowed for a d near math.MaxInt64 ("deny until further notice"): the
+// end was negative, and nothing was denied (found by a third review).
+func TestDenyForForeverDenies(t *testing.T) {
+	clk := newTestClock()
+	c := bigClient(t, clk, 100)
+	clk.move(time.Second)
+	c.DenyFor(time.Duration(math.MaxInt64), "big:k")
+	d := c.Allow(context.Background(), "big:k")
+	assert.False(t, d.Allowed, "allowed after DenyFor(MaxInt64): %+v", d)
 }
