@@ -358,9 +358,10 @@ func (c *Client) Allow(ctx context.Context, keys ...string) Decision {
 //
 // A key with a live lease is decided locally, without a lock, unless n is
 // more than the key's batches hold (at most a quarter of its bucket): then
-// by a direct take; a key just moved to leases waits for its first lease, and a young key's decision
-// for the answer of a take of it in flight (see the package
-// documentation): these waits take Config.RequestTimeout at most in all,
+// by a direct take, and a denial of it denies takes of as many until its
+// RetryAfter. A key just moved to leases waits for its first lease, and a
+// young key's decision for the answer of a take of it in flight (see the
+// package documentation): these waits take Config.RequestTimeout at most in all,
 // on the client's clock. A decision over several keys holds no token of
 // the others while it waits: it decides them again after, as if it came
 // then (a key that can no longer serve it denies it), unless one of them
@@ -1177,9 +1178,6 @@ func (c *Client) offline(n int64, states []*keyState, now int64) Decision {
 	return c.fallbackAll(n, states)
 }
 
-// unlimitedLive reports whether an unlimited key may still be allowed
-// without asking: a key learned unlimited by a direct take is asked again
-// once its expiry passes (the rules may have changed).
 // deniedFor reports whether a DenyFor denies ks now. It reads the clock
 // only for a key DenyFor was ever called on.
 func (c *Client) deniedFor(ks *keyState) bool {
@@ -1187,6 +1185,9 @@ func (c *Client) deniedFor(ks *keyState) bool {
 	return u != 0 && c.nanos() < u
 }
 
+// unlimitedLive reports whether an unlimited key may still be allowed
+// without asking: a key learned unlimited by a direct take is asked again
+// once its expiry passes (the rules may have changed).
 func (c *Client) unlimitedLive(ks *keyState) bool {
 	exp := ks.unlimitedExp.Load()
 	return exp == 0 || c.nanos() < exp
