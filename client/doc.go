@@ -203,8 +203,8 @@
 // visits a direct key, so a process may decide millions of keys directly
 // at no cost to the loop) and, at each tick (Config.SettleInterval), sends
 // one call that carries every key needing work: a lease with about a
-// quarter left or past half its TTL is renewed; a spent-out lease is
-// settled and replaced in one step; idle keys
+// quarter left or past half its TTL is renewed (a bound key's, below, is
+// not); a spent-out lease is settled and replaced in one step; idle keys
 // (Config.IdleTimeout) and the least recently used keys beyond
 // Config.MaxKeys are returned and forgotten. The batch asked for is the
 // key's demand (tokens used plus tokens asked for in vain, averaged so that
