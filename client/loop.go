@@ -388,7 +388,14 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 		// accepted no deferral, it was refused at a saturated bucket, the
 		// key denied for the retry_after, and the spent-out batch's next
 		// turn asked for that much later, each batch (found by review).
-		nearEnd := ks.run.bound && active.shape == nil && left > 0 && now >= active.deadline-c.frozenMargin()
+		// Not before it has been spendable for two ticks: at a short TTL
+		// a deferred batch's last ticks come soon after its deferral
+		// ends, and it was settled, unspent, and asked for again, deferred
+		// again, the key never served (found by review: a TTL of 70 ms,
+		// deferrals of 30 ms).
+		tick := int64(c.cfg.SettleInterval)
+		nearAt := max(active.deadline-c.frozenMargin(), min(active.pausedUntil.Load()+2*tick, active.deadline-tick))
+		nearEnd := ks.run.bound && active.shape == nil && left > 0 && now >= nearAt
 		if left == 0 || nearEnd {
 			// Spent out: nothing is lost by closing it now, so settle it
 			// and take the next lease in one step, in its own slot. While

@@ -877,3 +877,41 @@ func TestDenyForForeverDenies(t *testing.T) {
 	d := c.Allow(context.Background(), "big:k")
 	assert.False(t, d.Allowed, "allowed after DenyFor(MaxInt64): %+v", d)
 }
+
+// TestBoundShortTTLServed: a bound key's deferred batch at a short lease
+// TTL (70 ms, ticks of 10 ms: frozenMargin 40 ms), deferred by 30 ms
+// (less than half its TTL, the server's cap). With a bound key settled
+// near its end (TestDeferredBatchSpentFromAskedAtSpendOut's fix), its
+// near-end point, deadline - frozenMargin, came at the tick the batch
+// became spendable: it was settled unspent and asked for again, deferred
+// again, and the key was allowed 0 of 100 decisions in a second (found by
+// a fourth review). A batch is now near its end two ticks after it became
+// spendable at the earliest.
+func TestBoundShortTTLServed(t *testing.T) {
+	c, ks, clk, leaseCalls := deferredBatch(t, 30, 70)
+	ctx := context.Background()
+	next := ks.active.Load()
+	spendable := next.pausedUntil.Load()
+	for clk.nanos() < spendable {
+		clk.advance(t, 10*time.Millisecond)
+		time.Sleep(2 * time.Millisecond)
+	}
+	clk.advance(t, 0)
+	d := c.Allow(ctx, "s:k")
+	assert.True(t, ks.active.Load() == next, "the deferred batch was settled before it became spendable (deadline-frozenMargin %v before pausedUntil)",
+		time.Duration(spendable-(next.deadline-c.frozenMargin())))
+	assert.True(t, d.Allowed, "the decision at the deferred batch's spendable point was denied: %+v", d)
+
+	// One second more of a hot key's demand: one decision a tick.
+	asked := leaseCalls.Load()
+	allowed := 0
+	for range 100 {
+		if c.Allow(ctx, "s:k").Allowed {
+			allowed++
+		}
+		clk.advance(t, 10*time.Millisecond)
+		time.Sleep(2 * time.Millisecond)
+	}
+	t.Logf("lease calls %d, Stats %+v", leaseCalls.Load()-asked, c.Stats())
+	assert.Greater(t, allowed, 10, "a bound key with a 70 ms TTL was allowed %d of 100 decisions in 1 s (batches of 10 deferred 30 ms each: %d asked)", allowed, leaseCalls.Load()-asked)
+}
