@@ -478,6 +478,17 @@ func answerTakes(req *protocol.LeaseRequest, allow func(cost int64) bool, retryM
 	return out
 }
 
+// leasedFrom starts a client on a driven clock to the lying server at url,
+// leasing from the first decision (first batches of 10), and leases "s:k"
+// (leaseOnClock).
+func leasedFrom(t *testing.T, url string) (*Client, *keyState, *lease, *testClock) {
+	t.Helper()
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{url}, LeaseMinTokens: 1, InitialBatch: 10}, clk)
+	ks, l := leaseOnClock(t, c, "s:k")
+	return c, ks, l, clk
+}
+
 // deferredBatch starts a client on a driven clock with a lying server
 // whose bucket is saturated: its first take is allowed (the key is
 // promoted), the others denied; its first lease is granted, and every
@@ -505,9 +516,7 @@ func deferredBatch(t *testing.T, delay, ttl int64) (c *Client, ks *keyState, clk
 		}
 		return http.StatusOK, out
 	})
-	clk = newTestClock()
-	c = clockedClient(t, Config{Servers: []string{url}, LeaseMinTokens: 1, InitialBatch: 10}, clk)
-	ks, l1 := leaseOnClock(t, c, "s:k")
+	c, ks, l1, clk := leasedFrom(t, url)
 	for l1.left() > 0 {
 		require.True(t, c.Allow(context.Background(), "s:k").Allowed)
 	}
@@ -765,10 +774,8 @@ func TestBeyondLeasesWaitNSleepsRetryAfter(t *testing.T) {
 		}
 		return http.StatusOK, out
 	})
-	clk := newTestClock()
-	c := clockedClient(t, Config{Servers: []string{url}, LeaseMinTokens: 1, InitialBatch: 10}, clk)
+	c, ks, _, clk := leasedFrom(t, url)
 	ctx := context.Background()
-	ks, _ := leaseOnClock(t, c, "s:k")
 	require.Equal(t, int64(10), ks.lastGrant.Load())
 
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
@@ -830,10 +837,8 @@ func TestDeferredBatchSpentFromAskedAtSpendOut(t *testing.T) {
 		}
 		return http.StatusOK, out
 	})
-	clk := newTestClock()
-	c := clockedClient(t, Config{Servers: []string{url}, LeaseMinTokens: 1, InitialBatch: 10}, clk)
+	c, ks, l1, clk := leasedFrom(t, url)
 	ctx := context.Background()
-	ks, l1 := leaseOnClock(t, c, "s:k")
 	for l1.left() > 0 {
 		require.True(t, c.Allow(ctx, "s:k").Allowed)
 	}
