@@ -1246,8 +1246,11 @@ func (c *Client) fallback(n int64, ks *keyState) (Decision, spent) {
 // DenyFor denies keys locally for d, live leases included and for every
 // priority class, without a network call: for example when an upstream
 // answered 429 with a Retry-After. A later call extends the denial, never
-// shortens it, nor does a server's answer. Tokens of the keys' leases are
-// kept (and returned at settle as usual).
+// shortens it, nor does a server's answer. A key's lease that the denial
+// outlasts (to within four settle intervals of its deadline) is returned
+// at once, its unspent tokens to the bucket; a shorter denial pauses the
+// lease, which serves again when the denial ends. No lease is asked for
+// a key while it is denied.
 func (c *Client) DenyFor(d time.Duration, keys ...string) {
 	if d <= 0 {
 		return

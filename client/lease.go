@@ -173,7 +173,8 @@ func (l *lease) left() int64 {
 //	            a call until then, whatever else holds. From a server's
 //	            retry_after (direct or leased; at most the bucket's fill
 //	            time, see Client.denial), or DenyFor (denyForUntil, which
-//	            a server's answer does not shorten).
+//	            a server's answer does not shorten; a lease it outlasts is
+//	            returned at once, one it does not is paused).
 //	refused     refused with denied: the server refused the key (no rule
 //	            under default deny, or not this client's); asked again
 //	            after the denial.

@@ -379,6 +379,16 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 	}
 	denied := ks.denyUntil.Load() > now
 	switch {
+	case active != nil && ks.denyForUntil.Load() >= active.deadline-c.frozenMargin():
+		// DenyFor outlasts the lease: nothing spends from it again before
+		// it would be returned on its own (frozenMargin), so it is
+		// returned now with what was spent, and no lease is asked for
+		// while the key is denied. Left open, it expired at the server,
+		// its remainder counted as spent: lost to every process for a
+		// lease TTL (DenyFor keeps a lease's tokens, and they go back).
+		out := c.returnAll(ks, active)
+		ks.notify()
+		return out, len(out) > 0
 	case active != nil:
 		left := active.left()
 		// A bound key's lease is not renewed early (see keyState.run.bound):

@@ -920,3 +920,46 @@ func TestBoundShortTTLServed(t *testing.T) {
 	t.Logf("lease calls %d, Stats %+v", leaseCalls.Load()-asked, c.Stats())
 	assert.Greater(t, allowed, 10, "a bound key with a 70 ms TTL was allowed %d of 100 decisions in 1 s (batches of 10 deferred 30 ms each: %d asked)", allowed, leaseCalls.Load()-asked)
 }
+
+// TestDenyForReturnsLeaseItOutlasts: DenyFor pauses a leased key's lease,
+// whose tokens, its docs say, are kept and returned at settle as usual.
+// A DenyFor outlasting the lease was not settled at all: the loop renews
+// no lease of a denied key, the callers' denied decisions kept its demand
+// up so that it was not returned as idle either, and the lease expired at
+// the server with all but one of its tokens unspent, counted as spent,
+// lost to every process for a lease TTL (25 tokens outstanding at the
+// server past the client's deadline). Now a lease that DenyFor pauses to
+// within frozenMargin of its deadline is returned at once.
+func TestDenyForReturnsLeaseItOutlasts(t *testing.T) {
+	store := leases.NewMemoryStore(leases.MemoryOptions{})
+	srv := leasetest.Start(t, sRules, leasetest.Options{Store: store})
+	clk := newTestClock()
+	c := clockedClient(t, Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 50}, clk)
+	ctx := context.Background()
+	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 1000, Period: time.Second, Burst: 1000, LeaseTTL: 2 * time.Second}
+	state := func() leases.BucketState {
+		st, err := store.State(ctx, "s:k", b)
+		require.NoError(t, err)
+		return st
+	}
+	ks, l := leaseOnClock(t, c, "s:k")
+	require.True(t, c.Allow(ctx, "s:k").Allowed) // one token spent from the lease
+	require.Equal(t, l.granted, state().Outstanding)
+
+	// An upstream said 429, Retry-After a minute; the callers keep asking
+	// (and are denied) once a tick until the lease's deadline has passed.
+	c.DenyFor(time.Minute, "s:k")
+	for clk.nanos() <= l.deadline+int64(c.cfg.SettleInterval) {
+		require.False(t, c.Allow(ctx, "s:k").Allowed)
+		clk.advance(t, c.cfg.SettleInterval)
+	}
+	// The server runs on real time: its lease lives on (2 s) unless
+	// returned. A return is answered on real time too.
+	require.Eventually(t, func() bool {
+		clk.advance(t, 0)
+		return state().Outstanding == 0
+	}, time.Second, 5*time.Millisecond, "the lease DenyFor outlasted was never returned: %d tokens outstanding at the server", state().Outstanding)
+	assert.Zero(t, state().Leases)
+	assert.Nil(t, ks.active.Load())
+	assert.False(t, c.Allow(ctx, "s:k").Allowed, "DenyFor ended early")
+}
