@@ -403,9 +403,7 @@ func (c *Client) plan(ks *keyState, now int64, active *lease) ([]pending, bool) 
 		// ends, and it was settled, unspent, and asked for again, deferred
 		// again, the key never served (found by review: a TTL of 70 ms,
 		// deferrals of 30 ms).
-		tick := int64(c.cfg.SettleInterval)
-		nearAt := max(active.deadline-c.frozenMargin(), min(active.pausedUntil.Load()+2*tick, active.deadline-tick))
-		nearEnd := ks.run.bound && active.shape == nil && left > 0 && now >= nearAt
+		nearEnd := ks.run.bound && active.shape == nil && left > 0 && now >= c.nearEndAt(active)
 		if left == 0 || nearEnd {
 			// Spent out: nothing is lost by closing it now, so settle it
 			// and take the next lease in one step, in its own slot. While
@@ -609,6 +607,16 @@ func (c *Client) cheapToHold(ks *keyState, l *lease) bool {
 	return float64(l.granted)*holders <= float64(burst)/4
 }
 
+// nearEndAt is when the lease l is near its end: frozenMargin before its
+// deadline, but not before it has been spendable for two ticks (nor later
+// than a tick before its deadline). A bound key's lease is settled there
+// (see plan), and an unspent one judged idle there at the latest (see
+// shouldDemote).
+func (c *Client) nearEndAt(l *lease) int64 {
+	tick := int64(c.cfg.SettleInterval)
+	return max(l.deadline-c.frozenMargin(), min(l.pausedUntil.Load()+2*tick, l.deadline-tick))
+}
+
 // frozenMargin is how long before its deadline a frozen lease waiting for
 // its key's next renewal is returned by a call of its own: four ticks of
 // the settle loop.
@@ -648,8 +656,11 @@ func (c *Client) shouldDemote(ks *keyState, active *lease, now int64) bool {
 	// its late renewal point: a batch deferred by half its TTL was then
 	// judged idle half a second after it became spendable, and at a TTL
 	// of 16 ticks or less at the first tick it could be spent from
-	// (found by review).
-	if now < max(active.halfway, min(active.pausedUntil.Load()+active.ttl()/2, active.deadline-c.frozenMargin())) {
+	// (found by review). Nor before it has been spendable for two ticks
+	// (nearEndAt): at a TTL of 60 ms a batch deferred by 28 ms became
+	// spendable two milliseconds before its halfway point, was judged
+	// idle there, and a saturated key was allowed nothing.
+	if now < max(active.halfway, min(active.pausedUntil.Load()+active.ttl()/2, c.nearEndAt(active))) {
 		return false
 	}
 	if active.left() == active.granted && ks.denyUntil.Load() <= now {

@@ -891,9 +891,19 @@ func TestDenyForForeverDenies(t *testing.T) {
 // became spendable: it was settled unspent and asked for again, deferred
 // again, and the key was allowed 0 of 100 decisions in a second (found by
 // a fourth review). A batch is now near its end two ticks after it became
-// spendable at the earliest.
+// spendable at the earliest. At a TTL of 60 ms and deferrals of 28 ms the
+// batch became spendable two milliseconds before its halfway point, where
+// shouldDemote judged it idle, unspent: the key was demoted at every
+// batch and allowed 0 of 100 decisions. It is now judged idle two ticks
+// after it became spendable at the earliest too.
 func TestBoundShortTTLServed(t *testing.T) {
-	c, ks, clk, leaseCalls := deferredBatch(t, 30, 70)
+	for _, tc := range []struct{ delay, ttl int64 }{{30, 70}, {28, 60}, {20, 50}} {
+		t.Run(fmt.Sprintf("TTL %d ms deferred %d ms", tc.ttl, tc.delay), func(t *testing.T) { boundShortTTLServed(t, tc.delay, tc.ttl) })
+	}
+}
+
+func boundShortTTLServed(t *testing.T, delay, ttl int64) {
+	c, ks, clk, leaseCalls := deferredBatch(t, delay, ttl)
 	ctx := context.Background()
 	next := ks.active.Load()
 	spendable := next.pausedUntil.Load()
@@ -918,7 +928,7 @@ func TestBoundShortTTLServed(t *testing.T) {
 		time.Sleep(2 * time.Millisecond)
 	}
 	t.Logf("lease calls %d, Stats %+v", leaseCalls.Load()-asked, c.Stats())
-	assert.Greater(t, allowed, 10, "a bound key with a 70 ms TTL was allowed %d of 100 decisions in 1 s (batches of 10 deferred 30 ms each: %d asked)", allowed, leaseCalls.Load()-asked)
+	assert.Greater(t, allowed, 10, "a bound key with a %d ms TTL was allowed %d of 100 decisions in 1 s (batches of 10 deferred %d ms each: %d asked)", ttl, allowed, delay, leaseCalls.Load()-asked)
 }
 
 // TestDenyForReturnsLeaseItOutlasts: DenyFor pauses a leased key's lease,
