@@ -142,6 +142,29 @@ func admittedOf(as []answer) []answer {
 	return ok
 }
 
+// exactAdmitted feeds the times the caller sent its requests, in order, to
+// one exact token bucket of rate tokens a second and burst tokens, full at
+// the first, and returns how many it admits. A test compares the admitted
+// with it rather than with the rule's allowance over the run: on a loaded
+// machine the callers, slowed down, send unevenly, and a bucket that stays
+// full for a while loses its refill under any limiter (the run of a
+// loaded make test admitted 38 of 59 asked, against an allowance of 48).
+func exactAdmitted(as []answer, rate, burst float64) float64 {
+	if len(as) == 0 {
+		return 0
+	}
+	level, last, n := burst, as[0].before, 0
+	for _, a := range as {
+		level = min(burst, level+rate*(a.before-last).Seconds())
+		last = a.before
+		if level >= 1-1e-9 {
+			level--
+			n++
+		}
+	}
+	return float64(n)
+}
+
 // checkUserBound asserts burst + rate·W for every window from 100 ms to
 // 2 s, for each caller.
 func checkUserBound(t *testing.T, byUser map[string][]answer, rate float64, burst float64) {
@@ -160,7 +183,8 @@ func checkUserBound(t *testing.T, byUser map[string][]answer, rate float64, burs
 // TestProtectedAPI: two processes of examples/protected behind one
 // rateleased; 8 callers each send 30 requests a second round-robin over
 // both. Each caller's admissions stay within the hello rule's bound in every
-// window, at least 90% of what the rule allows is admitted, and every 429
+// window, at least 90% of what an exact bucket of the rule admits on the
+// same send times is admitted, and every 429
 // carries Retry-After and RateLimit fields (parsed as structured fields)
 // that say the caller has nothing left.
 func TestProtectedAPI(t *testing.T) {
@@ -172,8 +196,8 @@ func TestProtectedAPI(t *testing.T) {
 	for user, as := range byUser {
 		ok := admittedOf(as)
 		admitted += len(ok)
-		allowance := helloBurst + helloRate*d.Seconds()
-		assert.GreaterOrEqual(t, float64(len(ok)), 0.9*min(allowance, float64(len(as))), "%s: admitted %d of %d", user, len(ok), len(as))
+		exact := exactAdmitted(as, helloRate, helloBurst)
+		assert.GreaterOrEqual(t, float64(len(ok)), 0.9*exact, "%s: admitted %d of %d (an exact bucket admits %.0f)", user, len(ok), len(as), exact)
 		for _, a := range as {
 			policy, err := httpsfv.UnmarshalList(a.header.Values("RateLimit-Policy"))
 			require.NoError(t, err, "%s: RateLimit-Policy %q", user, a.header.Values("RateLimit-Policy"))
@@ -214,13 +238,14 @@ func TestProtectedAPISoft(t *testing.T) {
 	for user, as := range byUser {
 		ok := admittedOf(as)
 		allowance := 1.2 * (helloBurst + helloRate*d.Seconds())
-		assert.GreaterOrEqual(t, float64(len(ok)), 0.9*allowance, "%s: the soft share is admitted", user)
+		exact := exactAdmitted(as, 1.2*helloRate, 1.2*helloBurst)
+		assert.GreaterOrEqual(t, float64(len(ok)), 0.9*exact, "%s: the soft share is admitted (an exact bucket of the soft rule admits %.0f)", user, exact)
 		assert.LessOrEqual(t, float64(len(ok)), allowance+1, "%s: and no more", user)
 		policy, err := httpsfv.UnmarshalList(as[0].header.Values("RateLimit-Policy"))
 		require.NoError(t, err)
 		q, _ := policy[0].(httpsfv.Item).Params.Get("q")
 		assert.EqualValues(t, helloBurst, q, "the fields report the base quota")
-		t.Logf("%s: %d admitted of %d asked; the soft rule allows %.0f", user, len(ok), len(as), allowance)
+		t.Logf("%s: %d admitted of %d asked; the soft rule allows %.0f, an exact bucket of it %.0f on these arrivals", user, len(ok), len(as), allowance, exact)
 	}
 }
 
