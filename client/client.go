@@ -449,7 +449,10 @@ func (c *Client) Wait(ctx context.Context, keys ...string) error {
 // A key whose rule shapes (leaky_bucket) is served in slots, one every
 // period/limit: a Wait for such a key alone takes the next free slots of
 // its lease and sleeps until the first of them, so that waiters go ahead
-// in the order they called, spaced by the rule's interval. A Wait whose
+// in the order they called, spaced by the rule's interval. The slots are
+// taken when the sleep begins: if ctx ends during it, Wait returns ctx's
+// error and the slots stay spent (the waiters behind hold the later
+// slots already, so they are not handed back). A Wait whose
 // slot starts beyond Config.MaxWait, or after ctx's deadline, fails at once
 // with an error matching ErrRateLimited and takes nothing. Decided by a
 // direct take, such a key may be given a slot later than now: WaitN sleeps

@@ -128,7 +128,8 @@ type Config struct {
 	// shapes (leaky_bucket): a Wait whose slot starts later fails at once
 	// with an error matching ErrRateLimited and takes nothing, as a
 	// reservation of golang.org/x/time/rate that is cancelled. The
-	// context's deadline bounds it too. Default DefaultMaxWait (1s).
+	// context's deadline bounds it too; WithMaxWait sets it for one call.
+	// Default DefaultMaxWait (1s).
 	MaxWait time.Duration
 	// MaxKeys is the most keys holding a lease at once: before a new key's
 	// lease is installed, the least recently used keys are settled,

@@ -95,10 +95,25 @@ func (s *slots) exhausted(now int64) bool {
 	return max(s.next, now)+s.interval > s.end
 }
 
-// maxWait returns how long a Wait may wait for a slot: Config.MaxWait, and
-// no later than ctx's deadline.
+type maxWaitKey struct{}
+
+// WithMaxWait returns a copy of ctx under which Wait and WaitN wait up to d
+// for the slot of a key whose rule shapes (leaky_bucket), in place of
+// Config.MaxWait: for a caller whose bound is its own, as httplimit's and
+// grpclimit's MaxWait are. ctx's deadline bounds the wait too. A d ≤ 0
+// waits for no slot: one not due at once fails the Wait with an error
+// matching ErrRateLimited, taking nothing.
+func WithMaxWait(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, maxWaitKey{}, d)
+}
+
+// maxWait returns how long a Wait may wait for a slot: Config.MaxWait, or
+// what WithMaxWait put in ctx, and no later than ctx's deadline.
 func (c *Client) maxWait(ctx context.Context) int64 {
 	w := int64(c.cfg.MaxWait)
+	if d, ok := ctx.Value(maxWaitKey{}).(time.Duration); ok {
+		w = int64(d)
+	}
 	if dl, ok := ctx.Deadline(); ok {
 		w = min(w, int64(time.Until(dl)))
 	}

@@ -62,6 +62,7 @@ const (
 	OutcomeShadow       = httplimit.OutcomeShadow
 	OutcomeWaited       = httplimit.OutcomeWaited
 	OutcomeUnidentified = httplimit.OutcomeUnidentified
+	OutcomeRefused      = httplimit.OutcomeRefused
 )
 
 // Config configures a Limiter. Only Client is required; every zero value
@@ -183,7 +184,6 @@ func New(cfg Config) (*Limiter, error) {
 		IPv4Prefix:     cfg.IPv4Prefix,
 		Headers:        inbound.HeaderMode(cfg.Headers),
 		Shadow:         cfg.Shadow,
-		ClosedFails:    true,
 		MaxWait:        cfg.MaxWait,
 		MaxQueue:       cfg.MaxQueue,
 		Logger:         cfg.Logger,

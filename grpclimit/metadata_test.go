@@ -78,7 +78,7 @@ func TestMetadataUnchanged(t *testing.T) {
 		},
 		state: true,
 		want: metadata.MD{
-			"ratelimit-policy": {`"7-per-1500ms";q=7;w=2, "1000-per-24h";q=1000;w=86400`},
+			"ratelimit-policy": {`"7-per-1500ms";q=9;w=2, "1000-per-24h";q=1000;w=86400`}, // 7 per 1.5 s told per 2 s
 			"ratelimit":        {`"7-per-1500ms";r=0;t=0, "1000-per-24h";r=999;t=1`},
 		},
 	}} {

@@ -36,12 +36,24 @@
 //	{user}          the identity the application put in the context after
 //	                authentication (WithIdentity)
 //	{header:Name}   the first value of a request header, e.g. an API key
-//	{method}        the request method
+//	{method}        the request method: GET, HEAD, POST, PUT, PATCH, DELETE,
+//	                CONNECT, OPTIONS or TRACE, any other "OTHER"
 //	{route}         the pattern of the http.ServeMux route, "GET /hello/{id}"
 //
 // for example "user:{user}", "ip:{ip}", "user:{user}|api:{method}:{route}",
 // "key:{header:X-API-Key}". Config.Keys may hold several; a request takes
 // its tokens from all of them or none (one Client.AllowN).
+//
+// A part the caller sends is the caller's to choose: {header:Name}, and
+// {route} and {method} as far as the mux lets any path or method through
+// (a method other than the standard ones is "OTHER" for that reason). A
+// key made of such parts alone limits a caller only as far as the value
+// is checked before the middleware runs: an API key the application has
+// not verified can be made up afresh for each request, each with a bucket
+// of its own (the fallback, say "ip:{ip}", applies only when the header is
+// missing). Verify it first and key on the identity (WithIdentity,
+// {user}), or give the request an {ip} key beside it (a second entry of
+// Config.Keys: a request takes its tokens from every key).
 //
 // Forwarding headers are read only when the direct peer is in
 // Config.TrustedProxies, and then only the one header the proxies write
@@ -53,9 +65,11 @@
 // route, no remote address) makes the key's Fallback template be used
 // (say "ip:{ip}" for "user:{user}"); without one, or if the fallback lacks
 // a part as well, the request is refused by Config.MissingHandler, by
-// default with a problem+json of status 401 ({user}), 400 (a header), 404
-// (no route in the wrapped mux) or 500 (no route pattern or no remote
-// address: the server is wired wrongly), never 429.
+// default with a problem+json of status 401 ({user}), 400 (a header) or
+// 500 (no route pattern or no remote address: the server is wired
+// wrongly), or, when the wrapped mux has no route for the request, the
+// mux's own 404 (or 405 with Allow, for a path it serves for other
+// methods); never 429.
 //
 // # Escaping: one caller cannot forge another's key
 //
@@ -83,8 +97,12 @@
 //	RateLimit: "5-per-10s";r=0;t=8
 //
 // one list item per limit: q the limit, w its period in seconds, r what it
-// still admits fleet-wide (not what is left in this process's lease), t
-// the seconds until it is whole again. Each limit is named after itself,
+// still admits fleet-wide (not what is left in this process's lease; at
+// most q), t the seconds until it is whole again. A period that is not a
+// whole number of seconds is rounded up and q scaled with it (5 per 100
+// ms: q=50;w=1), and a token bucket whose burst exceeds its limit is
+// described by its size and fill time (10 per minute, burst 100:
+// q=100;w=600), so that q/w is the rule's rate and r never exceeds q. Each limit is named after itself,
 // "<limit>-per-<period>" (PolicyName), so every process and every rule
 // with the same limit names it alike. Allowed responses carry the same
 // fields unless Config.Headers says otherwise. For a key decided directly
@@ -96,8 +114,18 @@
 // # Shadow and queueing
 //
 // Config.Shadow admits what the limit denies, and reports it (OnDecision's
-// OutcomeShadow, Stats.Shadow, an Info log). Config.MaxWait holds a denied
-// request up to that long for its tokens (Client.WaitN under a context
-// deadline; at most Config.MaxQueue requests wait at once) before the 429;
-// a request whose context ends while it waits spends nothing.
+// OutcomeShadow, Stats.Shadow, an Info log); a request whose keys the
+// servers refuse it admits as OutcomeRefused, a misconfiguration rather
+// than a limit. Config.MaxWait holds a denied request up to that long for
+// its tokens (Client.WaitN under a context deadline, and MaxWait bounds a
+// shaping rule's slot as well, see client.WithMaxWait; at most
+// Config.MaxQueue requests wait at once) before the 429; a request whose
+// context ends while it waits spends nothing, but under a shaping rule
+// (leaky_bucket), whose slot is taken when the wait for it begins.
+//
+// A key the lease servers refuse this service (a wrong token, a key
+// outside its patterns, a cost beyond the rule's burst) is answered 503,
+// never 429, whether the first decision or the wait met the refusal
+// (OutcomeRefused, Stats.Refused); so is a request after the client was
+// closed (503, "shutting down").
 package httplimit

@@ -141,6 +141,30 @@ func userReq(user string) *http.Request {
 	return r.WithContext(WithIdentity(r.Context(), user))
 }
 
+// TestMethodPartCallerCannotChoose: {method} is the request's method
+// when it is a standard one, else "OTHER": a caller limited per method
+// (at a route that serves every method) cannot make a bucket per made-up
+// method. Kept as sent, "GET0" to "GET7" had eight buckets and were
+// served eight times under a limit of five (found by review).
+func TestMethodPartCallerCannotChoose(t *testing.T) {
+	m := newMW(t, Config{Keys: []Key{{Template: "user:{user}|api:{method}:{route}"}}})
+	key := func(method string) string {
+		r := userReq("alice")
+		r.Method, r.Pattern = method, "/hello"
+		keys, err := m.Keys(r)
+		require.NoError(t, err)
+		return keys[0]
+	}
+	for _, tc := range []struct{ method, part string }{
+		{http.MethodGet, "GET"}, {http.MethodHead, "HEAD"}, {http.MethodPost, "POST"}, {http.MethodPut, "PUT"},
+		{http.MethodPatch, "PATCH"}, {http.MethodDelete, "DELETE"}, {http.MethodConnect, "CONNECT"},
+		{http.MethodOptions, "OPTIONS"}, {http.MethodTrace, "TRACE"},
+		{"GET0", "OTHER"}, {"GET7", "OTHER"}, {"get", "OTHER"}, {"PROPFIND", "OTHER"}, {"X" + strings.Repeat("Y", 200), "OTHER"},
+	} {
+		assert.Equal(t, "user:alice|api:"+tc.part+":/hello", key(tc.method), "method %q", tc.method)
+	}
+}
+
 func TestKeyInjection(t *testing.T) {
 	m := newMW(t, Config{Keys: []Key{{Template: "user:{user}"}, {Template: "user:{user}|api:{method}:{route}"}}})
 	key := func(user string, pattern string) []string {

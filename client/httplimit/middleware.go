@@ -97,9 +97,10 @@ type Config struct {
 	// MissingHandler writes the response of a request a key cannot be
 	// made for (a part missing, and no fallback or a fallback missing one
 	// too); err is a *MissingPartError. nil: an application/problem+json
-	// of status 401 for {user} (not authenticated), 400 for a header, 404
-	// for {route} when the wrapped mux has no route for the request, and
-	// 500 for {route} otherwise (the middleware wraps a handler no
+	// of status 401 for {user} (not authenticated), 400 for a header, the
+	// wrapped mux's own answer for {route} when it has no route for the
+	// request (404, or 405 with Allow when the path is served for other
+	// methods), and 500 for {route} otherwise (the middleware wraps a handler no
 	// http.ServeMux routed to: a misconfiguration) and for {ip} (the
 	// server gave no usable remote address). Never a 429: a missing part
 	// is not a rate limit.
@@ -152,6 +153,12 @@ const (
 	OutcomeWaited Outcome = inbound.OutcomeWaited
 	// OutcomeUnidentified: a key part was missing; MissingHandler answered.
 	OutcomeUnidentified Outcome = inbound.OutcomeUnidentified
+	// OutcomeRefused: the lease servers refused the request's keys or
+	// this service (a wrong token, a key it may not use, a cost beyond
+	// the rule's burst; Result.Err says which): a misconfiguration, not a
+	// rate limit. The request got a 503, never a 429, or, in Shadow mode,
+	// was admitted (and is not counted in Stats.Shadow).
+	OutcomeRefused Outcome = inbound.OutcomeRefused
 )
 
 // String returns the outcome's name.
@@ -167,6 +174,8 @@ func (o Outcome) String() string {
 		return "waited"
 	case OutcomeUnidentified:
 		return "unidentified"
+	case OutcomeRefused:
+		return "refused"
 	}
 	return fmt.Sprintf("Outcome(%d)", uint8(o))
 }
@@ -187,8 +196,10 @@ type Result struct {
 	// waiting already.
 	QueueFull bool
 	// Err is why a wait ended without tokens (client.ErrRateLimited, the
-	// request's context error, client.ErrClosed), or the
-	// *MissingPartError of OutcomeUnidentified.
+	// request's context error, client.ErrClosed), why the servers refused
+	// the request (OutcomeRefused: an error wrapping a *client.RefusedError,
+	// or matching client.ErrCostExceedsBurst), or the *MissingPartError of
+	// OutcomeUnidentified.
 	Err error
 }
 
@@ -214,6 +225,7 @@ func ResultFrom(ctx context.Context) (Result, bool) {
 type Stats struct {
 	Allowed      int64
 	Denied       int64
+	Refused      int64 // OutcomeRefused: answered 503 (also in Denied) or admitted by Shadow
 	Shadow       int64 // admitted by Shadow, would have been denied
 	Waited       int64 // admitted after waiting
 	QueueFull    int64 // denied because the queue was full (also in Denied)
@@ -399,8 +411,13 @@ func (h *handler) defaultMissing(w http.ResponseWriter, r *http.Request, err err
 			detail = fmt.Sprintf("this API needs the %s header", mp.Part[len("{header:"):len(mp.Part)-1])
 		case "route":
 			if h.in.mux != nil {
-				status = http.StatusNotFound
-				detail = "no route matches the request"
+				// The wrapped mux serves no route for the request: let it
+				// answer, 404, or 405 with Allow for a path served for
+				// other methods (a 404 said "no route matches" to a wrong
+				// method, found by review), or its redirect. None of
+				// these runs an application handler.
+				h.in.mux.ServeHTTP(w, r)
+				return
 			}
 		}
 	}

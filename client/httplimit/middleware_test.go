@@ -339,6 +339,58 @@ func TestQueueFullAndCancel(t *testing.T) {
 	assert.Equal(t, int64(1), m.Stats().QueueFull)
 }
 
+// TestQueueShapedKeyWaitsMaxWait: under a shaping rule (leaky_bucket) a
+// request whose slot is 300 ms away waits for it under the middleware's
+// MaxWait (2 s), whatever the client's own Config.MaxWait (100 ms here,
+// 1 s by default). It was answered 429 at once: WaitN bounded the slot by
+// the client's MaxWait, which httplimit never mentioned (found by review:
+// a slot 2 s away, MaxWait 10 s, a 429 after 13 µs).
+func TestQueueShapedKeyWaitsMaxWait(t *testing.T) {
+	srv := leasetest.Start(t, `
+rules:
+  - {name: shape, match: "lb:*", algorithm: leaky_bucket, limit: 1, period: 300ms, burst: 5}
+`, leasetest.Options{})
+	c, err := client.New(client.Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1 << 20, MaxWait: 100 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	var seen httplimit.Result
+	_, h := newHandler(t, httplimit.Config{Client: c, Keys: []httplimit.Key{{Template: "lb:{header:X-API-Key}"}}, MaxWait: 2 * time.Second,
+		OnDecision: func(_ *http.Request, r httplimit.Result) { seen = r }})
+	require.Equal(t, http.StatusOK, get(h, "k").Code)
+	rec := get(h, "k")
+	assert.Equal(t, http.StatusOK, rec.Code, "the slot %v away was not waited for under MaxWait 2 s (err %v)", seen.Decision.RetryAfter, seen.Err)
+	assert.Equal(t, httplimit.OutcomeWaited, seen.Outcome)
+	assert.Greater(t, seen.Waited, 100*time.Millisecond)
+}
+
+// TestWrongMethodIs405: with a {route} key, a request whose path the
+// wrapped mux serves for other methods only gets the mux's 405 with Allow.
+// It got 404 "no route matches the request" (found by review).
+func TestWrongMethodIs405(t *testing.T) {
+	srv := leasetest.Start(t, testRules, leasetest.Options{})
+	m, err := httplimit.New(httplimit.Config{Client: inboundtest.DirectClient(t, srv), Keys: []httplimit.Key{{Template: "hello:{route}"}}})
+	require.NoError(t, err)
+	mux := http.NewServeMux()
+	mux.Handle("GET /hello", okHandler)
+	for _, tc := range []struct {
+		method, path string
+		status       int
+	}{
+		{http.MethodPost, "/hello", http.StatusMethodNotAllowed},
+		{http.MethodGet, "/nowhere", http.StatusNotFound},
+		{http.MethodGet, "/hello", http.StatusOK},
+	} {
+		r := httptest.NewRequest(tc.method, tc.path, nil)
+		r.RemoteAddr = "198.51.100.1:1234"
+		rec := httptest.NewRecorder()
+		m.Handler(mux).ServeHTTP(rec, r)
+		assert.Equal(t, tc.status, rec.Code, "%s %s", tc.method, tc.path)
+		if tc.status == http.StatusMethodNotAllowed {
+			assert.Contains(t, rec.Header().Get("Allow"), http.MethodGet)
+		}
+	}
+}
+
 // TestLeasedKeyHeaders: a key leased by its process still answers with the
 // rule's limits and the fleet-wide state of the lease's answer.
 func TestLeasedKeyHeaders(t *testing.T) {

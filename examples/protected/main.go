@@ -23,6 +23,13 @@
 // the caller across every process; the sixth request in a burst gets 429
 // with Retry-After and an application/problem+json body.
 //
+// The example does not verify the API key, so it limits only callers that
+// keep theirs: one that makes up a fresh X-API-Key for each request gets a
+// bucket each time. A real API verifies the key before the middleware and
+// keys on the identity it proves (httplimit.WithIdentity, {user}), or adds
+// an "ip:{ip}" key beside the header's, from which every request takes a
+// token too.
+//
 // No proxy is trusted: X-Forwarded-For is ignored unless -trusted-proxies
 // lists the proxies in front of the API, and then only when the request
 // comes from one of them.

@@ -25,6 +25,10 @@ const (
 	OutcomeWaited
 	// OutcomeUnidentified: no key could be made for the request.
 	OutcomeUnidentified
+	// OutcomeRefused: the lease servers refused the request's keys or
+	// the service (Decided.Err says why): a misconfiguration, not a rate
+	// limit. Answered as unavailable, or admitted in shadow mode.
+	OutcomeRefused
 )
 
 // Verdict is what a limiter must answer to a request Decide decided.
@@ -41,8 +45,8 @@ const (
 	// the Decision's *client.RefusedError): a misconfiguration, not a rate
 	// limit, to be answered as one the caller must not retry.
 	VerdictRefused
-	// VerdictClosing: the client is closing (Decided.Err is
-	// client.ErrClosed).
+	// VerdictClosing: the client is closing or closed (Decided.Err is
+	// client.ErrClosed): not a rate limit either.
 	VerdictClosing
 	// VerdictEnded: the request's context ended while it waited
 	// (Decided.Err says how). Decided.Retry and Decided.Fields are set as
@@ -65,8 +69,9 @@ type Decided struct {
 	// QueueFull is true for a denial because the queue was full.
 	QueueFull bool
 	// Err is why the request was refused or a wait ended without tokens:
-	// the Decision's *client.RefusedError, client.ErrRateLimited, the
-	// request's context error, or client.ErrClosed.
+	// an error wrapping a *client.RefusedError or matching
+	// client.ErrCostExceedsBurst (OutcomeRefused), client.ErrRateLimited,
+	// the request's context error, or client.ErrClosed.
 	Err error
 	// Retry is the delay of a denial (VerdictDeny, VerdictEnded): the
 	// Retry-After to send.
@@ -82,10 +87,17 @@ type Decided struct {
 
 // Decide takes cost tokens of keys for one request, counts the outcome
 // (Stats), and says what to answer. It neither logs nor reports: the
-// limiter logs a shadow denial and calls its hook with the Result. A denial is admitted in shadow mode, and otherwise waits in the
-// queue (Config.MaxWait, under a deadline and ctx) when waiting can serve
-// it: not a key the servers refuse, not a closed client, not one whose
+// limiter logs a shadow denial and calls its hook with the Result. A
+// denial is admitted in shadow mode, and otherwise waits in the queue
+// (Config.MaxWait, under a deadline and ctx) when waiting can serve it:
+// not a key the servers refuse, not a closed client, not one whose
 // retry-after is beyond MaxWait, not when the queue is full.
+//
+// A refusal of the lease servers (a wrong token, a key the service may
+// not use, a cost beyond the rule's burst) is a misconfiguration, never a
+// rate limit: VerdictRefused, whether the first decision or the wait
+// found it, and in shadow mode admitted as OutcomeRefused, not counted
+// as a shadow denial. So is a closed client: VerdictClosing.
 func (l *Limiter) Decide(ctx context.Context, keys []string, cost int64) (out Decided) {
 	d := l.c.AllowN(ctx, cost, keys...)
 	out.Decision = d
@@ -94,13 +106,21 @@ func (l *Limiter) Decide(ctx context.Context, keys []string, cost int64) (out De
 		l.allowed.Add(1)
 		l.admit(&out, OutcomeAllowed, true)
 		return out
-	case d.Err != nil && !l.shadow:
+	case d.Err != nil:
 		// The lease servers refused this service (a wrong token, a key it
-		// may not use): a misconfiguration, not a rate limit.
+		// may not use): a misconfiguration, not a rate limit. Shadow mode
+		// admits it, as it admits every request, but does not count or
+		// report it as one the limit would have denied.
+		l.refused.Add(1)
+		out.Err = d.Err
+		if l.shadow {
+			l.admit(&out, OutcomeRefused, true)
+			return out
+		}
 		l.denied.Add(1)
-		out.Outcome, out.Err, out.Verdict = OutcomeDenied, d.Err, VerdictRefused
+		out.Outcome, out.Verdict = OutcomeRefused, VerdictRefused
 		return out
-	case d.Source == client.SourceClosed && l.closedFails && !l.shadow:
+	case d.Source == client.SourceClosed && !l.shadow:
 		l.denied.Add(1)
 		out.Outcome, out.Err, out.Verdict = OutcomeDenied, client.ErrClosed, VerdictClosing
 		return out
@@ -115,7 +135,11 @@ func (l *Limiter) Decide(ctx context.Context, keys []string, cost int64) (out De
 		select {
 		case l.queue <- struct{}{}:
 			start := time.Now()
-			wctx, cancel := context.WithTimeout(ctx, l.maxWait)
+			// MaxWait bounds a shaping rule's slot too, not the client's
+			// Config.MaxWait (1 s by default): a request whose slot was
+			// 2 s away was answered 429 at once under a MaxWait of 10 s
+			// (found by review).
+			wctx, cancel := context.WithTimeout(client.WithMaxWait(ctx, l.maxWait), l.maxWait)
 			err := l.c.WaitN(wctx, cost, keys...)
 			cancel()
 			<-l.queue
@@ -131,6 +155,7 @@ func (l *Limiter) Decide(ctx context.Context, keys []string, cost int64) (out De
 			if rl, ok := errors.AsType[*client.RateLimitedError](err); ok && rl.RetryAfter > 0 {
 				retry = rl.RetryAfter
 			}
+			_, limited := errors.AsType[*client.RateLimitedError](err)
 			switch {
 			case errors.Is(err, client.ErrClosed):
 				l.denied.Add(1)
@@ -140,6 +165,17 @@ func (l *Limiter) Decide(ctx context.Context, keys []string, cost int64) (out De
 				// The caller gave up (or its deadline passed) while it
 				// waited.
 				verdict = VerdictEnded
+			case !limited && !errors.Is(err, context.DeadlineExceeded):
+				// Not the limit, nor MaxWait running out: the servers
+				// refused a key while the request waited (the first
+				// decision was a local denial, which asks no server).
+				// Answered as a rate limit, the misconfiguration sent the
+				// caller to retry (found by review: a 429 where the first
+				// decision's refusal is a 503).
+				l.refused.Add(1)
+				l.denied.Add(1)
+				out.Outcome, out.Verdict = OutcomeRefused, VerdictRefused
+				return out
 			}
 		default:
 			out.QueueFull = true

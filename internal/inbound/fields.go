@@ -57,9 +57,15 @@ func policyNames(ls []client.LimitState) []string {
 //	RateLimit-Policy: "100-per-1m";q=100;w=60
 //	RateLimit: "100-per-1m";r=57;t=12
 //
-// q is the limit, w its period in seconds (rounded up, at least 1), r what
-// the limit still admits fleet-wide (at least 0), t the seconds until it is
-// whole again (rounded up, at least 0). Both are "" when ls is empty or a
+// q is the limit, w its period in seconds, r what the limit still admits
+// fleet-wide (at least 0, at most q), t the seconds until it is whole again
+// (rounded up, at least 0). w is a whole number of seconds, at least 1: a
+// period that is not is rounded up and q scaled with it (5 per 100 ms is
+// q=50;w=1, not the tenth of it that q=5;w=1 would say). A token bucket
+// that holds more than a period's worth (a burst above the limit) is
+// described by its size and the time it takes to fill (10 per minute,
+// burst 100: q=100;w=600), so that r, up to the burst, never exceeds q and
+// q/w is still the rate. Both are "" when ls is empty or a
 // value cannot be serialized. Limiter.Fields is the cached form the
 // limiters use on every request.
 func RateLimitFields(ls []client.LimitState, now time.Time) (policy, state string) {
@@ -70,12 +76,13 @@ func RateLimitFields(ls []client.LimitState, now time.Time) (policy, state strin
 	pl := make(httpsfv.List, len(ls))
 	sl := make(httpsfv.List, len(ls))
 	for i, l := range ls {
+		q, w := policyWindow(l)
 		p := httpsfv.NewItem(names[i])
-		p.Params.Add("q", max(l.Limit, 0))
-		p.Params.Add("w", max(CeilSeconds(l.Period), 1))
+		p.Params.Add("q", q)
+		p.Params.Add("w", w)
 		pl[i] = p
 		s := httpsfv.NewItem(names[i])
-		s.Params.Add("r", max(l.Remaining, 0))
+		s.Params.Add("r", min(max(l.Remaining, 0), q))
 		s.Params.Add("t", CeilSeconds(l.Reset.Sub(now)))
 		sl[i] = s
 	}
@@ -88,6 +95,23 @@ func RateLimitFields(ls []client.LimitState, now time.Time) (policy, state strin
 		return "", ""
 	}
 	return policy, state
+}
+
+// policyWindow returns the quota q and the window w (whole seconds, at
+// least 1) of RateLimit-Policy for l (see RateLimitFields).
+func policyWindow(l client.LimitState) (q, w int64) {
+	q, span := max(l.Limit, 0), l.Period
+	if l.Burst > q && q > 0 {
+		// A bucket bigger than a period's worth: its size, over its fill.
+		span = time.Duration(float64(l.Period) * float64(l.Burst) / float64(q))
+		q = l.Burst
+	}
+	w = max(CeilSeconds(span), 1)
+	if span > 0 && time.Duration(w)*time.Second != span {
+		// Rounded up to whole seconds: q over the longer window.
+		q = max(int64(float64(q)*float64(time.Duration(w)*time.Second)/float64(span)), 1)
+	}
+	return q, w
 }
 
 // fieldCache keeps the serialized RateLimit fields of recent Limits

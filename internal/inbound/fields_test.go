@@ -24,6 +24,41 @@ func TestPolicyNames(t *testing.T) {
 	assert.Equal(t, []string{"100-per-1m", "5-per-10s", "5-per-10s-2", "7-per-1500ms", "1000-per-24h", "1-per-0s"}, policyNames(ls))
 }
 
+// TestPolicyWindow: q and w describe the rule's rate and, where the bucket
+// holds more than a period's worth, its size; r never exceeds q. Before,
+// a bucket of 10 per minute with a burst of 100 said q=10;w=60 beside
+// r=99, and 5 per 100 ms said q=5;w=1, a tenth of its rate (found by
+// review).
+func TestPolicyWindow(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		l      client.LimitState
+		q, w   int64
+		remain int64
+	}{
+		{"whole seconds", client.LimitState{Limit: 100, Period: time.Minute, Burst: 100, Remaining: 57}, 100, 60, 57},
+		{"burst above the limit", client.LimitState{Limit: 10, Period: time.Minute, Burst: 100, Remaining: 99}, 100, 600, 99},
+		{"burst below the limit", client.LimitState{Limit: 100, Period: time.Second, Burst: 10, Remaining: 10}, 100, 1, 10},
+		{"a period under a second", client.LimitState{Limit: 5, Period: 100 * time.Millisecond, Burst: 5, Remaining: 5}, 50, 1, 5},
+		{"a period of 1.5 s", client.LimitState{Limit: 7, Period: 1500 * time.Millisecond, Remaining: 7}, 9, 2, 7},
+		{"a window (burst = limit)", client.LimitState{Limit: 3, Period: time.Hour, Burst: 3, Remaining: 3}, 3, 3600, 3},
+		{"remaining above the limit, no burst told", client.LimitState{Limit: 10, Period: time.Second, Remaining: 40}, 10, 1, 10},
+		{"a zero period", client.LimitState{Limit: 1, Period: 0, Remaining: 1}, 1, 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q, w := policyWindow(tc.l)
+			assert.Equal(t, tc.q, q, "q")
+			assert.Equal(t, tc.w, w, "w")
+			_, st := RateLimitFields([]client.LimitState{tc.l}, time.Unix(0, 0))
+			sl, err := httpsfv.UnmarshalList([]string{st})
+			require.NoError(t, err)
+			r, _ := sl[0].(httpsfv.Item).Params.Get("r")
+			assert.Equal(t, tc.remain, r, "r")
+			assert.LessOrEqual(t, r.(int64), q, "r above q")
+		})
+	}
+}
+
 func TestFieldsAndCache(t *testing.T) {
 	now := time.Unix(1000, 0)
 	ls := []client.LimitState{

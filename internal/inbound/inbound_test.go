@@ -147,26 +147,24 @@ func TestPeers(t *testing.T) {
 	assert.Equal(t, "2001:db8::/48", none.Part(netip.MustParseAddr("2001:db8::1")))
 }
 
-// TestDecideClosed: a closed client's decision is a denial, or with
-// ClosedFails VerdictClosing; Shadow admits it either way. Each is counted.
+// TestDecideClosed: a closed client's decision is VerdictClosing (a
+// closed client is not a rate limit: httplimit answered it 429 with
+// "the rate limit is exhausted" before, found by review); Shadow admits it.
+// Each is counted.
 func TestDecideClosed(t *testing.T) {
 	ctx := context.Background()
-	l := newLimiter(t, Config{})
-	out := l.Decide(ctx, []string{"k"}, 2)
-	assert.Equal(t, VerdictDeny, out.Verdict)
-	assert.Equal(t, Outcome(OutcomeDenied), out.Outcome)
-	assert.Equal(t, client.SourceClosed, out.Decision.Source)
-	assert.NoError(t, out.Err)
-	assert.True(t, out.State)
+	for _, wait := range []time.Duration{0, time.Second} {
+		l := newLimiter(t, Config{MaxWait: wait})
+		out := l.Decide(ctx, []string{"k"}, 2)
+		assert.Equal(t, VerdictClosing, out.Verdict)
+		assert.Equal(t, Outcome(OutcomeDenied), out.Outcome)
+		assert.Equal(t, client.SourceClosed, out.Decision.Source)
+		assert.ErrorIs(t, out.Err, client.ErrClosed)
+		assert.Equal(t, Stats{Denied: 1}, l.Stats())
+	}
 
-	l = newLimiter(t, Config{ClosedFails: true, MaxWait: time.Second})
-	out = l.Decide(ctx, []string{"k"}, 1)
-	assert.Equal(t, VerdictClosing, out.Verdict)
-	assert.Equal(t, Outcome(OutcomeDenied), out.Outcome)
-	assert.ErrorIs(t, out.Err, client.ErrClosed)
-
-	l = newLimiter(t, Config{ClosedFails: true, Shadow: true})
-	out = l.Decide(ctx, []string{"k"}, 1)
+	l := newLimiter(t, Config{Shadow: true})
+	out := l.Decide(ctx, []string{"k"}, 1)
 	assert.Equal(t, VerdictAdmit, out.Verdict)
 	assert.Equal(t, Outcome(OutcomeShadow), out.Outcome)
 	l.Unidentified()

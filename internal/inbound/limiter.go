@@ -90,11 +90,6 @@ type Config struct {
 	Headers HeaderMode
 	// Shadow admits what the limit denies, as OutcomeShadow.
 	Shadow bool
-	// ClosedFails makes the decision of a closed client (its Source is
-	// client.SourceClosed) VerdictClosing with Err client.ErrClosed, as a
-	// wait that the client's closing ended is. When false, such a decision
-	// is a denial like any other (VerdictDeny).
-	ClosedFails bool
 	// MaxWait, when positive, holds a denial up to this long for its
 	// tokens in the wait queue.
 	MaxWait time.Duration
@@ -109,16 +104,15 @@ type Config struct {
 // the cache of RateLimit fields one limiter shares between all its
 // handlers or interceptors. It is safe for concurrent use.
 type Limiter struct {
-	prefix      string
-	c           *client.Client
-	keys        []templates
-	peers       Peers
-	headers     HeaderMode
-	shadow      bool
-	closedFails bool
-	maxWait     time.Duration
-	queue       chan struct{} // nil without MaxWait
-	log         *slog.Logger
+	prefix  string
+	c       *client.Client
+	keys    []templates
+	peers   Peers
+	headers HeaderMode
+	shadow  bool
+	maxWait time.Duration
+	queue   chan struct{} // nil without MaxWait
+	log     *slog.Logger
 	// fields caches the RateLimit fields of recent decisions (Fields):
 	// an allocation of its own, off the cache lines of the counters that
 	// every request writes.
@@ -126,6 +120,7 @@ type Limiter struct {
 
 	allowed  atomic.Int64
 	denied   atomic.Int64
+	refused  atomic.Int64
 	shadowed atomic.Int64
 	waited   atomic.Int64
 	full     atomic.Int64
@@ -141,14 +136,13 @@ func New(cfg Config) (*Limiter, error) {
 		return nil, fmt.Errorf("%s: Config.Client is required", cfg.Prefix)
 	}
 	l := &Limiter{
-		prefix:      cfg.Prefix,
-		c:           cfg.Client,
-		headers:     cfg.Headers,
-		shadow:      cfg.Shadow,
-		closedFails: cfg.ClosedFails,
-		maxWait:     cfg.MaxWait,
-		log:         cfg.Logger,
-		fields:      newFieldCache(),
+		prefix:  cfg.Prefix,
+		c:       cfg.Client,
+		headers: cfg.Headers,
+		shadow:  cfg.Shadow,
+		maxWait: cfg.MaxWait,
+		log:     cfg.Logger,
+		fields:  newFieldCache(),
 	}
 	keys := cfg.Keys
 	if len(keys) == 0 {
@@ -256,6 +250,11 @@ type Stats struct {
 	Allowed int64
 	// Denied counts the requests denied, for whatever reason.
 	Denied int64
+	// Refused counts the requests whose keys the lease servers refused (a
+	// misconfiguration, OutcomeRefused): those answered as unavailable
+	// are in Denied as well; those Shadow admitted are in no other
+	// counter.
+	Refused int64
 	// Shadow counts the requests Shadow admitted that the limit denied.
 	Shadow int64
 	// Waited counts the requests admitted after waiting in the queue.
@@ -274,6 +273,7 @@ func (l *Limiter) Stats() Stats {
 	return Stats{
 		Allowed:      l.allowed.Load(),
 		Denied:       l.denied.Load(),
+		Refused:      l.refused.Load(),
 		Shadow:       l.shadowed.Load(),
 		Waited:       l.waited.Load(),
 		QueueFull:    l.full.Load(),

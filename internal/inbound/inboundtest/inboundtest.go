@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"strings"
 	"testing"
 	"time"
 
@@ -30,10 +31,10 @@ func DirectClient(t testing.TB, srv *leasetest.Server) *client.Client {
 }
 
 // RestrictedClient starts a lease server with rules and one service,
-// whose token may use only the keys that match pattern ("hello:*"), and
-// returns a client with that token: a key outside pattern is refused, a
+// whose token may use only the keys that match patterns ("hello:*"), and
+// returns a client with that token: a key outside them is refused, a
 // misconfiguration rather than a rate limit. The test's end closes it.
-func RestrictedClient(t testing.TB, rules, pattern string) *client.Client {
+func RestrictedClient(t testing.TB, rules string, patterns ...string) *client.Client {
 	t.Helper()
 	const token = "s3cret-token"
 	sum := sha256.Sum256([]byte(token))
@@ -41,7 +42,7 @@ func RestrictedClient(t testing.TB, rules, pattern string) *client.Client {
 clients:
   - name: api
     token_sha256: "`+hex.EncodeToString(sum[:])+`"
-    keys: ["`+pattern+`"]
+    keys: ["`+strings.Join(patterns, `", "`)+`"]
 `, leasetest.Options{})
 	c, err := client.New(client.Config{Servers: []string{srv.URL()}, Token: token})
 	require.NoError(t, err)
