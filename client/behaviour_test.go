@@ -51,12 +51,19 @@ func TestInvalidInputDenied(t *testing.T) {
 	} {
 		assert.False(t, d.Allowed)
 		assert.Equal(t, client.SourceDenied, d.Source)
+		// A mistake of the caller's, said as one: without an Err the
+		// denial looked like a rate limit (an inbound limiter answered a
+		// cost above protocol.MaxCount 429, found by review).
+		assert.ErrorIs(t, d.Err, client.ErrInvalidRequest)
 	}
 	l := c.Limiter("ok", "bad\x00")
-	require.Error(t, l.Err())
+	require.ErrorIs(t, l.Err(), client.ErrInvalidRequest)
 	assert.False(t, l.Allow())
 	assert.Error(t, l.Wait(ctx))
-	assert.Error(t, c.WaitN(ctx, 0, "user:1"))
+	for _, err := range []error{c.WaitN(ctx, 0, "user:1"), c.WaitN(ctx, 1, "bad\nkey"), c.Wait(ctx)} {
+		assert.ErrorIs(t, err, client.ErrInvalidRequest)
+		assert.NotErrorIs(t, err, client.ErrRateLimited)
+	}
 	assert.Zero(t, c.Stats().ServerCalls, "invalid input never reaches a server")
 }
 

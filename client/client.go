@@ -30,9 +30,10 @@ const (
 	// and no server answered (or the one that did failed on the take).
 	SourceFallback
 	// SourceDenied: denied because the server refused the key (no rule
-	// under default deny, or a key this client may not lease), or because
+	// under default deny, or a key this client may not lease), because
 	// the request asked more than the key's rule can ever hold (Err
-	// matches ErrCostExceedsBurst).
+	// matches ErrCostExceedsBurst), or because the request was invalid
+	// (Err matches ErrInvalidRequest).
 	SourceDenied
 	// SourceClosed: the client is closed.
 	SourceClosed
@@ -90,8 +91,10 @@ type Decision struct {
 	// SourceRefused; the error matches ErrUnauthorized for a 401,
 	// ErrForbidden for a 403, and always ErrServerRefused), or refused a key
 	// this client may not use (Source SourceDenied; it matches
-	// ErrForbidden). It is a *RefusedError. Nil for every other decision,
-	// denials by a limit included.
+	// ErrForbidden), both a *RefusedError; or the request asked more than
+	// the key's rule can ever hold (ErrCostExceedsBurst), or was invalid
+	// (ErrInvalidRequest). Nil for every other decision, denials by a
+	// limit included.
 	Err error
 	// Limits are the limits of the rule of the key that decided (the key
 	// that denied, or the one with the least Remaining), as the lease
@@ -161,6 +164,13 @@ var (
 	// SourceDenied): no wait serves it, so Wait returns it at once, and it
 	// never matches ErrRateLimited.
 	ErrCostExceedsBurst = errors.New("cost exceeds the burst of the key's rule")
+	// ErrInvalidRequest is matched by the error of a decision the client
+	// cannot make from its arguments (Decision.Err, Source SourceDenied):
+	// n below 1 or above protocol.MaxCount, no key or more than
+	// protocol.MaxEntries, an invalid key. A mistake of the caller's, not
+	// a rate limit: no server is asked, Wait returns it at once, and it
+	// never matches ErrRateLimited.
+	ErrInvalidRequest = errors.New("client: invalid request")
 )
 
 // RateLimitedError says a request was denied and when to retry. It matches
@@ -376,12 +386,13 @@ func (c *Client) Allow(ctx context.Context, keys ...string) Decision {
 // call. Config.Fallback decides
 // only while no server answers. Keys move to leases by themselves once
 // this process is admitted enough of them (Config.LeaseMinTokens).
-// Invalid keys, or n < 1, are denied with Source SourceDenied. A key named
-// twice counts once.
+// Invalid keys, n < 1 or n above protocol.MaxCount are denied with Source
+// SourceDenied and an Err matching ErrInvalidRequest, without a call. A
+// key named twice counts once.
 func (c *Client) AllowN(ctx context.Context, n int64, keys ...string) Decision {
-	if n < 1 || n > protocol.MaxCount || len(keys) == 0 || len(keys) > protocol.MaxEntries {
+	if err := checkCount(n, len(keys)); err != nil {
 		c.denied.Add(1)
-		return Decision{Source: SourceDenied}
+		return Decision{Source: SourceDenied, Err: err}
 	}
 	if len(keys) > 1 {
 		keys = distinctKeys(keys)
@@ -389,9 +400,9 @@ func (c *Client) AllowN(ctx context.Context, n int64, keys ...string) Decision {
 	var buf [4]*keyState
 	states := buf[:0]
 	for _, k := range keys {
-		if protocol.ValidateKey(k) != nil {
+		if err := protocol.ValidateKey(k); err != nil {
 			c.denied.Add(1)
-			return Decision{Source: SourceDenied}
+			return Decision{Source: SourceDenied, Err: invalidKey(k, err)}
 		}
 		states = append(states, c.state(k))
 	}
@@ -467,14 +478,14 @@ func (c *Client) Wait(ctx context.Context, keys ...string) error {
 // Allow callers do not queue: under saturation they may take tokens before
 // the first waiter.
 func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) error {
-	if n < 1 || n > protocol.MaxCount || len(keys) == 0 || len(keys) > protocol.MaxEntries {
-		return fmt.Errorf("client: WaitN(%d, %d keys): n must be 1 to %d and keys 1 to %d", n, len(keys), protocol.MaxCount, protocol.MaxEntries)
+	if err := checkCount(n, len(keys)); err != nil {
+		return err
 	}
 	keys = distinctKeys(keys)
 	states := make([]*keyState, len(keys))
 	for i, k := range keys {
 		if err := protocol.ValidateKey(k); err != nil {
-			return fmt.Errorf("client: key %q: %w", k, err)
+			return invalidKey(k, err)
 		}
 		states[i] = c.state(k)
 	}
@@ -550,6 +561,21 @@ func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) error {
 		}
 		stop()
 	}
+}
+
+// checkCount returns an error matching ErrInvalidRequest unless a
+// decision for n tokens of each of keys keys can be made: n from 1 to
+// protocol.MaxCount, 1 to protocol.MaxEntries keys.
+func checkCount(n int64, keys int) error {
+	if n < 1 || n > protocol.MaxCount || keys == 0 || keys > protocol.MaxEntries {
+		return fmt.Errorf("%w: %d tokens of %d keys: n must be 1 to %d and keys 1 to %d", ErrInvalidRequest, n, keys, protocol.MaxCount, protocol.MaxEntries)
+	}
+	return nil
+}
+
+// invalidKey is the error of a decision on the invalid key k.
+func invalidKey(k string, err error) error {
+	return fmt.Errorf("%w: key %q: %w", ErrInvalidRequest, k, err)
 }
 
 // spent records one key's share of a decision, to undo it.

@@ -20,17 +20,17 @@ type Limiter struct {
 
 // Limiter returns a handle for keys (all of them, all or nothing; a key
 // named twice counts once). If a key is invalid, the Limiter denies every
-// request and Err says why.
+// request and Err says why (an error matching ErrInvalidRequest).
 func (c *Client) Limiter(keys ...string) *Limiter {
 	keys = distinctKeys(keys)
 	l := &Limiter{c: c, keys: append([]string(nil), keys...), states: make([]atomic.Pointer[keyState], len(keys))}
 	if len(keys) == 0 || len(keys) > protocol.MaxEntries {
-		l.err = fmt.Errorf("client: Limiter needs 1 to %d keys, not %d", protocol.MaxEntries, len(keys))
+		l.err = fmt.Errorf("%w: Limiter needs 1 to %d keys, not %d", ErrInvalidRequest, protocol.MaxEntries, len(keys))
 		return l
 	}
 	for i, k := range keys {
 		if err := protocol.ValidateKey(k); err != nil {
-			l.err = fmt.Errorf("client: Limiter key %q: %w", k, err)
+			l.err = invalidKey(k, err)
 			return l
 		}
 		l.states[i].Store(c.state(k))

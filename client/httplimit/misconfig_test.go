@@ -10,6 +10,7 @@ import (
 	"github.com/ratelease/ratelease/client/httplimit"
 	"github.com/ratelease/ratelease/e2e/leasetest"
 	"github.com/ratelease/ratelease/internal/inbound/inboundtest"
+	"github.com/ratelease/ratelease/protocol"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -96,4 +97,21 @@ func TestClosedClientIs503(t *testing.T) {
 	assert.Empty(t, rec.Header().Get("Retry-After"))
 	assert.Contains(t, rec.Body.String(), "shutting down")
 	assert.Equal(t, int64(1), m.Stats().Denied)
+}
+
+// TestImpossibleCostIs503: a Cost hook that asks more tokens than any
+// decision can take (above protocol.MaxCount) is a misconfiguration: 503,
+// OutcomeRefused. Its decision was denied without an error, and the
+// request answered 429 with Retry-After: 1, though no retry could succeed
+// (found by review).
+func TestImpossibleCostIs503(t *testing.T) {
+	srv := leasetest.Start(t, testRules, leasetest.Options{})
+	var seen httplimit.Result
+	_, h := newHandler(t, httplimit.Config{Client: inboundtest.DirectClient(t, srv),
+		Cost:       func(*http.Request) int64 { return protocol.MaxCount + 1 },
+		OnDecision: func(_ *http.Request, r httplimit.Result) { seen = r }})
+	rec := get(h, "k")
+	assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	assert.Equal(t, httplimit.OutcomeRefused, seen.Outcome)
+	assert.ErrorIs(t, seen.Err, client.ErrInvalidRequest)
 }
