@@ -262,7 +262,10 @@ func TestQueueRefusesBeyondMaxWait(t *testing.T) {
 }
 
 // TestQueueTimesOut: two requests wait for one token; one gets it, the
-// other is answered 429 once its MaxWait cannot be met.
+// other is answered 429 once its MaxWait cannot be met, with the
+// RateLimit-Policy field but not the RateLimit one: the first decision's
+// state is stale after the wait (it was sent, saying what remained a wait
+// ago, found by review).
 func TestQueueTimesOut(t *testing.T) {
 	srv := leasetest.Start(t, testRules, leasetest.Options{})
 	var mu sync.Mutex
@@ -279,12 +282,20 @@ func TestQueueTimesOut(t *testing.T) {
 	})
 	require.Equal(t, http.StatusOK, get(h, "k").Code)
 	codes := make([]int, 2)
+	recs := make([]*httptest.ResponseRecorder, 2)
 	var wg sync.WaitGroup
 	for i := range codes {
-		wg.Go(func() { codes[i] = get(h, "k").Code })
+		wg.Go(func() { recs[i] = get(h, "k"); codes[i] = recs[i].Code })
 	}
 	wg.Wait()
 	assert.ElementsMatch(t, []int{http.StatusOK, http.StatusTooManyRequests}, codes)
+	for _, rec := range recs {
+		if rec.Code == http.StatusTooManyRequests {
+			assert.NotEmpty(t, rec.Header().Get(httplimit.HeaderRateLimitPolicy))
+			assert.Empty(t, rec.Header().Get(httplimit.HeaderRateLimit), "the first decision's state, a wait old")
+			assert.NotEmpty(t, rec.Header().Get("Retry-After"))
+		}
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	require.Len(t, res, 3)

@@ -152,10 +152,14 @@ func (l *Limiter) Decide(ctx context.Context, keys []string, cost int64) (out De
 				return out
 			}
 			out.Err = err
-			if rl, ok := errors.AsType[*client.RateLimitedError](err); ok && rl.RetryAfter > 0 {
+			rl, limited := errors.AsType[*client.RateLimitedError](err)
+			if limited && rl.RetryAfter > 0 {
 				retry = rl.RetryAfter
+			} else {
+				// The first decision's delay, less the wait it has
+				// covered already.
+				retry = max(retry-out.Waited, 0)
 			}
-			_, limited := errors.AsType[*client.RateLimitedError](err)
 			switch {
 			case errors.Is(err, client.ErrClosed):
 				l.denied.Add(1)
@@ -185,7 +189,10 @@ func (l *Limiter) Decide(ctx context.Context, keys []string, cost int64) (out De
 	l.denied.Add(1)
 	out.Outcome, out.Verdict, out.Retry = OutcomeDenied, verdict, retry
 	out.Fields = l.headers != HeadersNone && len(d.Limits) > 0
-	out.State = true
+	// After a wait the first decision's state (what remained, when the
+	// limit is whole) is stale, as for a request admitted after one: the
+	// policy only.
+	out.State = out.Waited == 0
 	return out
 }
 
