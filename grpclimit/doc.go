@@ -35,6 +35,14 @@
 //	{user}      the identity an earlier interceptor put in the context with
 //	            WithIdentity (the same as httplimit.WithIdentity)
 //
+// {md:name} is the caller's to choose, and so are {method} and {service}
+// on a server with a grpc.UnknownServiceHandler (the interceptors see any
+// method name a caller sends): a key made of such parts alone limits a
+// caller only as far as their values are checked before the interceptor,
+// since a caller can send a new value with each call, a bucket each.
+// Verify an API key first and key on the identity ({user}), or give the
+// call an {ip} key beside it (a second entry of Config.Keys).
+//
 // A part the call lacks makes the key's Fallback be used; without one the
 // call fails with Unauthenticated ({user}), InvalidArgument ({md:name}) or
 // Internal ({ip}: no IP peer, as on a Unix socket or bufconn), or what
