@@ -134,7 +134,12 @@ func (s *Server) SyncRuleDB(ctx context.Context) error {
 	return s.syncDBLocked(ctx)
 }
 
-// syncDBLocked is SyncRuleDB with reloadMu held.
+// syncDBLocked is SyncRuleDB with reloadMu held. The rule set and the
+// override cache are brought in step independently: a stored rule set
+// that cannot be applied (it does not decode or validate, or this server
+// refuses it: checkExposure) keeps the rules in force and is returned as
+// the error, but overrides changed meanwhile still apply, so that a key's
+// override never waits for the rule set to be repaired.
 func (s *Server) syncDBLocked(ctx context.Context) error {
 	d := s.db
 	vals, err := d.db.rdb.MGet(ctx, d.db.key("version"), d.db.key("setversion")).Result()
@@ -143,31 +148,40 @@ func (s *Server) syncDBLocked(ctx context.Context) error {
 		return fmt.Errorf("read rule database version: %w", unavailable(err))
 	}
 	ver, setVer := intOf(vals[0]), intOf(vals[1])
+	var setErr error
 	if setVer != d.setSeen {
-		snap, err := d.db.snapshot(ctx)
-		if err != nil {
-			return err
-		}
-		rules, err := snap.compile()
-		if err == nil {
-			if addr := *s.listenAddr.Load(); addr != "" {
-				err = checkExposure(addr, rules, s.opts.Insecure)
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("rule database (version %d): %w", snap.version, err)
-		}
-		s.metrics.reloads.WithLabelValues("ok").Inc()
-		s.log.Info("rules reloaded from the rule database", "version", snap.version,
-			"rules", len(rules.policy.Rules()), "clients", len(rules.clients))
-		s.setRules(rules)
-		d.setSeen = snap.setVersion
+		setErr = s.applyRuleSetLocked(ctx)
 	}
 	if ver != d.seen {
 		if err := d.invalidateSince(ctx, ver); err != nil {
-			return err
+			return errors.Join(setErr, err)
 		}
 	}
+	return setErr
+}
+
+// applyRuleSetLocked reads the stored rule set and, when it compiles and
+// this server accepts it, puts it in force. reloadMu is held.
+func (s *Server) applyRuleSetLocked(ctx context.Context) error {
+	d := s.db
+	snap, err := d.db.snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	rules, err := snap.compile()
+	if err == nil {
+		if addr := *s.listenAddr.Load(); addr != "" {
+			err = checkExposure(addr, rules, s.opts.Insecure)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("rule database (version %d): %w", snap.version, err)
+	}
+	s.metrics.reloads.WithLabelValues("ok").Inc()
+	s.log.Info("rules reloaded from the rule database", "version", snap.version,
+		"rules", len(rules.policy.Rules()), "clients", len(rules.clients))
+	s.setRules(rules)
+	d.setSeen = snap.setVersion
 	return nil
 }
 

@@ -94,7 +94,8 @@
 // to subscribers on every node (TestRuleDBCluster checks both paths). A
 // rule set in the database that does not validate (written behind the
 // API's back) keeps the rules in force, and /readyz says why, as a failed
-// file reload does.
+// file reload does; overrides go on following their changes meanwhile,
+// on every server within the same second.
 //
 // The admin API (/v1/admin/rules, /v1/admin/clients, /v1/admin/overrides,
 // /v1/admin/changes, /v1/admin/settings; see adminRoutes in admin.go)

@@ -534,6 +534,41 @@ func TestRuleDBInvalidStoredSet(t *testing.T) {
 	assert.Equal(t, int64(3), f.ruleLimit("", "ok"), "the rules in force still serve")
 }
 
+// TestRuleDBOverrideAppliesWhileStoredSetInvalid: while the stored rule
+// set does not validate (written behind the API's back), an override put
+// through the admin API still applies at once on the server that made the
+// change and within a second on another. Before, the sync returned on the
+// invalid set before it invalidated the override cache, so a key whose
+// lack of an override was cached kept its rule (1000/min; 10 of 10 checks
+// allowed against the override's 1/min) for the cache's TTL, a minute.
+func TestRuleDBOverrideAppliesWhileStoredSetInvalid(t *testing.T) {
+	rs := redistest.Start(t)
+	a := newDBFixture(t, rs, Options{DBCheckInterval: time.Minute}) // only its own sync after the change
+	b := newDBFixture(t, rs, Options{DBCheckInterval: 50 * time.Millisecond})
+	require.Equal(t, http.StatusOK, a.admin(http.MethodPut, protocol.PathAdminRules+"/per-user", "", protocol.AdminRule{Match: "user:*", Limit: 1000, Period: "1m"}).status)
+	within(t, time.Second, "rule on server b", func() bool { return b.ruleLimit("", "per-user") == 1000 })
+	for _, f := range []*fixture{a, b} { // each caches the key's lack of an override
+		require.Equal(t, "per-user", f.check("", "user:1").Keys[0].Rule)
+		require.Equal(t, "per-user", f.check("", "user:2").Keys[0].Rule)
+	}
+
+	rdb := rs.Client(t)
+	ctx := context.Background()
+	require.NoError(t, rdb.HSet(ctx, DefaultRuleDBPrefix+"rules", "broken", `99|{"match":"b:*","limit":0,"period":"1s"}`).Err())
+	require.NoError(t, rdb.Incr(ctx, DefaultRuleDBPrefix+"setversion").Err())
+	within(t, time.Second, "server b sees the invalid set", func() bool { return b.srv.ReloadError() != nil })
+
+	for _, key := range []string{"user:1", "user:2"} {
+		r := a.admin(http.MethodPut, protocol.PathAdminOverrides+"/"+key, "", protocol.AdminOverride{Limit: 1, Period: "1m"})
+		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	}
+	assert.Equal(t, leases.OverrideRuleName, a.check("", "user:1").Keys[0].Rule, "in force on the server that made the change")
+	assert.False(t, a.check("", "user:1").Allowed, "1 per minute")
+	within(t, time.Second, "override on server b", func() bool { return b.check("", "user:2").Keys[0].Rule == leases.OverrideRuleName })
+	require.Error(t, a.srv.SyncRuleDB(ctx), "the invalid set is still reported")
+	assert.Equal(t, int64(1000), a.ruleLimit("", "per-user"), "the rules in force still serve")
+}
+
 // TestRuleDBDefaultDeny: the rule set's default lives in the database
 // too: put to deny, it applies on every server, and keys that match no
 // rule are refused; a stale ETag on it gets 412; a bad value 422.
