@@ -1,8 +1,13 @@
 package protocol
 
 // Paths of the admin API. Each item path takes the item's name (a rule or
-// client name) or key (an override) after the prefix; the list paths
-// serve GET only.
+// client name) or key (an override) after the prefix, percent-encoded as
+// a path segment (url.PathEscape, which escapes '/' as %2F; a name or key
+// that is "." or ".." as %2E or %2E%2E). A path that is not canonical
+// (with "//", "/./" or "/../" in it, as a key such as "path:/a/../b" sent
+// unescaped makes) is refused with CodeInvalidPath, never redirected to
+// its cleaned form, which would name another item. The list paths serve
+// GET only.
 const (
 	// PathAdminRules lists the rules (GET); PathAdminRules + "/{name}"
 	// gets, puts and deletes one.

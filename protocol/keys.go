@@ -5,7 +5,8 @@ package protocol
 const (
 	// PathKeysPrefix is the prefix of GET /v1/keys/{key}, which returns a
 	// KeyStateResponse. The key follows the prefix, percent-encoded as a
-	// path segment (url.PathEscape).
+	// path segment (url.PathEscape: '/' as %2F; see the admin paths for a
+	// path that is not canonical).
 	PathKeysPrefix = "/v1/keys/"
 	// PathStatus is the server's status page (HTML, for people).
 	PathStatus = "/status"

@@ -31,6 +31,11 @@ const (
 	// of range, such as the cursor or limit of a listing; the detail
 	// names it (400).
 	CodeInvalidQuery Code = "invalid_query"
+	// CodeInvalidPath: the URL path is not canonical: it holds "//",
+	// "/./" or "/../", or ends in "/." or "/..". Such a path is refused,
+	// never redirected to its cleaned form, which would name another key
+	// or item; escape each '/' of a key or name in a path as %2F (400).
+	CodeInvalidPath Code = "invalid_path"
 	// CodeInvalidKey: a key breaks the key rules (422).
 	CodeInvalidKey Code = "invalid_key"
 	// CodeDuplicateKey: a key appears twice in one call (422).
@@ -127,6 +132,7 @@ var codes = map[Code]codeInfo{
 	CodeInvalidUTF8:          {http.StatusUnprocessableEntity, "Body is not valid UTF-8"},
 	CodeInvalidRequest:       {http.StatusUnprocessableEntity, "Invalid request"},
 	CodeInvalidQuery:         {http.StatusBadRequest, "Invalid query parameter"},
+	CodeInvalidPath:          {http.StatusBadRequest, "Path not canonical"},
 	CodeInvalidKey:           {http.StatusUnprocessableEntity, "Invalid key"},
 	CodeDuplicateKey:         {http.StatusUnprocessableEntity, "Duplicate key"},
 	CodeInvalidCount:         {http.StatusUnprocessableEntity, "Invalid count"},

@@ -24,7 +24,11 @@
 //
 // Every error is an RFC 9457 application/problem+json body
 // (protocol.Problem) with a stable code, including unknown routes (404) and
-// wrong methods (405, with an Allow header). Bad input is refused before the
+// wrong methods (405, with an Allow header). A key or name in a path is
+// percent-encoded as one segment, '/' as %2F: a path that is not canonical
+// (it holds "//", "/./" or "/../", as "path:/a/../b" sent unescaped makes)
+// gets 400 invalid_path, never a redirect to its cleaned form, which would
+// be another key's. Bad input is refused before the
 // engine runs, so it changes nothing in the store.
 //
 // A /v1/check that is denied answers 200 with "allowed": false and a
@@ -182,7 +186,8 @@
 // (owningmetrics.go), and, when Options.Peers counts its commands (a
 // RedisPeers does), peer_commands_total (the Redis commands of the fleet
 // view: see RedisPeers.Commands). The route label
-// is the ServeMux pattern ("POST /v1/leases"; "/" for unknown routes),
+// is the ServeMux pattern ("POST /v1/leases"; "/" for unknown routes and
+// paths refused as not canonical),
 // never the raw path, so its cardinality is fixed.
 //
 // ratelease_open_leases counts the leases granted through this server

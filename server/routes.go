@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"path"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -49,19 +51,73 @@ func (s *Server) routes() http.Handler {
 	}
 	s.adminRoutes(mux)
 	s.handle(mux, "/", notFound)
-	return mux
+	return canonicalPaths(mux, s.instrument("/", refuseNonCanonical))
+}
+
+// canonicalPaths serves a request whose escaped path is not canonical
+// (it holds "//", "/./" or "/../", or ends in "/." or "/..") with refuse,
+// and every other request with mux. ServeMux would answer such a path with
+// a redirect to its cleaned form, which for GET /v1/keys/{key} and
+// /v1/admin/overrides/{key} is another key ("path:/a/../b" becomes
+// "path:/b"), and a client that follows redirects re-sends its PUT or
+// DELETE, and its token, there. A key or name that holds '/' goes in the
+// path with each '/' escaped as %2F, which no cleaning touches.
+func canonicalPaths(mux *http.ServeMux, refuse http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := r.URL.EscapedPath(); r.Method != http.MethodConnect && cleanPath(p) != p {
+			refuse(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// cleanPath is the canonical form of an escaped path, as ServeMux cleans
+// it: rooted, without "." or ".." elements or repeated slashes, and with a
+// trailing slash kept.
+func cleanPath(p string) string {
+	if p == "" || p[0] != '/' {
+		p = "/" + p
+	}
+	np := path.Clean(p)
+	if strings.HasSuffix(p, "/") && np != "/" {
+		np += "/"
+	}
+	return np
+}
+
+// refuseNonCanonical answers a request whose path is not canonical with
+// 400 invalid_path, suggesting the path with the '/' of its key escaped
+// when it is a keyed route's.
+func refuseNonCanonical(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.EscapedPath()
+	hint := "escape each '/' of a key or name in the path as %2F"
+	for _, prefix := range []string{protocol.PathKeysPrefix, protocol.PathAdminOverrides + "/"} {
+		if key, ok := strings.CutPrefix(p, prefix); ok {
+			hint = fmt.Sprintf("escape each '/' of the key as %%2F: %s%s", prefix, strings.ReplaceAll(key, "/", "%2F"))
+		}
+	}
+	writeProblem(w, protocol.NewProblem(protocol.CodeInvalidPath, fmt.Sprintf(
+		"path %s holds //, /./ or /../ (or ends in /. or /..), which clients and proxies may rewrite into another path, so it is refused, never redirected: %s",
+		p, hint)))
 }
 
 // handle registers h for pattern, wrapped to record metrics, log, and turn a
 // panic into a 500 problem. The route's metric children are looked up here,
 // once, rather than per request.
 func (s *Server) handle(mux *http.ServeMux, pattern string, h http.HandlerFunc) {
+	mux.HandleFunc(pattern, s.instrument(pattern, h))
+}
+
+// instrument wraps h, served under the route label pattern, as handle
+// does.
+func (s *Server) instrument(pattern string, h http.HandlerFunc) http.HandlerFunc {
 	duration := s.metrics.duration.MustCurryWith(prometheus.Labels{"route": pattern})
 	// The child of the usual status is looked up once too, at the first
 	// 200 (so that a route that never answers 200 shows no such series):
 	// the lookup hashes the labels, and formatting 200 allocates.
 	okChild := sync.OnceValue(func() prometheus.Observer { return duration.WithLabelValues(strconv.Itoa(http.StatusOK)) })
-	mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
 		defer func() {
@@ -93,7 +149,7 @@ func (s *Server) handle(mux *http.ServeMux, pattern string, h http.HandlerFunc) 
 			}
 		}()
 		h(sw, r)
-	})
+	}
 }
 
 // statusWriter records the status of a response.

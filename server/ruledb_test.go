@@ -222,6 +222,75 @@ func TestRuleDBOverride(t *testing.T) {
 	assert.Equal(t, protocol.CodeNoSuchItem, r.problem(t).Code)
 }
 
+// TestRuleDBKeyPathNotCanonical: a key holding "//", "/./" or "/../"
+// (valid keys: "url:https://example.com/x", "path:/a/../b") sent in a
+// path with its '/' unescaped gets 400 invalid_path on every keyed route,
+// and no other key is touched; sent with '/' as %2F, it round-trips
+// through PUT, GET, the listing, GET /v1/keys and DELETE. Before,
+// ServeMux answered 307 to the cleaned path, another key's
+// ("path:/b"), and a client following it stored that key's override.
+func TestRuleDBKeyPathNotCanonical(t *testing.T) {
+	rs := redistest.Start(t)
+	f := newDBFixture(t, rs, Options{})
+	f.client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	db := NewRuleDB(rs.Client(t), RuleDBOptions{})
+	ctx := context.Background()
+	put := protocol.AdminOverride{Limit: 1, Period: "1m"}
+	for _, tc := range []struct{ key, cleaned string }{
+		{"url:https://example.com/x", "url:https:/example.com/x"},
+		{"path:/a/../b", "path:/b"},
+		{"path:/a/./b", "path:/a/b"},
+		{"path:/a/..", "path:"},
+	} {
+		t.Run(tc.key, func(t *testing.T) {
+			for _, rt := range []struct {
+				method, path string
+				body         any
+			}{
+				{http.MethodPut, protocol.PathAdminOverrides + "/" + tc.key, put},
+				{http.MethodGet, protocol.PathAdminOverrides + "/" + tc.key, nil},
+				{http.MethodDelete, protocol.PathAdminOverrides + "/" + tc.key, nil},
+				{http.MethodGet, protocol.PathKeysPrefix + tc.key, nil},
+			} {
+				r := f.admin(rt.method, rt.path, "", rt.body)
+				require.Equal(t, http.StatusBadRequest, r.status, "%s %s: %s (Location %q)", rt.method, rt.path, r.body, r.header.Get("Location"))
+				p := r.problem(t)
+				assert.Equal(t, protocol.CodeInvalidPath, p.Code)
+				assert.Contains(t, p.Detail, strings.ReplaceAll(tc.key, "/", "%2F"), "the detail shows the escaped path")
+			}
+			for _, k := range []string{tc.key, tc.cleaned} {
+				_, err := db.Override(ctx, k)
+				require.ErrorIs(t, err, ErrNoSuchItem, "nothing stored for %q", k)
+			}
+
+			esc := url.PathEscape(tc.key)
+			r := f.admin(http.MethodPut, protocol.PathAdminOverrides+"/"+esc, "", put)
+			require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+			o, err := db.Override(ctx, tc.key)
+			require.NoError(t, err, "stored under the key as sent")
+			assert.EqualValues(t, 1, o.Limit)
+			_, err = db.Override(ctx, tc.cleaned)
+			require.ErrorIs(t, err, ErrNoSuchItem)
+			r = f.admin(http.MethodGet, protocol.PathAdminOverrides+"/"+esc, "", nil)
+			require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+			assert.Contains(t, string(r.body), strconv.Quote(tc.key))
+			seen, _, _ := f.listOverrides(tc.key, 10)
+			assert.Equal(t, map[string]int{tc.key: 1}, seen)
+			r = f.admin(http.MethodGet, protocol.PathKeysPrefix+esc, "", nil)
+			require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+			var ks protocol.KeyStateResponse
+			require.NoError(t, json.Unmarshal(r.body, &ks))
+			assert.Equal(t, tc.key, ks.Key)
+			require.NotNil(t, ks.Rule)
+			assert.Equal(t, leases.OverrideRuleName, ks.Rule.Name)
+			r = f.admin(http.MethodDelete, protocol.PathAdminOverrides+"/"+esc, "", nil)
+			require.Equal(t, http.StatusNoContent, r.status, "body: %s", r.body)
+			_, err = db.Override(ctx, tc.key)
+			require.ErrorIs(t, err, ErrNoSuchItem)
+		})
+	}
+}
+
 // TestRuleDBFailedWriteChangesNothing: a rule or override that does not
 // validate, or that makes the set invalid, is refused with 422 naming the
 // rule and field, and the database (items, version, log) is unchanged.

@@ -39,7 +39,7 @@ type api struct {
 func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("ratelease", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	a := &api{http: &http.Client{Timeout: 30 * time.Second}}
+	a := &api{http: &http.Client{Timeout: 30 * time.Second, CheckRedirect: noRedirects}}
 	fs.StringVar(&a.base, "server", cmp.Or(env("RATELEASE_SERVER"), "http://127.0.0.1:8080"), "`URL` of a rateleased (env RATELEASE_SERVER)")
 	fs.StringVar(&a.token, "token", env("RATELEASE_ADMIN_TOKEN"), "admin bearer `token` (env RATELEASE_ADMIN_TOKEN)")
 	fs.Usage = func() {
@@ -85,14 +85,14 @@ flags:`)
 		}
 		switch cmd {
 		case "override get":
-			err = a.show(ctx, protocol.PathAdminOverrides+"/"+escapeKey(rest[2]), stdout)
+			err = a.show(ctx, protocol.PathAdminOverrides+"/"+pathSegment(rest[2]), stdout)
 		case "override delete":
-			err = a.call(ctx, http.MethodDelete, protocol.PathAdminOverrides+"/"+escapeKey(rest[2]), nil, nil, nil)
+			err = a.call(ctx, http.MethodDelete, protocol.PathAdminOverrides+"/"+pathSegment(rest[2]), nil, nil, nil)
 			if err == nil {
 				fmt.Fprintf(stdout, "deleted override of %s\n", rest[2])
 			}
 		default:
-			err = a.show(ctx, "/v1/keys/"+escapeKey(rest[2]), stdout)
+			err = a.show(ctx, "/v1/keys/"+pathSegment(rest[2]), stdout)
 		}
 	default:
 		fs.Usage()
@@ -104,9 +104,24 @@ flags:`)
 	return err
 }
 
-// escapeKey escapes a key for a path, keeping '/' and ':' readable.
-func escapeKey(k string) string {
-	return strings.ReplaceAll(url.PathEscape(k), "%2F", "/")
+// pathSegment escapes a key or a name as one segment of a path: '/' as
+// %2F, so that no "//", "/./" or "/../" in a key reaches the path (the
+// server refuses such a path with 400 invalid_path; a proxy may clean it
+// into another key's), and a key that is "." or ".." as %2E or %2E%2E.
+func pathSegment(k string) string {
+	e := url.PathEscape(k)
+	if e == "." || e == ".." {
+		return strings.ReplaceAll(e, ".", "%2E")
+	}
+	return e
+}
+
+// noRedirects is the CheckRedirect of the CLI's HTTP client: the admin API
+// never redirects, and following a redirect would re-send a PUT or DELETE,
+// with the admin token, to another path (another key's override) or
+// another host. The redirect is answered as the error of the call.
+func noRedirects(req *http.Request, via []*http.Request) error {
+	return fmt.Errorf("%w: answered a redirect to %s, not followed: the admin API never redirects; check -server", errCall, req.URL.Redacted())
 }
 
 // call sends one request; out, when set, receives a 2xx JSON body; hdr,
@@ -214,7 +229,7 @@ func (a *api) overrideSet(ctx context.Context, args []string, stdout, stderr io.
 		o.LeaseTTL = ttl.String()
 	}
 	var got protocol.AdminOverride
-	if err := a.call(ctx, http.MethodPut, protocol.PathAdminOverrides+"/"+escapeKey(pos[0]), o, nil, &got); err != nil {
+	if err := a.call(ctx, http.MethodPut, protocol.PathAdminOverrides+"/"+pathSegment(pos[0]), o, nil, &got); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "override of %s: %d per %s (version %d)\n", pos[0], o.Limit, o.Period, got.Version)
@@ -399,7 +414,7 @@ func planSet[T any](kind, base string, cur, want []T, prune bool, id func(*T) (s
 	for _, w := range want {
 		name, _ := id(&w)
 		wanted[name] = true
-		path := base + "/" + url.PathEscape(name)
+		path := base + "/" + pathSegment(name)
 		old, ok := stored[name]
 		if !ok {
 			puts = append(puts, step{op: "+", kind: kind, name: name, path: path, body: w})
@@ -416,7 +431,7 @@ func planSet[T any](kind, base string, cur, want []T, prune bool, id func(*T) (s
 		for _, c := range cur {
 			name, v := id(&c)
 			if !wanted[name] {
-				dels = append(dels, step{op: "-", kind: kind, name: name, path: base + "/" + url.PathEscape(name), ifMatch: strconv.FormatInt(*v, 10)})
+				dels = append(dels, step{op: "-", kind: kind, name: name, path: base + "/" + pathSegment(name), ifMatch: strconv.FormatInt(*v, 10)})
 			}
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -151,6 +152,77 @@ func TestOverrideCommands(t *testing.T) {
 
 	_, _, err = ratelease(t, url, "override", "set", "k", "--limit", "5")
 	require.ErrorIs(t, err, errUsage)
+}
+
+// TestOverrideCommandsKeysWithSlashes: keys whose text holds "//", "/./"
+// or "/../", and the keys "." and "..", round-trip through override set,
+// get, list, key show and delete, and no other key gets an override.
+// Before, the CLI sent '/' unescaped, the server answered 307 to the
+// cleaned path, and the CLI followed it with the body: "override set
+// path:/a/../b" reported success and stored an override for "path:/b".
+func TestOverrideCommandsKeysWithSlashes(t *testing.T) {
+	url, _ := startServer(t)
+	for _, tc := range []struct{ key, cleaned string }{
+		{"path:/a/../b", "path:/b"},
+		{"url:https://example.com/x", "url:https:/example.com/x"},
+		{"path:/a/./b", "path:/a/b"},
+		{"..", ""},
+		{".", ""},
+	} {
+		t.Run(tc.key, func(t *testing.T) {
+			out, stderr, err := ratelease(t, url, "override", "set", tc.key, "-limit", "1", "-period", "1m")
+			require.NoError(t, err, stderr)
+			assert.Contains(t, out, "override of "+tc.key+": 1 per 1m")
+			out, stderr, err = ratelease(t, url, "override", "get", tc.key)
+			require.NoError(t, err, stderr)
+			assert.Contains(t, out, fmt.Sprintf("%q: %q", "key", tc.key))
+			out, stderr, err = ratelease(t, url, "override", "list", "-prefix", tc.key)
+			require.NoError(t, err, stderr)
+			assert.True(t, strings.HasPrefix(out, tc.key+"\t"), "listed under its key: %q", out)
+			out, stderr, err = ratelease(t, url, "key", "show", tc.key)
+			require.NoError(t, err, stderr)
+			var ks protocol.KeyStateResponse
+			require.NoError(t, json.Unmarshal([]byte(out), &ks), out)
+			assert.Equal(t, tc.key, ks.Key)
+			if tc.cleaned != "" {
+				_, stderr, err = ratelease(t, url, "override", "get", tc.cleaned)
+				require.ErrorIs(t, err, errCall, "no override stored for %q", tc.cleaned)
+				assert.Contains(t, stderr, "404 no_such_item")
+			}
+			out, stderr, err = ratelease(t, url, "override", "delete", tc.key)
+			require.NoError(t, err, stderr)
+			assert.Equal(t, "deleted override of "+tc.key+"\n", out)
+			_, stderr, err = ratelease(t, url, "override", "get", tc.key)
+			require.ErrorIs(t, err, errCall)
+			assert.Contains(t, stderr, "404 no_such_item")
+		})
+	}
+}
+
+// TestCallFollowsNoRedirect: a redirect answered to a PUT, DELETE or GET
+// is reported as the command's error, and the CLI sends nothing, token
+// included, to where it points. Before, the CLI's http.Client followed a
+// 307 with the PUT's body and the admin token.
+func TestCallFollowsNoRedirect(t *testing.T) {
+	var followed atomic.Int32
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/elsewhere") {
+			followed.Add(1)
+			return
+		}
+		http.Redirect(w, r, "/elsewhere"+r.URL.Path, http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(hs.Close)
+	for _, args := range [][]string{
+		{"override", "set", "user:1", "-limit", "1", "-period", "1m"},
+		{"override", "delete", "user:1"},
+		{"override", "get", "user:1"},
+	} {
+		_, stderr, err := ratelease(t, hs.URL, args...)
+		require.ErrorIs(t, err, errCall, "%v", args)
+		assert.Contains(t, stderr, "redirect to "+hs.URL+"/elsewhere", "%v", args)
+	}
+	assert.Zero(t, followed.Load(), "requests sent to the redirect's target")
 }
 
 // TestOverrideList: override list pages through every override, or those
