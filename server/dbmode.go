@@ -47,7 +47,7 @@ type dbMode struct {
 	cache    *overrideCache
 	interval time.Duration
 
-	seen, setSeen int64 // versions in force; only the syncer writes them after New
+	seen, setSeen int64 // versions in force; written under Server.reloadMu after New
 	kick          chan struct{}
 	done          chan struct{}
 	lastErr       string // last sync failure logged
@@ -92,7 +92,7 @@ func (s *Server) watchDB() {
 	sync := func() {
 		sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
 		defer scancel()
-		s.dbSynced(s.SyncRuleDB(sctx))
+		s.dbSynced(s.syncRuleDB(sctx))
 	}
 	rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
 	_, err := ps.Receive(rctx)
@@ -129,9 +129,17 @@ func (s *Server) SyncRuleDB(ctx context.Context) error {
 	if s.db == nil {
 		return nil
 	}
+	_, err := s.syncRuleDB(ctx)
+	return err
+}
+
+// syncRuleDB is SyncRuleDB in database mode; it also returns the database
+// version seen after the sync, read under reloadMu as it was written.
+func (s *Server) syncRuleDB(ctx context.Context) (int64, error) {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
-	return s.syncDBLocked(ctx)
+	err := s.syncDBLocked(ctx)
+	return s.db.seen, err
 }
 
 // syncDBLocked is SyncRuleDB with reloadMu held. The rule set and the
@@ -225,12 +233,14 @@ func (d *dbMode) invalidateSince(ctx context.Context, ver int64) error {
 	return nil
 }
 
-// dbSynced logs a sync failure once per distinct message, and its end.
-func (s *Server) dbSynced(err error) {
+// dbSynced logs a sync failure once per distinct message, and its end at
+// version seen. Only the syncer calls it, so lastErr needs no lock; the
+// versions, which admin requests write too, it never reads.
+func (s *Server) dbSynced(seen int64, err error) {
 	d := s.db
 	if err == nil {
 		if d.lastErr != "" {
-			s.log.Info("rule database in sync again", "version", d.seen)
+			s.log.Info("rule database in sync again", "version", seen)
 			d.lastErr = ""
 			s.reloadErr.Store(nil)
 			s.metrics.reloadSuccess.Set(1)

@@ -638,6 +638,47 @@ func TestRuleDBOverrideAppliesWhileStoredSetInvalid(t *testing.T) {
 	assert.Equal(t, int64(1000), a.ruleLimit("", "per-user"), "the rules in force still serve")
 }
 
+// TestRuleDBSyncsRaceFree: the syncer's report of a sync (the "in sync
+// again" line after a failure) and the syncs of admin requests
+// (Server.changed, here RuleDB.PutOverride then SyncRuleDB) run at once
+// without a data race. Before, dbSynced read the version seen after
+// SyncRuleDB had released reloadMu, while an admin request's sync wrote it
+// under the lock: -race reported it within a few error-to-ok
+// transitions, which a rule set broken and fixed behind the API's back
+// drives here.
+func TestRuleDBSyncsRaceFree(t *testing.T) {
+	rs := redistest.Start(t)
+	f := newDBFixture(t, rs, Options{DBCheckInterval: time.Millisecond})
+	rdb := rs.Client(t)
+	db := NewRuleDB(rdb, RuleDBOptions{})
+	ctx := context.Background()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { // the admin API: put an override, then sync, as changed does
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := db.PutOverride(ctx, "admin", protocol.AdminOverride{Key: fmt.Sprintf("k:%d", i%10), Limit: 5, Period: "1s"}, ""); err == nil {
+				_ = f.srv.SyncRuleDB(ctx)
+			}
+		}
+	})
+	for range 40 {
+		require.NoError(t, rdb.HSet(ctx, DefaultRuleDBPrefix+"rules", "broken", `1|{"match":"b:*","limit":0,"period":"1s"}`).Err())
+		require.NoError(t, rdb.Incr(ctx, DefaultRuleDBPrefix+"setversion").Err())
+		within(t, 5*time.Second, "the syncer sees the broken set", func() bool { return f.srv.ReloadError() != nil })
+		require.NoError(t, rdb.HDel(ctx, DefaultRuleDBPrefix+"rules", "broken").Err())
+		require.NoError(t, rdb.Incr(ctx, DefaultRuleDBPrefix+"setversion").Err())
+		within(t, 5*time.Second, "the syncer in sync again", func() bool { return f.srv.ReloadError() == nil })
+	}
+	close(stop)
+	wg.Wait()
+	assert.Contains(t, f.logs.String(), "rule database in sync again")
+}
+
 // TestRuleDBDefaultDeny: the rule set's default lives in the database
 // too: put to deny, it applies on every server, and keys that match no
 // rule are refused; a stale ETag on it gets 412; a bad value 422.
