@@ -45,7 +45,13 @@ const AdminPrincipal = "admin"
 // If-None-Match: *; a stale one gets 412 precondition_failed and changes
 // nothing. A rule or client change that would leave the rule set invalid
 // gets 422 invalid_rule, with the rule or client and field named as
-// loading a rules file names them, and changes nothing.
+// loading a rules file names them, and changes nothing. A stored item
+// that does not decode (written behind the API's back) gets 422
+// invalid_rule naming it, to a GET of it, to the listing of its kind
+// (the rules' listing for the settings too, as it holds the default; a
+// listing that left it out would hide it) or a page of overrides that
+// holds it, and to a rule set change that
+// leaves it in place; a DELETE or PUT of it is served.
 func (s *Server) adminRoutes(mux *http.ServeMux) {
 	type route struct {
 		methods []string
@@ -96,7 +102,11 @@ func (s *Server) adminAuthed(h adminHandler) http.HandlerFunc {
 func (s *Server) adminFailed(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.Is(err, leases.ErrInvalidRules), errors.Is(err, ErrInsecureListen):
-		writeProblem(w, protocol.NewProblem(protocol.CodeInvalidRule, err.Error()+": nothing was stored"))
+		detail := err.Error()
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			detail += ": nothing was stored"
+		}
+		writeProblem(w, protocol.NewProblem(protocol.CodeInvalidRule, detail))
 	case errors.Is(err, ErrPrecondition):
 		writeProblem(w, protocol.NewProblem(protocol.CodePreconditionFailed, err.Error()+
 			": someone changed it since you read it; GET it again, then retry with its ETag in If-Match. Nothing was stored"))
@@ -206,6 +216,9 @@ func (s *Server) changed(ctx context.Context, who, op, kind, name string, versio
 
 func (s *Server) adminListRules(w http.ResponseWriter, r *http.Request, db *RuleDB, _ string) {
 	snap, err := db.snapshot(r.Context())
+	if err == nil {
+		err = snap.faults(KindRule, KindSetting) // a listing without them would hide them
+	}
 	if err != nil {
 		s.adminFailed(w, r, err)
 		return
@@ -286,6 +299,9 @@ func (s *Server) adminPutSettings(w http.ResponseWriter, r *http.Request, db *Ru
 
 func (s *Server) adminListClients(w http.ResponseWriter, r *http.Request, db *RuleDB, _ string) {
 	snap, err := db.snapshot(r.Context())
+	if err == nil {
+		err = snap.faults(KindClient) // a listing without them would hide them
+	}
 	if err != nil {
 		s.adminFailed(w, r, err)
 		return

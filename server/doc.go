@@ -98,8 +98,14 @@
 // to subscribers on every node (TestRuleDBCluster checks both paths). A
 // rule set in the database that does not validate (written behind the
 // API's back) keeps the rules in force, and /readyz says why, as a failed
-// file reload does; overrides go on following their changes meanwhile,
-// on every server within the same second.
+// file reload does (logged at level error); overrides go on following
+// their changes meanwhile, on every server within the same second. So
+// does an item that does not decode at all (not "<version>|<JSON>"): the
+// admin API answers 422 invalid_rule naming every such item to a listing
+// of its kind (GET /v1/admin/rules, /v1/admin/clients, a page of
+// overrides that holds it), to a GET of it and to a rule set change that
+// leaves it in place, and accepts a DELETE or PUT of it, which repairs
+// the set.
 //
 // The admin API (/v1/admin/rules, /v1/admin/clients, /v1/admin/overrides,
 // /v1/admin/changes, /v1/admin/settings; see adminRoutes in admin.go)

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ratelease/ratelease/leases"
 	"github.com/ratelease/ratelease/protocol"
 )
 
@@ -64,7 +65,7 @@ func (db *RuleDB) ListOverrides(ctx context.Context, prefix string, cursor uint6
 		for i := 0; i+1 < len(kv); i += 2 {
 			o := protocol.AdminOverride{}
 			if err := decodeItem(kv[i+1], &o, &o.Version); err != nil {
-				return protocol.AdminOverrides{}, fmt.Errorf("override of key %q: %w", kv[i], err)
+				return protocol.AdminOverrides{}, fmt.Errorf("%w: override of key %q: %w: DELETE or PUT it through the admin API", leases.ErrInvalidRules, kv[i], err)
 			}
 			o.Key = kv[i]
 			out.Overrides = append(out.Overrides, o)

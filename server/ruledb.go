@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	_ "embed"
@@ -134,6 +135,38 @@ type ruleSetSnapshot struct {
 	rules      []protocol.AdminRule   // by name
 	clients    []protocol.AdminClient // by name
 	settings   protocol.AdminSettings
+	// bad describes the stored items that do not decode (written behind
+	// the API's back), each naming its item; they are left out of rules,
+	// clients and settings.
+	bad []storedFault
+}
+
+// storedFault is a stored item of the rule set that does not decode.
+type storedFault struct {
+	kind, name string
+	err        error // names the item
+}
+
+// faults returns nil when every item of the snapshot (of kinds, when
+// given) decoded, else an error wrapping leases.ErrInvalidRules that names
+// each item that did not.
+func (s *ruleSetSnapshot) faults(kinds ...string) error {
+	var msgs []string
+	for _, f := range s.bad {
+		if len(kinds) == 0 || slices.Contains(kinds, f.kind) {
+			msgs = append(msgs, f.err.Error())
+		}
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s: DELETE or PUT each through the admin API", leases.ErrInvalidRules, strings.Join(msgs, "; "))
+}
+
+// without returns the faults of s but that of the item kind/name, which a
+// change replaces or deletes.
+func (s *ruleSetSnapshot) without(kind, name string) []storedFault {
+	return slices.DeleteFunc(slices.Clone(s.bad), func(f storedFault) bool { return f.kind == kind && f.name == name })
 }
 
 // SettingsName is the one item of KindSetting.
@@ -157,7 +190,10 @@ func splitItem(v string) (int64, []byte, error) {
 	return n, []byte(doc), nil
 }
 
-// snapshot reads the rule set atomically (one MULTI).
+// snapshot reads the rule set atomically (one MULTI). An item that does
+// not decode is left out and described in bad: compile refuses such a
+// snapshot, and a change that deletes or replaces the item may still be
+// made (changeSet).
 func (db *RuleDB) snapshot(ctx context.Context) (*ruleSetSnapshot, error) {
 	var ver, setVer *redis.StringCmd
 	var rules, clients *redis.MapStringStringCmd
@@ -179,7 +215,8 @@ func (db *RuleDB) snapshot(ctx context.Context) (*ruleSetSnapshot, error) {
 	for name, v := range rules.Val() {
 		var r protocol.AdminRule
 		if err := decodeItem(v, &r, &r.Version); err != nil {
-			return nil, fmt.Errorf("rule %q: %w", name, err)
+			s.bad = append(s.bad, storedFault{KindRule, name, fmt.Errorf("rule %q: %w", name, err)})
+			continue
 		}
 		r.Name = name
 		s.rules = append(s.rules, r)
@@ -187,28 +224,36 @@ func (db *RuleDB) snapshot(ctx context.Context) (*ruleSetSnapshot, error) {
 	for name, v := range clients.Val() {
 		var c protocol.AdminClient
 		if err := decodeItem(v, &c, &c.Version); err != nil {
-			return nil, fmt.Errorf("client %q: %w", name, err)
+			s.bad = append(s.bad, storedFault{KindClient, name, fmt.Errorf("client %q: %w", name, err)})
+			continue
 		}
 		c.Name = name
 		s.clients = append(s.clients, c)
 	}
 	if v, err := settings.Result(); err == nil {
 		if err := decodeItem(v, &s.settings, &s.settings.Version); err != nil {
-			return nil, fmt.Errorf("settings: %w", err)
+			s.bad = append(s.bad, storedFault{KindSetting, SettingsName, fmt.Errorf("settings: %w", err)})
+			s.settings = protocol.AdminSettings{}
 		}
 	}
 	slices.SortFunc(s.rules, func(a, b protocol.AdminRule) int { return strings.Compare(a.Name, b.Name) })
 	slices.SortFunc(s.clients, func(a, b protocol.AdminClient) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(s.bad, func(a, b storedFault) int {
+		return cmp.Or(strings.Compare(a.kind, b.kind), strings.Compare(a.name, b.name))
+	})
 	return s, nil
 }
 
+// decodeItem decodes a stored "<version>|<JSON>" value into into and its
+// version. Errors say what is wrong with the stored text; callers name
+// the item.
 func decodeItem(v string, into any, version *int64) error {
 	n, doc, err := splitItem(v)
 	if err != nil {
 		return err
 	}
 	if err := json.Unmarshal(doc, into); err != nil {
-		return fmt.Errorf("stored item: %w", err)
+		return fmt.Errorf("stored item %.40q does not decode: %w", v, err)
 	}
 	*version = n
 	return nil
@@ -228,6 +273,9 @@ func unavailable(err error) error {
 // field. Rules are in name order, which decides ties of specificity
 // between patterns (see leases.Policy.Match).
 func (s *ruleSetSnapshot) compile() (*Rules, error) {
+	if err := s.faults(); err != nil {
+		return nil, err
+	}
 	f := RulesFile{Default: leases.Default(s.settings.Default)}
 	for i := range s.rules {
 		rc, err := ruleConfigOf(&s.rules[i])
@@ -405,7 +453,11 @@ func (db *RuleDB) get(ctx context.Context, kind, name string, into any) (int64, 
 	}
 	var ver int64
 	if err := decodeItem(v, into, &ver); err != nil {
-		return 0, fmt.Errorf("%s %q: %w", kind, name, err)
+		item := fmt.Sprintf("%s %q", kind, name)
+		if kind == KindOverride {
+			item = fmt.Sprintf("override of key %q", name) // as overrideRule names it
+		}
+		return 0, fmt.Errorf("%w: %s: %w: DELETE or PUT it through the admin API", leases.ErrInvalidRules, item, err)
 	}
 	return ver, nil
 }
@@ -474,6 +526,7 @@ func (db *RuleDB) changeSet(ctx context.Context, c change, check func(*Rules) er
 			return 0, err
 		}
 		next := *snap
+		next.bad = snap.without(c.kind, c.name) // the change replaces or deletes it
 		switch c.kind {
 		case KindRule:
 			next.rules = slices.DeleteFunc(slices.Clone(snap.rules), func(r protocol.AdminRule) bool { return r.Name == c.name })

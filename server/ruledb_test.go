@@ -603,6 +603,77 @@ func TestRuleDBInvalidStoredSet(t *testing.T) {
 	assert.Equal(t, int64(3), f.ruleLimit("", "ok"), "the rules in force still serve")
 }
 
+// TestRuleDBUndecodableStoredItem: an item stored behind the API's back
+// that does not decode (no version, or JSON cut short) keeps the rules in
+// force, is logged at ERROR and named by /readyz; the admin API answers
+// 422 invalid_rule naming it to a listing, a GET of it, and a change that
+// leaves it in place, and a DELETE of it works, after which all is well.
+// Before, every listing, GET and rule or client write answered 500
+// internal (the DELETE of the bad rule too), the sync was logged at WARN
+// as "retrying", and only redis-cli could repair the database.
+func TestRuleDBUndecodableStoredItem(t *testing.T) {
+	for _, tc := range []struct {
+		kind, hash, list, stored string
+	}{
+		{KindRule, "rules", protocol.PathAdminRules, `99|{"match":`},
+		{KindRule, "rules", protocol.PathAdminRules, `{"match":"b:*","limit":1,"period":"1s"}`},
+		{KindClient, "clients", protocol.PathAdminClients, `7|not json`},
+		{KindOverride, "overrides", protocol.PathAdminOverrides, `99|{"limit":`},
+	} {
+		t.Run(tc.kind+" "+tc.stored, func(t *testing.T) {
+			rs := redistest.Start(t)
+			f := newDBFixture(t, rs, Options{})
+			require.Equal(t, http.StatusOK, f.admin(http.MethodPut, protocol.PathAdminRules+"/ok", "", protocol.AdminRule{Match: "ok:*", Limit: 3, Period: "1s"}).status)
+			rdb := rs.Client(t)
+			ctx := context.Background()
+			require.NoError(t, rdb.HSet(ctx, DefaultRuleDBPrefix+tc.hash, "broken", tc.stored).Err())
+			item := tc.list + "/broken"
+			named := fmt.Sprintf(`%s \"broken\"`, tc.kind)
+			if tc.kind == KindOverride {
+				named = `override of key \"broken\"`
+			} else {
+				require.NoError(t, rdb.Incr(ctx, DefaultRuleDBPrefix+"setversion").Err())
+				err := f.srv.SyncRuleDB(ctx)
+				require.ErrorIs(t, err, leases.ErrInvalidRules)
+				require.NoError(t, rdb.Publish(ctx, DefaultRuleDBPrefix+"changes", "x").Err())
+				within(t, time.Second, "readyz names the item", func() bool {
+					return strings.Contains(f.readyDetail(), "broken")
+				})
+				within(t, time.Second, "logged at ERROR", func() bool {
+					return strings.Contains(f.logs.String(), `level=ERROR msg="rule database holds invalid rules`)
+				})
+				assert.NotContains(t, f.logs.String(), "retrying")
+				assert.Equal(t, int64(3), f.ruleLimit("", "ok"), "the rules in force still serve")
+			}
+
+			for _, rt := range []struct {
+				method, path string
+				body         any
+			}{
+				{http.MethodGet, tc.list, nil},
+				{http.MethodGet, item, nil},
+				{http.MethodPut, protocol.PathAdminRules + "/other", protocol.AdminRule{Match: "o:*", Limit: 1, Period: "1s"}},
+			} {
+				if tc.kind == KindOverride && rt.method == http.MethodPut {
+					continue // overrides are not part of the rule set
+				}
+				r := f.admin(rt.method, rt.path, "", rt.body)
+				require.Equal(t, http.StatusUnprocessableEntity, r.status, "%s %s: %s", rt.method, rt.path, r.body)
+				assert.Equal(t, protocol.CodeInvalidRule, r.problem(t).Code)
+				assert.Contains(t, string(r.body), named, "%s %s", rt.method, rt.path)
+				assert.Equal(t, rt.method == http.MethodPut, strings.Contains(string(r.body), "nothing was stored"))
+			}
+
+			r := f.admin(http.MethodDelete, item, "", nil)
+			require.Equal(t, http.StatusNoContent, r.status, "the admin deletes the bad item; body: %s", r.body)
+			r = f.admin(http.MethodGet, tc.list, "", nil)
+			require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+			require.NoError(t, f.srv.SyncRuleDB(ctx))
+			assert.Empty(t, f.readyDetail())
+		})
+	}
+}
+
 // TestRuleDBOverrideAppliesWhileStoredSetInvalid: while the stored rule
 // set does not validate (written behind the API's back), an override put
 // through the admin API still applies at once on the server that made the
