@@ -34,7 +34,9 @@ type AdminSettings struct {
 	// default) or "deny", as in a rules file.
 	Default string `json:"default"`
 	// Version is the database version of the last change; set in
-	// responses (and equal to the ETag), ignored in a PUT.
+	// responses (and equal to the ETag), ignored in a PUT. Settings never
+	// stored have version 0 and ETag "0", which If-Match takes as "not
+	// stored yet".
 	Version int64 `json:"version,omitempty"`
 }
 

@@ -43,7 +43,9 @@ const AdminPrincipal = "admin"
 // naming it (protocol.DecodeAdmin), and changes nothing.
 // PUT and DELETE honour If-Match ("<version>" from an ETag, or *) and PUT
 // If-None-Match: *; a stale one gets 412 precondition_failed and changes
-// nothing. A rule or client change that would leave the rule set invalid
+// nothing. The settings, never stored, are answered with ETag "0", and
+// If-Match "0" means "not stored yet": the write succeeds only if nothing
+// is stored (as If-None-Match: *). A rule or client change that would leave the rule set invalid
 // gets 422 invalid_rule, with the rule or client and field named as
 // loading a rules file names them, and changes nothing. A stored item
 // that does not decode (written behind the API's back) gets 422
@@ -121,8 +123,10 @@ func (s *Server) adminFailed(w http.ResponseWriter, r *http.Request, err error) 
 }
 
 // ifMatch returns the precondition of a write: "" none, "*" the item must
-// exist, "!" it must not (If-None-Match: *), or the version an If-Match
-// ETag names. It writes a problem and returns false for a malformed one.
+// exist, "!" it must not (If-None-Match: *, or If-Match "0": the ETag of
+// settings never stored, which GET answers with version 0), or the version
+// an If-Match ETag names. It writes a problem and returns false for a
+// malformed one.
 func ifMatch(w http.ResponseWriter, r *http.Request) (string, bool) {
 	if v := strings.TrimSpace(r.Header.Get("If-None-Match")); v != "" {
 		if v != "*" {
@@ -137,7 +141,10 @@ func ifMatch(w http.ResponseWriter, r *http.Request) (string, bool) {
 	}
 	v = strings.TrimPrefix(v, "W/")
 	n, err := strconv.ParseInt(strings.Trim(v, `"`), 10, 64)
-	if err != nil || n <= 0 {
+	if err == nil && n == 0 {
+		return "!", true // the ETag of an item not stored yet: it still must not be
+	}
+	if err != nil || n < 0 {
 		writeProblem(w, protocol.NewProblem(protocol.CodeInvalidRequest, fmt.Sprintf(
 			"If-Match %q is not an ETag of this API: send the ETag header of a GET, such as \"12\"", v)))
 		return "", false

@@ -784,6 +784,33 @@ func TestRuleDBDefaultDeny(t *testing.T) {
 	assert.True(t, b.check("", "free:x").Keys[0].Unlimited)
 }
 
+// TestRuleDBSettingsETagZero: settings never stored are answered with
+// ETag "0", and a PUT with If-Match "0" succeeds while nothing is stored
+// and gets 412 once something is. Before, If-Match "0", the server's own
+// ETag, was refused with 422 invalid_request ("not an ETag of this API").
+func TestRuleDBSettingsETagZero(t *testing.T) {
+	rs := redistest.Start(t)
+	f := newDBFixture(t, rs, Options{})
+	r := f.admin(http.MethodGet, protocol.PathAdminSettings, "", nil)
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	etag := r.header.Get("ETag")
+	require.Equal(t, `"0"`, etag)
+
+	for _, tc := range []struct {
+		ifMatch string
+		want    int
+	}{
+		{etag, http.StatusOK},                    // nothing stored: the write goes through
+		{etag, http.StatusPreconditionFailed},    // stored now: "0" is stale
+		{`"-1"`, http.StatusUnprocessableEntity}, // never an ETag of this API
+	} {
+		r = f.admin(http.MethodPut, protocol.PathAdminSettings, "", protocol.AdminSettings{Default: "deny"}, "If-Match", tc.ifMatch)
+		assert.Equal(t, tc.want, r.status, "If-Match %s: %s", tc.ifMatch, r.body)
+	}
+	r = f.admin(http.MethodGet, protocol.PathAdminSettings, "", nil)
+	assert.JSONEq(t, fmt.Sprintf(`{"default":"deny","version":%s}`, strings.Trim(r.header.Get("ETag"), `"`)), string(r.body))
+}
+
 // lateSubscriber is a Redis client whose Subscribe waits for release: a
 // server whose subscription to the rule database's notices takes effect
 // late.
