@@ -37,8 +37,8 @@ const AdminPrincipal = "admin"
 //	GET    /v1/admin/changes           the newest changes (protocol.AdminChanges; ?n=, at most 1000)
 //	GET|PUT /v1/admin/settings         the rule set's settings: its default (protocol.AdminSettings)
 //
-// A malformed prefix, cursor or limit of the override listing gets 400
-// invalid_query. A PUT body with an unknown field, a field name in another
+// A malformed query parameter (the prefix, cursor or limit of the
+// override listing, n of the changes) gets 400 invalid_query. A PUT body with an unknown field, a field name in another
 // case than its own ("LIMIT") or a field given twice gets 400 invalid_json
 // naming it (protocol.DecodeAdmin), and changes nothing.
 // PUT and DELETE honour If-Match ("<version>" from an ETag, or *) and PUT
@@ -412,7 +412,7 @@ func (s *Server) adminChanges(w http.ResponseWriter, r *http.Request, db *RuleDB
 	if q := r.URL.Query().Get("n"); q != "" {
 		v, err := strconv.Atoi(q)
 		if err != nil || v < 1 {
-			writeProblem(w, protocol.NewProblem(protocol.CodeInvalidRequest, fmt.Sprintf("n=%q: want a whole number from 1 to %d", q, maxChanges)))
+			writeProblem(w, protocol.NewProblem(protocol.CodeInvalidQuery, fmt.Sprintf("n=%q: want a whole number from 1 (larger ones are read as %d)", q, maxChanges)))
 			return
 		}
 		n = min(v, maxChanges)

@@ -468,6 +468,38 @@ func TestRuleDBAdminBodyMalformed(t *testing.T) {
 	}
 }
 
+// TestRuleDBChangesQuery: GET /v1/admin/changes takes n from 1 (more
+// than 1000 read as 1000); a malformed or out-of-range n gets 400
+// invalid_query naming it, as the override listing's parameters do.
+// Before, it got 422 invalid_request.
+func TestRuleDBChangesQuery(t *testing.T) {
+	rs := redistest.Start(t)
+	f := newDBFixture(t, rs, Options{})
+	for i := range 3 {
+		r := f.admin(http.MethodPut, protocol.PathAdminOverrides+"/k:"+strconv.Itoa(i), "", protocol.AdminOverride{Limit: 1, Period: "1s"})
+		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	}
+	for _, tc := range []struct {
+		n       string
+		changes int // -1: refused
+	}{
+		{"abc", -1}, {"0", -1}, {"-3", -1}, {"1.5", -1}, {"", 3}, {"2", 2}, {"5000", 3},
+	} {
+		r := f.admin(http.MethodGet, protocol.PathAdminChanges+"?n="+tc.n, "", nil)
+		if tc.changes < 0 {
+			require.Equal(t, http.StatusBadRequest, r.status, "n=%s: %s", tc.n, r.body)
+			p := r.problem(t)
+			assert.Equal(t, protocol.CodeInvalidQuery, p.Code, "n=%s", tc.n)
+			assert.Contains(t, p.Detail, fmt.Sprintf("n=%q", tc.n))
+			continue
+		}
+		require.Equal(t, http.StatusOK, r.status, "n=%s: %s", tc.n, r.body)
+		var out protocol.AdminChanges
+		require.NoError(t, json.Unmarshal(r.body, &out))
+		assert.Len(t, out.Changes, tc.changes, "n=%s", tc.n)
+	}
+}
+
 // TestRuleDBStaleETag: with If-Match, the second of two edits from the
 // same read gets 412 and changes nothing; of concurrent edits from one
 // read exactly one wins.
