@@ -62,7 +62,14 @@
 // with code too_many_keys (429) and never reaches the store; settles (entries
 // with a lease_id), keys the client holds, and keys no rule limits are never
 // refused. The count is per lease server: each counts what it granted, so
-// behind N servers a client can hold up to N times the cap. The work per
+// behind N servers a client can hold up to N times the cap. Direct takes
+// (checks, and the takes of a lease call) are not counted, as the SDK
+// decides per-user keys with them: the state a take creates expires once
+// its bucket is full again (at most the time the rule takes to refill a
+// whole bucket, plus a second in Redis or until the memory store's next
+// sweep: see Options.MaxKeysPerClient), so the
+// state a client's takes keep is bounded by the distinct keys it takes
+// from per unit of time times that time, not by the cap. The work per
 // call is proportional to its entries (a map and a min-heap of expiries
 // per client, emptied lazily; no scans).
 //

@@ -362,6 +362,54 @@ func TestMaxKeysPerClient(t *testing.T) {
 	assert.Equal(t, protocol.CodeTooManyKeys, r.problem(t).Code)
 }
 
+// TestMaxKeysPerClientTakesExpire: the cap bounds the keys a client holds
+// leases on, not those it takes from directly (POST /v1/check and the
+// takes of POST /v1/leases, the SDK's path for per-user keys): a client
+// at its cap of 2 still takes from 50 new keys. What bounds the state
+// takes keep is its expiry, as Options.MaxKeysPerClient documents: each
+// bucket a take made is dropped once it is full again (here 10 ms after a
+// take of 1 from a bucket of 100 refilled at 100/s), while the keys held
+// by leases stay as long as the leases. Before, the option promised that
+// no client could make the store keep state for keys without bound, which
+// the takes contradicted (the review saw 50 buckets kept for a client
+// capped at 2); the promise is now stated as this bound.
+func TestMaxKeysPerClientTakesExpire(t *testing.T) {
+	var mu sync.Mutex
+	now := time.UnixMilli(1_700_000_000_000)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	ms := leases.NewMemoryStore(leases.MemoryOptions{Now: clock, SweepInterval: -1})
+	t.Cleanup(func() { _ = ms.Close() })
+	f := newFixture(t, authRulesYAML(), ms, Options{MaxKeysPerClient: 2, Now: clock})
+	res := f.lease(betaToken, "p1", want("user:a", 1), want("user:b", 1), want("user:c", 1))
+	require.Nil(t, res[0].Error)
+	require.Nil(t, res[1].Error)
+	require.NotNil(t, res[2].Error)
+	require.Equal(t, protocol.CodeTooManyKeys, res[2].Error.Code, "the cap holds for leases")
+
+	const takes = 50
+	for i := range takes {
+		key := fmt.Sprintf("user:%d", i)
+		var r response
+		if i%2 == 0 {
+			r = f.postJSON(protocol.PathCheck, betaToken, protocol.CheckRequest{Keys: []string{key}})
+		} else {
+			r = f.postJSON(protocol.PathLeases, betaToken, protocol.LeaseRequest{ClientID: "p1", Takes: []protocol.CheckRequest{{Keys: []string{key}}}})
+		}
+		require.Equal(t, http.StatusOK, r.status, "takes are not capped: %s", r.body)
+	}
+	ms.Sweep()
+	require.Equal(t, 2+takes, ms.Len(), "a bucket per leased key and per key taken from")
+
+	mu.Lock()
+	now = now.Add(time.Second) // the takes' buckets are full again; the leases (TTL 2s) still open
+	mu.Unlock()
+	ms.Sweep()
+	assert.Equal(t, 2, ms.Len(), "only the leased keys keep state")
+	r := f.postJSON(protocol.PathLeases, betaToken, protocol.LeaseRequest{ClientID: "p1", Leases: []protocol.LeaseEntry{want("user:c", 1)}})
+	require.Equal(t, http.StatusTooManyRequests, r.status, "body: %s", r.body)
+	assert.Equal(t, protocol.CodeTooManyKeys, r.problem(t).Code, "the cap still holds")
+}
+
 // TestMaxKeysPerClientForgedLeaseID: an entry on a new key whose lease_id
 // has the shape of a shadow or elastic rule's ID is no way past the cap.
 // One found by review: "x~0" ("the limits granted nothing") was let

@@ -127,12 +127,26 @@ type Options struct {
 	// MaxKeysPerClient caps the distinct keys on which one client (an
 	// authenticated client name, or the anonymous client of a server
 	// without clients, whatever the client_id) holds leases granted by this
-	// server, so that no client can make the store keep state for keys
-	// without bound. A key counts from the grant of a lease on it until the
+	// server: the state its leases keep in the store, which lives as long
+	// as they do. A key counts from the grant of a lease on it until the
 	// latest of its leases' expiries (the grant's time plus its TTL), even
 	// when the lease was returned sooner. The count is per lease server:
 	// each server counts the leases it granted, so behind N servers a
 	// client may hold up to N times the cap.
+	//
+	// Direct takes (POST /v1/check, and the takes of POST /v1/leases) are
+	// not counted: they are how the SDK decides per-user keys, millions of
+	// them, and a cap would refuse users. The state a take creates
+	// expires once its bucket is full again: for a token bucket at most
+	// burst/rate after the take (the rule's period when burst is the
+	// limit), for fixed_window at the window's end, for
+	// sliding_window_counter two windows after the take's window starts,
+	// for sliding_window_log a window after the take, for leaky_bucket
+	// once its queue has drained; RedisStore's keys live a second more,
+	// MemoryStore drops the bucket at its next sweep. So the state a
+	// client's takes keep is bounded by the distinct keys it takes from
+	// per unit of time times that time, not by this cap: bound that rate
+	// with the client's key patterns and at its callers.
 	//
 	// A lease entry that asks for tokens on a key the client does not hold
 	// while it holds the cap fails alone with code too_many_keys (429) and
