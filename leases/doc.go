@@ -174,7 +174,14 @@
 // still open until they end, and its keys live as long as they do; a key
 // whose rule changed its algorithm keeps the state of each, in both stores
 // (storetest.RunRuleChange, on every store; TestRuleChange* for the keys'
-// TTLs and the two stores' answers compared). The
+// TTLs and the two stores' answers compared). The new algorithm's state
+// starts full while the leases granted under the old one stay spendable
+// until their deadlines, so across each change of algorithm a key admits
+// at most the rule's bound plus one capacity of the new algorithm (a
+// token bucket's burst, a window's limit, a leaky bucket's queue), the
+// old leases included: 10 tokens leased under 10 per hour, then a change
+// to fixed_window, admit 10 more within the hour
+// (server.TestReloadAlgorithmChangeBound). The
 // hash's TTL is set with half again of slack, and the Redis time it runs
 // to is kept beside x; a write whose need it still covers leaves it
 // running, so a renewal runs EVALSHA, TIME, HMGET and HSET, and a PEXPIRE
@@ -306,7 +313,8 @@
 // expiry that counts the lease as fully spent — and a direct take for keys
 // that do not lease. Its Redis keys carry its tag after the key's hash
 // tag, so a rule that changes algorithm starts its keys afresh (and may
-// admit one limit's worth more in the moment it changes). The sections
+// admit one capacity of the new algorithm more across the change, the
+// leases open under the old one included: see Stores). The sections
 // below state each algorithm's bound and what leasing costs it.
 //
 // # Several limits per rule

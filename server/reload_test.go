@@ -148,3 +148,45 @@ func TestCloseStopsPolling(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	assert.EqualValues(t, 100, f.rulesLimit(""), "no reload after Close")
 }
+
+// TestReloadAlgorithmChangeBound: a rule whose algorithm changes starts
+// its keys' state afresh beside the old one, as the README and
+// leases/doc.go state with its bound: the leases granted under the old
+// algorithm stay spendable until their deadlines and the new state starts
+// full, so across one change a key admits at most the rule's bound plus
+// one capacity of the new algorithm (its burst, or a window's limit). With
+// 10 per hour, 10 tokens leased, then the algorithm changed: 20 admitted
+// within the hour, 10 leased and 10 new, and never more. The review
+// found the 20 against the 10 a reader of the rule expects; the bound was
+// not stated, and the engine is unchanged.
+func TestReloadAlgorithmChangeBound(t *testing.T) {
+	rule := func(algorithm string) string {
+		return "rules:\n  - {name: r, match: \"k:*\", algorithm: " + algorithm + ", limit: 10, period: 1h, lease_ttl: 30s}\n"
+	}
+	const limit, capacity = 10, 10 // the new algorithm's burst, or its window's limit
+	for _, tc := range []struct{ before, after string }{
+		{"token_bucket", "fixed_window"},
+		{"token_bucket", "sliding_window_log"},
+		{"fixed_window", "token_bucket"},
+		{"sliding_window_counter", "token_bucket"},
+	} {
+		t.Run(tc.before+" to "+tc.after, func(t *testing.T) {
+			f := newFixture(t, rule(tc.before), frozenStore(t), Options{ReloadInterval: -1})
+			res := f.lease("", "p1", protocol.LeaseEntry{Key: "k:1", Want: limit})
+			require.Nil(t, res[0].Error)
+			require.EqualValues(t, limit, res[0].Granted, "the client holds the whole limit for 30 s")
+			require.False(t, f.check("", "k:1").Allowed, "no more under the old algorithm")
+
+			f.writeRules(rule(tc.after))
+			require.NoError(t, f.srv.Reload())
+			admitted := res[0].Granted
+			for range 2 * limit {
+				if f.check("", "k:1").Allowed {
+					admitted++
+				}
+			}
+			assert.LessOrEqual(t, admitted, int64(limit+capacity), "the stated bound: the rule's limit plus one capacity of the new algorithm")
+			assert.Greater(t, admitted, int64(limit), "the change admits more than the limit, as documented")
+		})
+	}
+}
