@@ -53,7 +53,10 @@ const AdminPrincipal = "admin"
 // (the rules' listing for the settings too, as it holds the default; a
 // listing that left it out would hide it) or a page of overrides that
 // holds it, and to a rule set change that
-// leaves it in place; a DELETE or PUT of it is served.
+// leaves it in place; a DELETE or PUT of it is served. So does a change
+// log entry that does not decode, to GET /v1/admin/changes, until newer
+// changes push it out of the log. A stored override that does not decode
+// is not applied (the key is limited by its rule) and is logged at ERROR.
 func (s *Server) adminRoutes(mux *http.ServeMux) {
 	type route struct {
 		methods []string

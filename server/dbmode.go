@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 	"time"
@@ -73,6 +74,7 @@ func openDBMode(ctx context.Context, opts Options) (*dbMode, *Rules, error) {
 		kick:     make(chan struct{}, 1),
 		done:     make(chan struct{}),
 	}
+	d.cache.log = opts.Logger
 	return d, rules, nil
 }
 
@@ -284,6 +286,7 @@ type overrideCache struct {
 	max int
 	ttl time.Duration
 	now func() time.Time
+	log *slog.Logger // nil: no logs
 
 	mu    sync.Mutex
 	m     map[string]*list.Element // of *overrideEntry
@@ -377,11 +380,18 @@ func (c *overrideCache) Lookup(ctx context.Context, keys []string) (map[string]*
 			continue
 		}
 		var o protocol.AdminOverride
-		if decodeItem(s, &o, &o.Version) != nil {
-			continue // validated when written; a corrupt item is no override
+		if err := decodeItem(s, &o, &o.Version); err != nil {
+			// Validated when written: one written behind the API's back is
+			// no override, and said so, once a cache TTL per key (the
+			// admin API names it, and a PUT or DELETE of it repairs it).
+			c.corrupt(missing[i], err)
+			continue
 		}
 		o.Key = missing[i]
-		if r, err := overrideRule(&o); err == nil {
+		r, err := overrideRule(&o)
+		if err != nil {
+			c.corrupt(missing[i], err)
+		} else {
 			rules[i] = r
 			if out == nil {
 				out = make(map[string]*leases.Rule, len(keys))
@@ -409,6 +419,15 @@ func (c *overrideCache) Lookup(ctx context.Context, keys []string) (map[string]*
 	}
 	c.mu.Unlock()
 	return out, nil
+}
+
+// corrupt logs that the stored override of key is invalid (err), and is
+// not applied: the key is limited by its rule.
+func (c *overrideCache) corrupt(key string, err error) {
+	if c.log != nil {
+		c.log.Error("stored override is invalid and not applied; the key is limited by its rule: PUT or DELETE it through the admin API",
+			"key", key, "error", err)
+	}
 }
 
 // invalidate drops keys from the cache.

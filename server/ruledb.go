@@ -645,7 +645,10 @@ func (db *RuleDB) Changes(ctx context.Context, n int) (protocol.AdminChanges, er
 	for _, e := range entries.Val() {
 		var c protocol.AdminChange
 		if err := json.Unmarshal([]byte(e), &c); err != nil {
-			return out, fmt.Errorf("change log entry %.60q: %w", e, err)
+			// Written behind the API's back: a 422 naming it, not a 500;
+			// it leaves the log as newer changes push it out.
+			return out, fmt.Errorf("%w: change log entry %.60q does not decode (%v): rateleased did not write it; it leaves the log after %d newer changes",
+				leases.ErrInvalidRules, e, err, db.logCap)
 		}
 		out.Changes = append(out.Changes, c)
 	}

@@ -498,6 +498,13 @@ func TestRuleDBChangesQuery(t *testing.T) {
 		require.NoError(t, json.Unmarshal(r.body, &out))
 		assert.Len(t, out.Changes, tc.changes, "n=%s", tc.n)
 	}
+
+	// An entry written behind the API's back is a 422 naming it, not a
+	// 500 internal (found by review).
+	require.NoError(t, rs.Client(t).LPush(context.Background(), DefaultRuleDBPrefix+"log", "not json").Err())
+	r := f.admin(http.MethodGet, protocol.PathAdminChanges, "", nil)
+	require.Equal(t, http.StatusUnprocessableEntity, r.status, "body: %s", r.body)
+	assert.Contains(t, r.problem(t).Detail, `change log entry "not json" does not decode`)
 }
 
 // TestRuleDBStaleETag: with If-Match, the second of two edits from the
@@ -643,6 +650,27 @@ func TestRuleDBInvalidStoredSet(t *testing.T) {
 // Before, every listing, GET and rule or client write answered 500
 // internal (the DELETE of the bad rule too), the sync was logged at WARN
 // as "retrying", and only redis-cli could repair the database.
+// TestRuleDBCorruptOverrideLogged: an override written behind the API's
+// back that does not decode, or names no valid rule, is not applied (the
+// key is limited by its rule), and the server says so at ERROR, naming
+// the key. It was skipped without a word (found by review).
+func TestRuleDBCorruptOverrideLogged(t *testing.T) {
+	for _, stored := range []string{`9|{"limit":`, `9|{"limit":5,"period":"-1s"}`} {
+		t.Run(stored, func(t *testing.T) {
+			rs := redistest.Start(t)
+			f := newDBFixture(t, rs, Options{})
+			require.Equal(t, http.StatusOK, f.admin(http.MethodPut, protocol.PathAdminRules+"/u", "", protocol.AdminRule{Match: "user:*", Limit: 3, Period: "1m"}).status)
+			require.NoError(t, f.srv.SyncRuleDB(context.Background()))
+			require.NoError(t, rs.Client(t).HSet(context.Background(), DefaultRuleDBPrefix+"overrides", "user:7", stored).Err())
+			res := f.check("", "user:7")
+			require.Len(t, res.Keys, 1)
+			assert.Equal(t, int64(3), res.Keys[0].Limit, "limited by its rule")
+			assert.Contains(t, f.logs.String(), `level=ERROR msg="stored override is invalid and not applied`)
+			assert.Contains(t, f.logs.String(), `key=user:7`)
+		})
+	}
+}
+
 func TestRuleDBUndecodableStoredItem(t *testing.T) {
 	for _, tc := range []struct {
 		kind, hash, list, stored string

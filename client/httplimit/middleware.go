@@ -198,8 +198,8 @@ type Result struct {
 	// Err is why a wait ended without tokens (client.ErrRateLimited, the
 	// request's context error, client.ErrClosed), why the servers refused
 	// the request (OutcomeRefused: an error wrapping a *client.RefusedError,
-	// or matching client.ErrCostExceedsBurst), or the *MissingPartError of
-	// OutcomeUnidentified.
+	// or matching client.ErrCostExceedsBurst or client.ErrInvalidRequest),
+	// or the *MissingPartError of OutcomeUnidentified.
 	Err error
 }
 

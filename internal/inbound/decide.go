@@ -41,9 +41,11 @@ const (
 	// VerdictDeny: the limit denies the request (a 429, a
 	// ResourceExhausted); retry after Decided.Retry.
 	VerdictDeny
-	// VerdictRefused: the lease servers refused this service (Decided.Err,
-	// the Decision's *client.RefusedError): a misconfiguration, not a rate
-	// limit, to be answered as one the caller must not retry.
+	// VerdictRefused: the lease servers refused this service, or the
+	// request could not be decided (Decided.Err: a *client.RefusedError,
+	// client.ErrCostExceedsBurst, client.ErrInvalidRequest): a
+	// misconfiguration, not a rate limit, to be answered as one the
+	// caller must not retry.
 	VerdictRefused
 	// VerdictClosing: the client is closing or closed (Decided.Err is
 	// client.ErrClosed): not a rate limit either.
@@ -70,8 +72,9 @@ type Decided struct {
 	QueueFull bool
 	// Err is why the request was refused or a wait ended without tokens:
 	// an error wrapping a *client.RefusedError or matching
-	// client.ErrCostExceedsBurst (OutcomeRefused), client.ErrRateLimited,
-	// the request's context error, or client.ErrClosed.
+	// client.ErrCostExceedsBurst or client.ErrInvalidRequest
+	// (OutcomeRefused), client.ErrRateLimited, the request's context
+	// error, or client.ErrClosed.
 	Err error
 	// Retry is the delay of a denial (VerdictDeny, VerdictEnded): the
 	// Retry-After to send.
