@@ -64,9 +64,13 @@ func (l *Limiter) AllowN(n int64) bool {
 // Decide is AllowN with the full Decision; a direct take waits at most
 // until ctx ends.
 func (l *Limiter) Decide(ctx context.Context, n int64) Decision {
-	if l.err != nil || n < 1 || n > protocol.MaxCount {
+	if l.err != nil {
 		l.c.denied.Add(1)
-		return Decision{Source: SourceDenied}
+		return Decision{Source: SourceDenied, Err: l.err}
+	}
+	if err := checkCount(n, len(l.keys)); err != nil {
+		l.c.denied.Add(1)
+		return Decision{Source: SourceDenied, Err: err}
 	}
 	var buf [4]*keyState
 	states := l.resolve(buf[:0])

@@ -13,7 +13,6 @@ import (
 
 	"github.com/hashicorp/go-cleanhttp"
 	"github.com/hashicorp/go-retryablehttp"
-	"github.com/ratelease/ratelease/protocol"
 )
 
 // DefaultMaxUpstreamRetryAfter is the longest an upstream's Retry-After
@@ -87,10 +86,11 @@ type transport struct {
 // budget may allow them (RetryAfter, 0 when unknown) and the Source of the
 // decision; an http.Client returns it wrapped in a *url.Error. RoundTrip
 // returns ErrClosed after Client.Close, the context's error when the
-// request's context ends before the budget decided, an error that wraps the
-// decision's Err (matching ErrServerRefused, and ErrUnauthorized or
-// ErrForbidden) when a lease server refused the client or a key, and an
-// error that does not match ErrRateLimited when keys returns an invalid key
+// request's context has ended before RoundTrip (spending nothing) or ends
+// before the budget decided, an error that wraps the decision's Err
+// (matching ErrServerRefused, and ErrUnauthorized or ErrForbidden) when a
+// lease server refused the client or a key, and one matching
+// ErrInvalidRequest, never ErrRateLimited, when keys returns an invalid key
 // (see protocol.ValidateKey). A request whose keys hold no live lease waits for
 // a direct take, about one round trip, as Client.Allow does.
 //
@@ -149,8 +149,14 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// spend takes one token of every key, or says why not.
+// spend takes one token of every key, or says why not. A request whose
+// context has ended is not sent, and spends nothing: a leased key's spend
+// does not read the context, and the token was spent for a request the
+// base RoundTripper then refused at once (found by review).
 func (t *transport) spend(req *http.Request, keys []string) error {
+	if err := req.Context().Err(); err != nil {
+		return err
+	}
 	var rl *RateLimitedError
 	if t.opts.Wait {
 		err := t.c.Wait(req.Context(), keys...)
@@ -172,15 +178,8 @@ func (t *transport) spend(req *http.Request, keys []string) error {
 			// rate limit.
 			return fmt.Errorf("client: transport: %s %s: %w", req.Method, req.URL.Redacted(), d.Err)
 		}
-		switch d.Source {
-		case SourceClosed:
+		if d.Source == SourceClosed {
 			return ErrClosed
-		case SourceDenied:
-			for _, k := range keys {
-				if err := protocol.ValidateKey(k); err != nil {
-					return fmt.Errorf("client: transport: key %q of %s %s: %w", k, req.Method, req.URL.Redacted(), err)
-				}
-			}
 		}
 		rl = &RateLimitedError{Keys: slices.Clone(keys), RetryAfter: d.RetryAfter, Source: d.Source}
 	}
@@ -263,14 +262,19 @@ func RetryAfterBackoff(min, max time.Duration, attempt int, resp *http.Response)
 	if d, ok := upstreamRetryAfter(resp, time.Now()); ok {
 		return capWait(d, max)
 	}
-	return capWait(retryablehttp.DefaultBackoff(min, max, attempt, resp), max)
+	// Without resp: DefaultBackoff would parse Retry-After again, more
+	// laxly ("+30", "-0"), and honour a header the transport refused
+	// (found by review).
+	return capWait(retryablehttp.DefaultBackoff(min, max, attempt, nil), max)
 }
 
 // RetryPolicy is a retryablehttp.CheckRetry for requests sent through
 // Client.Transport: it stops, returning false and err, when err matches
 // ErrRateLimited (the budget denied the attempt, which was not sent),
-// ErrServerRefused (a lease server refused the client: a misconfiguration)
-// or ErrClosed, and otherwise decides as retryablehttp.DefaultRetryPolicy does:
+// ErrServerRefused (a lease server refused the client: a misconfiguration),
+// ErrInvalidRequest or ErrCostExceedsBurst (a mistake no retry fixes: an
+// invalid key, say) or ErrClosed, and otherwise decides as
+// retryablehttp.DefaultRetryPolicy does:
 // no retry once ctx has ended; a retry after connection errors, 429, and 5xx
 // statuses other than 501.
 //
@@ -279,7 +283,10 @@ func RetryAfterBackoff(min, max time.Duration, attempt int, resp *http.Response)
 // RetryAfter. With TransportOptions.Wait the attempt waits for the budget
 // instead, within the request's context.
 func RetryPolicy(ctx context.Context, resp *http.Response, err error) (bool, error) {
-	if err != nil && (errors.Is(err, ErrRateLimited) || errors.Is(err, ErrClosed) || errors.Is(err, ErrServerRefused)) {
+	if err != nil && (errors.Is(err, ErrRateLimited) || errors.Is(err, ErrClosed) || errors.Is(err, ErrServerRefused) ||
+		errors.Is(err, ErrInvalidRequest) || errors.Is(err, ErrCostExceedsBurst)) {
+		// Retried, an invalid key was sent RetryMax more times with
+		// backoff, 15 s by default, before Do failed (found by review).
 		return false, err
 	}
 	return retryablehttp.DefaultRetryPolicy(ctx, resp, err)

@@ -514,3 +514,91 @@ func TestRetryPolicy(t *testing.T) {
 		})
 	}
 }
+
+// TestRetryableClientStopsOnInvalidKey: a keys func that names an invalid
+// key is the caller's mistake (ErrInvalidRequest), which no retry fixes.
+// RetryPolicy stopped only on ErrRateLimited, ErrClosed and
+// ErrServerRefused, and go-retryablehttp's DefaultRetryPolicy retried the
+// rest: Do made RetryMax+1 attempts with backoff before it failed (5
+// attempts, found by review).
+func TestRetryableClientStopsOnInvalidKey(t *testing.T) {
+	c := transportClient(t)
+	up := startUpstream(t, nil)
+	var calls atomic.Int64
+	rc := c.RetryableClient(func(*http.Request) []string {
+		calls.Add(1)
+		return []string{"bad\nkey"}
+	})
+	rc.RetryWaitMin = 10 * time.Millisecond
+	rc.RetryWaitMax = 50 * time.Millisecond
+	t.Cleanup(rc.HTTPClient.CloseIdleConnections)
+	_, err := rc.Get(up.URL)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, client.ErrInvalidRequest)
+	assert.NotErrorIs(t, err, client.ErrRateLimited)
+	assert.Zero(t, up.hits.Load())
+	assert.EqualValues(t, 1, calls.Load(), "an invalid key is not retried (RetryMax %d)", rc.RetryMax)
+}
+
+// TestTransportCanceledRequestSpendsNothingLeased: a request whose context
+// has ended before RoundTrip is not sent, and spends nothing, on a leased
+// key too. A leased key's spend does not read the context: the token was
+// spent, and the base RoundTripper then failed at once with
+// context.Canceled (found by review: Allowed 20 -> 21).
+func TestTransportCanceledRequestSpendsNothingLeased(t *testing.T) {
+	c := transportClient(t)
+	up := startUpstream(t, nil)
+	const key = "b:canceled"
+	tr := c.Transport(up.Client().Transport, keyed(key))
+	require.Eventually(t, func() bool {
+		for range 20 {
+			c.Allow(context.Background(), key)
+		}
+		return c.Stats().TokensHeld > 0
+	}, 5*time.Second, 5*time.Millisecond, "the key leases")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, up.URL, strings.NewReader("x"))
+	require.NoError(t, err)
+	before := c.Stats()
+	resp, err := tr.RoundTrip(req)
+	after := c.Stats()
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Nil(t, resp)
+	assert.Zero(t, up.hits.Load(), "not sent")
+	assert.Equal(t, before.Allowed, after.Allowed, "a request that was never sent spends nothing")
+	assert.Equal(t, before.TokensHeld, after.TokensHeld)
+}
+
+// TestRetryAfterBackoffInvalidHeader: a 429 whose Retry-After is not valid
+// delay-seconds nor a date gets the exponential backoff from min, as the
+// docs say, and as the transport, which denies no key for it, reads it.
+// The fallback, go-retryablehttp's DefaultBackoff, parsed the header again
+// more laxly: "+30" waited 30 s and "-0" not at all (found by review).
+func TestRetryAfterBackoffInvalidHeader(t *testing.T) {
+	const lo = 10 * time.Millisecond
+	for _, v := range []string{"+30", "-0", "30s", "soon"} {
+		resp := &http.Response{StatusCode: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {v}}}
+		assert.Equal(t, lo, client.RetryAfterBackoff(lo, time.Minute, 0, resp), "Retry-After %q", v)
+	}
+	valid := &http.Response{StatusCode: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {"3"}}}
+	assert.Equal(t, 3*time.Second, client.RetryAfterBackoff(lo, time.Minute, 0, valid))
+}
+
+// TestLimiterDecideInvalidSaysWhy: Limiter.Decide on an invalid Limiter,
+// or for n out of range, carries an Err matching ErrInvalidRequest. It was
+// a bare SourceDenied, which says the server refused the key, and
+// examples/budget reported "the lease server refused" (found by review).
+func TestLimiterDecideInvalidSaysWhy(t *testing.T) {
+	c := transportClient(t)
+	l := c.Limiter("bad\nkey")
+	require.ErrorIs(t, l.Err(), client.ErrInvalidRequest)
+	d := l.Decide(context.Background(), 1)
+	assert.False(t, d.Allowed)
+	assert.ErrorIs(t, d.Err, client.ErrInvalidRequest, "invalid Limiter")
+	for _, n := range []int64{0, -1, 1 << 40} {
+		d = c.Limiter("b:ok").Decide(context.Background(), n)
+		assert.False(t, d.Allowed)
+		assert.ErrorIs(t, d.Err, client.ErrInvalidRequest, "n = %d", n)
+	}
+}

@@ -88,8 +88,13 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 }
 
 // hostKey is the key of a request: "host:" and its host name, without the
-// port, so that every process calling the host shares its budget.
-func hostKey(u *url.URL) string { return "host:" + u.Hostname() }
+// port, in lower case and without a trailing dot, so that every process
+// calling the host shares its budget, however it spells the name (kept as
+// written, API.example.com and api.example.com. had budgets of their own:
+// found by review).
+func hostKey(u *url.URL) string {
+	return "host:" + strings.ToLower(strings.TrimSuffix(u.Hostname(), "."))
+}
 
 // run parses args (without the program name), taking flag defaults from the
 // environment, sends the requests and prints the outcome to stdout.

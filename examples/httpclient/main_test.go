@@ -69,11 +69,15 @@ func TestRunWithAuth(t *testing.T) {
 	runAgainst(t, "../rules-auth.yaml", "-token", "dev-token-change-me")
 }
 
+// TestHostKey: one host, however its name is spelled, has one key (a
+// host name is case-insensitive, and a trailing dot names the same host).
 func TestHostKey(t *testing.T) {
 	for raw, want := range map[string]string{
 		"http://127.0.0.1:43117/x":    "host:127.0.0.1",
 		"https://api.example.com/v1":  "host:api.example.com",
-		"https://API.example.com:443": "host:API.example.com",
+		"https://API.example.com:443": "host:api.example.com",
+		"https://Api.Example.Com/v1":  "host:api.example.com",
+		"https://api.example.com./v1": "host:api.example.com",
 		"http://[::1]:8080/":          "host:::1",
 	} {
 		u, err := url.Parse(raw)
