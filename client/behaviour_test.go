@@ -180,9 +180,16 @@ clients:
 	err := c.Wait(ctx, "admin:1")
 	assert.ErrorIs(t, err, client.ErrForbidden)
 	assert.NotErrorIs(t, err, client.ErrRateLimited)
-	// No rule under default deny is the rules' answer, a denial.
+	// So is a key no rule matches under default deny: the server's 403
+	// (no_rule), reported as such, never as a rate limit (DESIGN). It had
+	// no Err, and Wait, the Transport and the inbound limiters took it for
+	// one: ErrRateLimited, a 429, retried for ever (found by two reviews).
 	d = c.Allow(ctx, "nomatch:1")
-	assert.NoError(t, d.Err)
+	assert.ErrorIs(t, d.Err, client.ErrForbidden)
+	assert.Contains(t, d.Err.Error(), "no rule matches the key")
+	err = c.Wait(ctx, "nomatch:1")
+	assert.ErrorIs(t, err, client.ErrForbidden)
+	assert.NotErrorIs(t, err, client.ErrRateLimited)
 
 	// A wrong token: the server refuses every call. That is a
 	// misconfiguration, not an outage: the decision is denied with its

@@ -67,6 +67,8 @@ type RefusedError struct {
 func (e *RefusedError) Error() string {
 	var hint string
 	switch {
+	case e.Code == protocol.CodeNoRule:
+		hint = "no rule matches the key, and the servers' default is deny: add a rule for it, or check the key's spelling"
 	case e.Status == http.StatusUnauthorized:
 		hint = "unauthorized: check the client's token (Config.Token)"
 	case e.Status == http.StatusForbidden:

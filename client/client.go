@@ -90,8 +90,9 @@ type Decision struct {
 	// rather than a limit: a server refused the client's calls (Source
 	// SourceRefused; the error matches ErrUnauthorized for a 401,
 	// ErrForbidden for a 403, and always ErrServerRefused), or refused a key
-	// this client may not use (Source SourceDenied; it matches
-	// ErrForbidden), both a *RefusedError; or the request asked more than
+	// this client may not use, or one no rule matches under the servers'
+	// default of deny (Source SourceDenied; it matches ErrForbidden; Code
+	// protocol.CodeForbidden or protocol.CodeNoRule), both a *RefusedError; or the request asked more than
 	// the key's rule can ever hold (ErrCostExceedsBurst), or was invalid
 	// (ErrInvalidRequest). Nil for every other decision, denials by a
 	// limit included.

@@ -461,10 +461,13 @@ func (c *Client) applyDirect(r *directReq) Decision {
 		case protocol.CodeForbidden, protocol.CodeNoRule:
 			// Refused: deny locally for a while, then ask again (the rules
 			// or permissions may change). A forbidden key is this client's
-			// misconfiguration, and the decision says so.
-			if p.Code == protocol.CodeForbidden {
-				re = &RefusedError{Status: http.StatusForbidden, Code: p.Code, Detail: p.Detail}
-			}
+			// misconfiguration, and so is a key no rule matches under a
+			// default of deny (no retry serves it until the rules change):
+			// the decision says so. Without an Err, a no-rule key was a
+			// rate limit to an inbound limiter (a 429) and to Wait and the
+			// Transport (ErrRateLimited, retry after a second), for ever
+			// (found by review).
+			re = &RefusedError{Status: http.StatusForbidden, Code: p.Code, Detail: p.Detail}
 			for _, ks := range r.states {
 				ks.refused.Store(true)
 				ks.refusal.Store(re)

@@ -836,11 +836,7 @@ func (c *Client) applyOne(p pending, res *protocol.LeaseResult, sent, now int64)
 			// Refused: deny locally for a while, then ask again (the
 			// rules or permissions may change).
 			ks.refused.Store(true)
-			if res.Error.Code == protocol.CodeForbidden {
-				ks.refusal.Store(&RefusedError{Status: http.StatusForbidden, Code: res.Error.Code, Detail: res.Error.Detail})
-			} else {
-				ks.refusal.Store(nil)
-			}
+			ks.refusal.Store(&RefusedError{Status: http.StatusForbidden, Code: res.Error.Code, Detail: res.Error.Detail})
 			ks.setDenial(now + int64(max(time.Second, c.cfg.Horizon)))
 			ks.need.Store(false)
 			c.cfg.Logger.Warn("ratelease: server refused key", "key", ks.key, "code", res.Error.Code, "detail", res.Error.Detail)
