@@ -60,8 +60,8 @@
 // through keys cannot escape the cap by returning leases. A lease entry
 // that asks for tokens on another key of a client at the cap fails alone
 // with code too_many_keys (429) and never reaches the store; settles (entries
-// with a lease_id), keys the client holds, and keys no rule limits are never
-// refused. The count is per lease server: each counts what it granted, so
+// with a lease_id), keys the client holds, and keys neither a rule nor an
+// override limits are never refused. The count is per lease server: each counts what it granted, so
 // behind N servers a client can hold up to N times the cap. Direct takes
 // (checks, and the takes of a lease call) are not counted, as the SDK
 // decides per-user keys with them: the state a take creates expires once

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"sync"
 	"time"
 
@@ -70,7 +71,7 @@ func newHeldKeys() *heldKeys { return &heldKeys{keys: make(map[string]*heldKey)}
 // for each entry, the *heldKey it referenced (nil when none) and returns
 // held with the positions in entries of the refused entries, in order (nil
 // when none). The caller must pass held to finish exactly once.
-func (h *heldKeys) admit(entries []protocol.LeaseEntry, now int64, max int, policy *leases.Policy, held []*heldKey) ([]*heldKey, []int) {
+func (h *heldKeys) admit(entries []protocol.LeaseEntry, now int64, max int, policy *leases.Policy, overridden map[string]bool, held []*heldKey) ([]*heldKey, []int) {
 	var refused []int
 	h.mu.Lock()
 	h.expire(now, len(entries)+2)
@@ -86,7 +87,7 @@ func (h *heldKeys) admit(entries []protocol.LeaseEntry, now int64, max int, poli
 			k = nil
 		}
 		if k == nil {
-			if !settles(e.LeaseID) && len(h.keys) >= max && !h.freeSlot(now, max) && limited(policy, e.Key) {
+			if !settles(e.LeaseID) && len(h.keys) >= max && !h.freeSlot(now, max) && (overridden[e.Key] || limited(policy, e.Key)) {
 				refused = append(refused, i)
 				held = append(held, nil)
 				continue
@@ -112,6 +113,37 @@ func settles(id string) bool {
 func limited(policy *leases.Policy, key string) bool {
 	_, ok := policy.Match(key)
 	return ok
+}
+
+// overriddenUnmatched returns, in database mode, which of the entries'
+// keys that want tokens and match no rule have an override: the engine
+// applies an override before the rules, so such a key is limited, keeps
+// state in the store, and counts toward the key cap like any other. Taken
+// for unlimited, a client at a cap of 1 leased every overridden key it
+// named (found by review). Looked up through the override cache, as the
+// engine is about to; when the lookup fails every such key counts. Nil
+// when there is none (file mode, or every key matches a rule).
+func (s *Server) overriddenUnmatched(ctx context.Context, st *state, entries []protocol.LeaseEntry) map[string]bool {
+	if s.db == nil {
+		return nil
+	}
+	var keys []string
+	for i := range entries {
+		if e := &entries[i]; e.Want > 0 && !limited(st.rules.policy, e.Key) {
+			keys = append(keys, e.Key)
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.opts.StoreTimeout)
+	found, err := s.db.cache.Lookup(ctx, keys)
+	cancel()
+	out := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		out[k] = err != nil || found[k] != nil
+	}
+	return out
 }
 
 // finish records the outcome of the call whose admitted entries are held:

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ratelease/ratelease/e2e/redistest"
 	"github.com/ratelease/ratelease/leases"
 	"github.com/ratelease/ratelease/protocol"
 )
@@ -54,7 +56,7 @@ type capCall struct {
 // run admits the call at now, then finishes it at now+elapsed with the
 // engine's results, and returns the positions refused.
 func (c capCall) run(h *heldKeys, max int, policy *leases.Policy, now time.Time, elapsed time.Duration) []int {
-	held, refused := h.admit(c.entries, now.UnixNano(), max, policy, nil)
+	held, refused := h.admit(c.entries, now.UnixNano(), max, policy, nil, nil)
 	// Keep the entries that were not refused, as the handler does, and
 	// answer them.
 	var out []protocol.LeaseResult
@@ -154,10 +156,10 @@ func TestKeyCap(t *testing.T) {
 	t.Run("entries in flight count; a failed call releases them", func(t *testing.T) {
 		h := &heldKeys{keys: map[string]*heldKey{}}
 		now := t0.UnixNano()
-		held, refused := h.admit([]protocol.LeaseEntry{want("user:1", 1), {Key: "user:1", Want: 1, Slot: 1}}, now, 2, policy, nil)
+		held, refused := h.admit([]protocol.LeaseEntry{want("user:1", 1), {Key: "user:1", Want: 1, Slot: 1}}, now, 2, policy, nil, nil)
 		require.Nil(t, refused)
 		assert.Len(t, h.keys, 1, "the key counts once, both slots referencing it")
-		held2, refused := h.admit([]protocol.LeaseEntry{want("user:2", 1), want("user:3", 1)}, now, 2, policy, nil)
+		held2, refused := h.admit([]protocol.LeaseEntry{want("user:2", 1), want("user:3", 1)}, now, 2, policy, nil, nil)
 		assert.Equal(t, []int{1}, refused, "user:1 (in flight) and user:2 hold the cap")
 		h.finish(held, nil, now) // the engine failed
 		h.finish(held, nil, now) // a second finish does nothing
@@ -448,7 +450,9 @@ func TestMaxKeysPerClientForgedLeaseID(t *testing.T) {
 }
 
 // TestMaxKeysPerClientDefaults: zero is DefaultMaxKeysPerClient; a
-// negative cap is none.
+// negative cap is none, for anonymous callers and for authenticated
+// clients (whose lease calls panicked, a 500, with no cap: found by
+// review).
 func TestMaxKeysPerClientDefaults(t *testing.T) {
 	o, err := Options{Store: leases.NewMemoryStore(leases.MemoryOptions{})}.withDefaults()
 	require.NoError(t, err)
@@ -466,6 +470,10 @@ func TestMaxKeysPerClientDefaults(t *testing.T) {
 	for _, res := range f.lease("", "c", entries...) {
 		assert.Nil(t, res.Error)
 	}
+
+	f = newFixture(t, authRulesYAML(), nil, Options{MaxKeysPerClient: -1})
+	r := f.postJSON(protocol.PathLeases, alphaToken, protocol.LeaseRequest{ClientID: "svc-1", Leases: []protocol.LeaseEntry{{Key: "user:1", Want: 5}}})
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
 }
 
 // TestMaxKeysPerClientReload: a reload carries each client's keys over by
@@ -570,9 +578,42 @@ func BenchmarkKeyCap(b *testing.B) {
 			}
 			held := make([]*heldKey, 0, n)
 			for b.Loop() {
-				held, _ = h.admit(entries, time.Now().UnixNano(), DefaultMaxKeysPerClient, r.Policy(), held[:0])
+				held, _ = h.admit(entries, time.Now().UnixNano(), DefaultMaxKeysPerClient, r.Policy(), nil, held[:0])
 				h.finish(held, out, time.Now().UnixNano())
 			}
 		})
 	}
+}
+
+// TestMaxKeysPerClientCountsOverriddenKeys: in database mode a key that
+// matches no rule but has an override is limited (the engine applies the
+// override first) and keeps state in the store, so it counts toward the
+// key cap. The cap took it for unlimited and exempt: a client at a cap of
+// 1 leased all three overridden keys it named (found by review).
+func TestMaxKeysPerClientCountsOverriddenKeys(t *testing.T) {
+	rs := redistest.Start(t)
+	f := newDBFixture(t, rs, Options{MaxKeysPerClient: 1})
+	for i := range 3 {
+		r := f.admin(http.MethodPut, protocol.PathAdminOverrides+"/"+fmt.Sprintf("vip:%d", i), "", protocol.AdminOverride{Limit: 100, Period: "1s"})
+		require.Contains(t, []int{http.StatusOK, http.StatusCreated}, r.status, "%s", r.body)
+	}
+	var granted []string
+	for i := range 3 {
+		key := fmt.Sprintf("vip:%d", i)
+		r := f.postJSON(protocol.PathLeases, "", protocol.LeaseRequest{ClientID: "svc-1", Leases: []protocol.LeaseEntry{want(key, 5)}})
+		if r.status == http.StatusOK {
+			var lr protocol.LeaseResponse
+			require.NoError(t, json.Unmarshal(r.body, &lr))
+			require.False(t, lr.Leases[0].Unlimited, "the override applies to %s", key)
+			granted = append(granted, key)
+			continue
+		}
+		require.Equal(t, http.StatusTooManyRequests, r.status, "%s", r.body)
+		assert.Equal(t, protocol.CodeTooManyKeys, r.problem(t).Code)
+	}
+	assert.Equal(t, []string{"vip:0"}, granted, "MaxKeysPerClient is 1")
+	// A key with neither rule nor override is still exempt.
+	res := f.lease("", "svc-1", protocol.LeaseEntry{Key: "free:1", Want: 5})[0]
+	assert.Nil(t, res.Error)
+	assert.True(t, res.Unlimited)
 }

@@ -16,7 +16,7 @@ import (
 func (s *Server) handleKeyState(w http.ResponseWriter, r *http.Request, st *state, who *principal) {
 	key := r.PathValue("key")
 	if err := protocol.ValidateKey(key); err != nil {
-		writeProblem(w, protocol.NewProblem(protocol.CodeInvalidRequest, fmt.Sprintf(
+		writeProblem(w, protocol.NewProblem(protocol.CodeInvalidKey, fmt.Sprintf(
 			"key %q: %v: put the key, percent-encoded, after %s", key, err, protocol.PathKeysPrefix)))
 		return
 	}

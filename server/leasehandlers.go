@@ -77,7 +77,8 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 			held = make([]*heldKey, 0, n)
 		}
 		var refused []int
-		held, refused = hk.admit(permitted, s.opts.Now().UnixNano(), s.opts.MaxKeysPerClient, st.rules.policy, held)
+		overridden := s.overriddenUnmatched(r.Context(), st, permitted)
+		held, refused = hk.admit(permitted, s.opts.Now().UnixNano(), s.opts.MaxKeysPerClient, st.rules.policy, overridden, held)
 		if refused != nil {
 			results, permitted, idx, held = s.refuseKeys(who, entries, results, permitted, idx, held, refused)
 		}

@@ -48,12 +48,15 @@ func newOpenLeases() *openLeases { return &openLeases{open: make(map[string]int6
 // record counts the lease entries of one call: asks[i] was decided as
 // results[i] at now (Unix nanoseconds). An entry that succeeded settles the
 // lease it named, if this server counts it, and counts the lease it was
-// granted, if any.
+// granted, if any. An entry on a key no rule limits settles nothing: the
+// engine ignores its lease_id, which may name any open lease (another
+// client's, or one of a key whose rule a reload removed), and which the
+// gauge forgot while the store held it (found by review).
 func (o *openLeases) record(asks []leases.LeaseAsk, results []leases.LeaseResult, now int64) {
 	locked := false
 	for i := range results {
 		r := &results[i]
-		settles := asks[i].LeaseID != ""
+		settles := asks[i].LeaseID != "" && !r.Unlimited
 		grants := r.LeaseID != "" && r.Granted > 0
 		if r.Err != nil || (!settles && !grants) {
 			continue

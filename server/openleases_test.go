@@ -89,3 +89,22 @@ func TestOpenLeasesHeapStaysSmall(t *testing.T) {
 	assert.Equal(t, 0, o.count(now+int64(ttl)+10_000))
 	assert.Empty(t, o.heap)
 }
+
+// TestOpenLeasesNotForgottenByUnlimitedKey: an entry on a key no rule
+// limits that names another key's open lease settles nothing (the engine
+// ignores its lease_id), and the gauge keeps the lease, which the store
+// still holds. The gauge dropped it: 0 open leases beside one in the store
+// (found by review).
+func TestOpenLeasesNotForgottenByUnlimitedKey(t *testing.T) {
+	f := newFixture(t, rulesYAML, frozenStore(t), Options{})
+	res := f.lease("", "svc-1", protocol.LeaseEntry{Key: "user:1", Want: 10})
+	require.EqualValues(t, 10, res[0].Granted)
+	require.Equal(t, "1", f.metric("ratelease_open_leases"))
+
+	r := f.postJSON(protocol.PathLeases, "", protocol.LeaseRequest{ClientID: "svc-2", Leases: []protocol.LeaseEntry{
+		{Key: "unlimited:x", LeaseID: res[0].LeaseID},
+	}})
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	require.Equal(t, 1, f.state("user:1").Leases, "the lease is still open in the store")
+	assert.Equal(t, "1", f.metric("ratelease_open_leases"), "the gauge forgot an open lease this server granted")
+}

@@ -242,3 +242,15 @@ func TestTopK(t *testing.T) {
 
 // ptr returns a pointer to v.
 func ptr[T any](v T) *T { return &v }
+
+// TestKeyStateInvalidKey: a key that breaks the key rules in the path of
+// GET /v1/keys/{key} gets 422 invalid_key, as the same key in a body does.
+// It got invalid_request (found by review).
+func TestKeyStateInvalidKey(t *testing.T) {
+	f := newFixture(t, rulesYAML, nil, Options{})
+	for _, p := range []string{"a%0Ab", strings.Repeat("k", protocol.MaxKeyBytes+1), "a%FFb"} {
+		r := f.do(http.MethodGet, protocol.PathKeysPrefix+p, "", "", nil)
+		assert.Equal(t, http.StatusUnprocessableEntity, r.status, "GET /v1/keys/%.20s", p)
+		assert.Equal(t, protocol.CodeInvalidKey, r.problem(t).Code, "GET /v1/keys/%.20s: %s", p, r.body)
+	}
+}

@@ -152,8 +152,8 @@ type Options struct {
 	// while it holds the cap fails alone with code too_many_keys (429) and
 	// never reaches the store; the other entries of the call are served.
 	// Entries that settle a lease (with a lease_id), entries on keys the
-	// client holds, and keys no rule limits (they keep no state) are never
-	// refused. Zero means DefaultMaxKeysPerClient; a negative value means
+	// client holds, and keys neither a rule nor an override limits (they
+	// keep no state) are never refused. Zero means DefaultMaxKeysPerClient; a negative value means
 	// no cap.
 	MaxKeysPerClient int
 

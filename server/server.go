@@ -83,6 +83,9 @@ func (st *state) heldOf(who *principal) *heldKeys {
 	if who.index < 0 {
 		return st.anonHeld
 	}
+	if st.held == nil {
+		return nil // no cap (an authenticated client's lease call panicked here, found by review)
+	}
 	return st.held[who.index]
 }
 
