@@ -617,3 +617,25 @@ func TestMaxKeysPerClientCountsOverriddenKeys(t *testing.T) {
 	assert.Nil(t, res.Error)
 	assert.True(t, res.Unlimited)
 }
+
+// TestEveryEntryFailedRefusalNotRateLimit: when every entry of a lease call
+// fails, the call answers with the first entry's problem, but a 429
+// (too_many_keys) gives way to a refusal: beta at its cap, asking for a
+// new key it may use and one it may not, gets the 403, not a 429 (a 403
+// is never reported as a rate limit). It got the 429 (found by review).
+func TestEveryEntryFailedRefusalNotRateLimit(t *testing.T) {
+	f := newFixture(t, authRulesYAML(), nil, Options{MaxKeysPerClient: 1})
+	f.lease(betaToken, "p1", want("user:1", 1))
+	r := f.postJSON(protocol.PathLeases, betaToken, protocol.LeaseRequest{ClientID: "p1", Leases: []protocol.LeaseEntry{want("user:2", 1), want("tiny:1", 1)}})
+	require.Equal(t, http.StatusForbidden, r.status, "%s", r.body)
+	p := r.problem(t)
+	assert.Equal(t, protocol.CodeForbidden, p.Code)
+	assert.Contains(t, p.Detail, "every entry failed; leases[1]")
+	require.Len(t, p.Leases, 2)
+	assert.Equal(t, protocol.CodeTooManyKeys, p.Leases[0].Error.Code, "each entry keeps its own")
+
+	// All alike: the first entry's.
+	r = f.postJSON(protocol.PathLeases, betaToken, protocol.LeaseRequest{ClientID: "p1", Leases: []protocol.LeaseEntry{want("user:2", 1), want("user:3", 1)}})
+	require.Equal(t, http.StatusTooManyRequests, r.status, "%s", r.body)
+	assert.Contains(t, r.problem(t).Detail, "every entry failed; leases[0]")
+}

@@ -122,20 +122,26 @@ func (s *Server) handleLeases(w http.ResponseWriter, r *http.Request, st *state,
 		s.resp.writeLeaseResponse(w, &protocol.LeaseResponse{Leases: results, Takes: takes})
 		return
 	}
+	// Every entry failed: the call answers with the first entry's problem,
+	// but a 429 (too_many_keys) gives way to any other: a refusal (403) is
+	// never answered as a rate limit, and [too_many_keys, forbidden] was
+	// a 429 (found by review).
 	var first *protocol.Problem
+	at := 0
 	for i := range results {
-		if results[i].Error == nil {
+		e := results[i].Error
+		if e == nil {
 			s.resp.writeLeaseResponse(w, &protocol.LeaseResponse{Leases: results})
 			return
 		}
-		if first == nil {
-			first = results[i].Error
+		if first == nil || (first.Status == http.StatusTooManyRequests && e.Status != http.StatusTooManyRequests) {
+			first, at = e, i
 		}
 	}
 	p := *first
 	p.Leases = results
 	if len(results) > 1 {
-		p.Detail = "every entry failed; leases[0]: " + p.Detail
+		p.Detail = fmt.Sprintf("every entry failed; leases[%d]: %s", at, p.Detail)
 	}
 	if p.Code == protocol.CodeStoreUnavailable {
 		w.Header().Set("Retry-After", "1")
