@@ -456,7 +456,6 @@ func (c *Client) applyDirect(r *directReq) Decision {
 	}
 	res := &r.res
 	if p := res.Error; p != nil {
-		var re *RefusedError
 		switch p.Code {
 		case protocol.CodeForbidden, protocol.CodeNoRule:
 			// Refused: deny locally for a while, then ask again (the rules
@@ -467,13 +466,14 @@ func (c *Client) applyDirect(r *directReq) Decision {
 			// rate limit to an inbound limiter (a 429) and to Wait and the
 			// Transport (ErrRateLimited, retry after a second), for ever
 			// (found by review).
-			re = &RefusedError{Status: http.StatusForbidden, Code: p.Code, Detail: p.Detail}
+			re := &RefusedError{Status: http.StatusForbidden, Code: p.Code, Detail: p.Detail}
 			for _, ks := range r.states {
 				ks.refused.Store(true)
 				ks.refusal.Store(re)
 				ks.extendDenial(now + int64(max(time.Second, c.cfg.Horizon)))
 			}
 			c.cfg.Logger.Warn("ratelease: server refused a key", "keys", keysOf(r.states), "code", p.Code, "detail", p.Detail)
+			return Decision{Source: SourceDenied, Err: re}
 		case protocol.CodeCostExceedsBurst:
 			// No wait serves it: an error, not a rate limit (it was a
 			// denial without a reason, which Wait reported as
@@ -499,10 +499,6 @@ func (c *Client) applyDirect(r *directReq) Decision {
 			c.cfg.Logger.Error("ratelease: direct take failed", "keys", keysOf(r.states), "code", p.Code, "detail", p.Detail)
 			return c.offline(r.n, r.states, now)
 		}
-		if re != nil {
-			return Decision{Source: SourceDenied, Err: re}
-		}
-		return Decision{Source: SourceDenied}
 	}
 	var keyed time.Duration // the longest local denial of a denied key
 	for i, ks := range r.states {

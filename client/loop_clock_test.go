@@ -27,6 +27,17 @@ rules:
   - {name: s, match: "s:*", limit: 1000, period: 1s, lease_ttl: 2s}
 `
 
+// sBucket is the bucket of an "s:" key of sRules.
+var sBucket = leases.Bucket{Algorithm: leases.TokenBucket, Limit: 1000, Period: time.Second, Burst: 1000, LeaseTTL: 2 * time.Second}
+
+// sState returns the state in store of key, an "s:" key of sRules.
+func sState(t *testing.T, store *leases.MemoryStore, key string) leases.BucketState {
+	t.Helper()
+	st, err := store.State(context.Background(), key, sBucket)
+	require.NoError(t, err)
+	return st
+}
+
 // testClock is a clock the test drives: time moves only by advance, and
 // the settle loop ticks only when advance hands it a tick (the channel is
 // unbuffered, so advance returns once the loop has taken it).
@@ -136,12 +147,7 @@ func TestLoopOnChosenTimes(t *testing.T) {
 	clk := newTestClock()
 	c := clockedClient(t, Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 50}, clk)
 	ctx := context.Background()
-	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 1000, Period: time.Second, Burst: 1000, LeaseTTL: 2 * time.Second}
-	outstanding := func() int64 {
-		st, err := store.State(ctx, "s:k", b)
-		require.NoError(t, err)
-		return st.Outstanding
-	}
+	outstanding := func() int64 { return sState(t, store, "s:k").Outstanding }
 
 	// The first decision is direct and promotes the key; the loop, woken,
 	// asks for its lease.

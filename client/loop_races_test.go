@@ -391,12 +391,7 @@ func TestEvictedKeyLeasesReturned(t *testing.T) {
 	clk := newTestClock()
 	c := clockedClient(t, Config{Servers: []string{g.url}, LeaseMinTokens: 1, InitialBatch: 50, MaxKeys: 1}, clk)
 	ctx := context.Background()
-	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 1000, Period: time.Second, Burst: 1000, LeaseTTL: 2 * time.Second}
-	outstanding := func() int64 {
-		st, err := store.State(ctx, "s:a", b)
-		require.NoError(t, err)
-		return st.Outstanding
-	}
+	outstanding := func() int64 { return sState(t, store, "s:a").Outstanding }
 	a, la := leaseOnClock(t, c, "s:a")
 	require.True(t, c.Allow(ctx, "s:a").Allowed) // spent from: not idle
 
@@ -946,12 +941,7 @@ func TestDenyForReturnsLeaseItOutlasts(t *testing.T) {
 	clk := newTestClock()
 	c := clockedClient(t, Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1, InitialBatch: 50}, clk)
 	ctx := context.Background()
-	b := leases.Bucket{Algorithm: leases.TokenBucket, Limit: 1000, Period: time.Second, Burst: 1000, LeaseTTL: 2 * time.Second}
-	state := func() leases.BucketState {
-		st, err := store.State(ctx, "s:k", b)
-		require.NoError(t, err)
-		return st
-	}
+	state := func() leases.BucketState { return sState(t, store, "s:k") }
 	ks, l := leaseOnClock(t, c, "s:k")
 	require.True(t, c.Allow(ctx, "s:k").Allowed) // one token spent from the lease
 	require.Equal(t, l.granted, state().Outstanding)

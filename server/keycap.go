@@ -139,9 +139,14 @@ func (s *Server) overriddenUnmatched(ctx context.Context, st *state, entries []p
 	ctx, cancel := context.WithTimeout(ctx, s.opts.StoreTimeout)
 	found, err := s.db.cache.Lookup(ctx, keys)
 	cancel()
-	out := make(map[string]bool, len(keys))
+	var out map[string]bool
 	for _, k := range keys {
-		out[k] = err != nil || found[k] != nil
+		if err != nil || found[k] != nil {
+			if out == nil {
+				out = make(map[string]bool, len(keys))
+			}
+			out[k] = true
+		}
 	}
 	return out
 }

@@ -134,7 +134,7 @@ func (l *Limiter) Decide(ctx context.Context, keys []string, cost int64) (out De
 	}
 	retry := d.RetryAfter
 	verdict := VerdictDeny
-	if l.queue != nil && queueable(d) && d.RetryAfter <= l.maxWait {
+	if l.queue != nil && d.RetryAfter <= l.maxWait {
 		select {
 		case l.queue <- struct{}{}:
 			start := time.Now()
@@ -205,12 +205,6 @@ func (l *Limiter) admit(out *Decided, o Outcome, state bool) {
 	out.Outcome, out.Verdict = o, VerdictAdmit
 	out.Fields = l.headers == HeadersAll && len(out.Decision.Limits) > 0
 	out.State = state
-}
-
-// queueable reports whether waiting can help a denial: not for a key the
-// servers refuse, nor a closed client.
-func queueable(d client.Decision) bool {
-	return d.Source != client.SourceDenied && d.Source != client.SourceClosed
 }
 
 // Unidentified counts a request no key could be made for.
