@@ -172,13 +172,13 @@
 // than grant a part of it (see leases/doc.go; the floor there is 20); its
 // Redis commands per decision went from 0.57 before these changes
 // (BENCHMARKS.md at commit 8f67f6e) to 0.16 in the committed BENCHMARKS.md
-// (26 lease calls per 1,000 decisions there). It loses 0.6–0.9% of the
-// exact bucket's admissions in a 4 s run (0.66%, 27 tokens, in the
+// (27 lease calls per 1,000 decisions there). It loses 0.6–0.9% of the
+// exact bucket's admissions in a 4 s run (0.76%, 31 tokens, in the
 // committed one) and 0.26%, about 30 tokens, in one 12 s run (go test
 // -run '^$' -bench 'Compare/^(hot|saturated)$/a-lease' -benchtime 12s
 // ./e2e/compare/, not committed as a report): about as many as were
 // granted out of the refill and still held in leases when the run stops
-// (Stats.TokensHeld less the bucket's debt then: 84 − 55 = 29 beside 27
+// (Stats.TokensHeld less the bucket's debt then: 87 − 53 = 34 beside 31
 // lost in the committed run).
 //
 // # Priorities
