@@ -169,8 +169,9 @@ func BenchmarkRedisOtherKeyWhileCrowded(b *testing.B) {
 
 // TestRedisMemoryPerBucket measures what a bucket costs Redis (MEMORY USAGE
 // of its keys, with the key names of a per-user limit): a bucket touched
-// by direct takes only, one with a lease open, and one shared by two
-// clients. BENCHMARKS.md reports the same measurement (e2e/compare).
+// by direct takes only (made by a plain store, and through an
+// OwningStore, as rateleased makes them by default), one with a lease
+// open, and one shared by two clients. BENCHMARKS.md reports the same measurement (e2e/compare).
 func TestRedisMemoryPerBucket(t *testing.T) {
 	srv := redistest.Start(t)
 	m, err := storetest.MeasureRedisMemory(context.Background(), srv.Client(t), "user:")
@@ -181,6 +182,10 @@ func TestRedisMemoryPerBucket(t *testing.T) {
 	// runs to (a PEXPIRE less per renewal, see token_bucket.lua's save):
 	// a size class of Redis's allocator up, for the leased buckets only.
 	assert.LessOrEqual(t, m.Take, int64(120), "a bucket of direct takes is one small key")
+	// Through an OwningStore the string also names the server that took
+	// (" t <taken> <mixed> server-<16 hex digits>").
+	assert.LessOrEqual(t, m.ServerTake, int64(160), "a bucket of direct takes through rateleased's -own-keys")
+	assert.Greater(t, m.ServerTake, m.Take)
 	assert.LessOrEqual(t, m.Lease, int64(264), "a leased bucket: one hash")
 	assert.Positive(t, m.BulkTake)
 }

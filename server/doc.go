@@ -66,7 +66,8 @@
 // (checks, and the takes of a lease call) are not counted, as the SDK
 // decides per-user keys with them: the state a take creates expires once
 // its bucket is full again (at most the time the rule takes to refill a
-// whole bucket, plus a second in Redis or until the memory store's next
+// whole bucket, or a lease TTL for a token bucket taken through an
+// OwningStore, plus a second in Redis or until the memory store's next
 // sweep: see Options.MaxKeysPerClient), so the
 // state a client's takes keep is bounded by the distinct keys it takes
 // from per unit of time times that time, not by the cap. The work per

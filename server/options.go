@@ -139,11 +139,15 @@ type Options struct {
 	// them, and a cap would refuse users. The state a take creates
 	// expires once its bucket is full again: for a token bucket at most
 	// burst/rate after the take (the rule's period when burst is the
-	// limit), for fixed_window at the window's end, for
+	// limit), but a lease TTL after it at least when the take went
+	// through a leases.OwningStore (rateleased -own-keys, the default),
+	// which records the server that took for that long (see
+	// leases.Owning); for fixed_window at the window's end, for
 	// sliding_window_counter two windows after the take's window starts,
-	// for sliding_window_log a window after the take, for leaky_bucket
-	// once its queue has drained; RedisStore's keys live a second more,
-	// MemoryStore drops the bucket at its next sweep. So the state a
+	// for sliding_window_log a window after the take (rounded up to 1/64
+	// of it), for leaky_bucket once its queue has drained. RedisStore's
+	// keys live a second more (TestRedisTakeStateExpiry), MemoryStore
+	// drops the bucket at its next sweep. So the state a
 	// client's takes keep is bounded by the distinct keys it takes from
 	// per unit of time times that time, not by this cap: bound that rate
 	// with the client's key patterns and at its callers.

@@ -17,12 +17,21 @@ type BucketMemory struct {
 	// a bucket decided by direct takes, one with a lease open, and one
 	// shared by two clients.
 	Take, Lease, Shared int64
-	// BulkTake and BulkLease are the growth of used_memory per bucket over
-	// BulkBuckets buckets of the first two kinds: what a bucket costs with
-	// Redis's own overhead (the keyspace and expiry entries, allocator
-	// rounding).
-	BulkTake, BulkLease int64
+	// ServerTake is Take for takes made through a leases.OwningStore (as
+	// rateleased makes them with -own-keys, its default): the bucket also
+	// records the lease server that took (TakeOp.Server), named as
+	// NewOwningStore names one by default, and lives a lease TTL at least.
+	ServerTake int64
+	// BulkTake, BulkServerTake and BulkLease are the growth of used_memory
+	// per bucket over BulkBuckets buckets of the kinds above: what a bucket
+	// costs with Redis's own overhead (the keyspace and expiry entries,
+	// allocator rounding).
+	BulkTake, BulkServerTake, BulkLease int64
 }
+
+// measureServer names the lease server of ServerTake's takes, as
+// NewOwningStore names one when OwningOptions.Server is empty.
+const measureServer = "server-9c2e7f3a0b1d22aa"
 
 // BulkBuckets is the number of buckets of each bulk measurement.
 const BulkBuckets = 10_000
@@ -72,18 +81,19 @@ func MeasureRedisMemory(ctx context.Context, rdb *redis.Client, prefix string) (
 		_, err := s.Lease(ctx, o, []leases.LeaseOp{{Key: key, Bucket: b, Want: 2, NewLeaseID: leases.NewLeaseID()}})
 		return err
 	}
-	take, leased, shared := prefix+"241531", prefix+"241532", prefix+"241533"
-	keys = append(keys, take, leased, shared)
-	if _, err := s.Take(ctx, []leases.TakeOp{{Key: take, Bucket: b, Cost: 1}}); err != nil {
+	take, leased, shared, serverTake := prefix+"241531", prefix+"241532", prefix+"241533", prefix+"241534"
+	keys = append(keys, take, leased, shared, serverTake)
+	if _, err := s.Take(ctx, []leases.TakeOp{{Key: take, Bucket: b, Cost: 1}, {Key: serverTake, Bucket: b, Cost: 1, Server: measureServer}}); err != nil {
 		return m, err
 	}
 	if err := errors.Join(lease(a, leased), lease(a, shared), lease(leases.Owner{Client: "search", Process: "0b1d22aa"}, shared)); err != nil {
 		return m, err
 	}
-	var errs [3]error
+	var errs [4]error
 	m.Take, errs[0] = usage(take)
 	m.Lease, errs[1] = usage(leased)
 	m.Shared, errs[2] = usage(shared)
+	m.ServerTake, errs[3] = usage(serverTake)
 	if err := errors.Join(errs[:]...); err != nil {
 		return m, err
 	}
@@ -115,6 +125,17 @@ func MeasureRedisMemory(ctx context.Context, rdb *redis.Client, prefix string) (
 		ops := make([]leases.TakeOp, len(ks))
 		for i, k := range ks {
 			ops[i] = leases.TakeOp{Key: k, Bucket: b, Cost: 1}
+		}
+		_, err := s.Take(ctx, ops)
+		return err
+	})
+	if err != nil {
+		return m, err
+	}
+	m.BulkServerTake, err = bulk(3_000_000, func(ks []string) error {
+		ops := make([]leases.TakeOp, len(ks))
+		for i, k := range ks {
+			ops[i] = leases.TakeOp{Key: k, Bucket: b, Cost: 1, Server: measureServer}
 		}
 		_, err := s.Take(ctx, ops)
 		return err
