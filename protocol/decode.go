@@ -14,8 +14,9 @@ import (
 // failure it returns a *Problem: CodeBodyTooLarge for a body larger than
 // MaxBodyBytes, CodeInvalidUTF8 for a body that is not valid UTF-8 (or
 // escapes a lone surrogate), CodeInvalidJSON for a body that is not one JSON
-// object of the right shape (a member given twice in one object, or a
-// field's name in another case than its own, included), or the code of the
+// object of the right shape (null, which encoding/json would decode as an
+// empty request, a member given twice in one object, or a field's name in
+// another case than its own, included), or the code of the
 // failed validation. Unknown fields are ignored, so that newer clients can
 // talk to older servers.
 func DecodeLeaseRequest(body []byte) (*LeaseRequest, error) {
@@ -60,6 +61,9 @@ func decodeStrict(body []byte, v any) error {
 	if len(bytes.TrimLeft(body, " \t\r\n")) == 0 {
 		return NewProblem(CodeInvalidJSON, "body is empty: send a JSON object")
 	}
+	if err := notObject(body); err != nil {
+		return err
+	}
 	// json.Unmarshal checks that the whole body is one JSON value, so data
 	// after it is a syntax error; so does the hand-written decoder, which
 	// leaves any body outside its plain form to json.Unmarshal.
@@ -77,9 +81,37 @@ func decodeStrict(body []byte, v any) error {
 	return nil
 }
 
+// notObject returns a CodeInvalidJSON problem when body, not blank, does
+// not begin with an object: encoding/json decodes null into a struct as
+// nothing at all, so that a null body was refused by the validation of
+// the empty request it became ("client_id is required"), not as what it
+// is; arrays and scalars were refused as a mismatch of Go types.
+func notObject(body []byte) error {
+	t := bytes.TrimLeft(body, " \t\r\n")
+	if len(t) == 0 || t[0] == '{' {
+		return nil
+	}
+	kind := "not a JSON object"
+	switch {
+	case bytes.HasPrefix(t, []byte("null")):
+		kind = "null"
+	case bytes.HasPrefix(t, []byte("true")), bytes.HasPrefix(t, []byte("false")):
+		kind = "a boolean"
+	case t[0] == '[':
+		kind = "an array"
+	case t[0] == '"':
+		kind = "a string"
+	case t[0] == '-' || '0' <= t[0] && t[0] <= '9':
+		kind = "a number"
+	}
+	return NewProblem(CodeInvalidJSON, "body is "+kind+": send a JSON object")
+}
+
 // DecodeAdmin decodes the body of an admin API PUT (an AdminRule,
 // AdminClient, AdminOverride or AdminSettings), one JSON value and nothing
-// after it but whitespace, into v. An unknown field is an error
+// after it but whitespace, into v; a body that is not an object (null
+// included, which encoding/json would decode as nothing) is refused with
+// CodeInvalidJSON. An unknown field is an error
 // (CodeInvalidJSON), so that a typo is reported rather than ignored; so are
 // a field name in another case than its own ("LIMIT" for "limit", which
 // encoding/json takes) and a name given twice in one object (encoding/json
@@ -91,6 +123,9 @@ func decodeStrict(body []byte, v any) error {
 func DecodeAdmin(body []byte, v any) error {
 	if off := invalidUTF8(body); off >= 0 {
 		return invalidUTF8Problem(body, off, "names, patterns and keys")
+	}
+	if err := notObject(body); err != nil {
+		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()

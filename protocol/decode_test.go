@@ -24,6 +24,21 @@ func TestDecodeStrict(t *testing.T) {
 		assert.Equal(t, CodeInvalidJSON, p.Code, body)
 		assert.Contains(t, p.Detail, "after top-level value", body)
 	}
+	// A body that is JSON but no object: null decoded into an empty
+	// request, and was refused by its validation (invalid_client_id for a
+	// lease call, found by review), not as what it is.
+	for _, body := range []string{"null", " null\n", "[]", `"keys"`, "1", "true"} {
+		for name, decode := range map[string]func([]byte) error{
+			"check": func(b []byte) error { _, err := DecodeCheckRequest(b); return err },
+			"lease": func(b []byte) error { _, err := DecodeLeaseRequest(b); return err },
+		} {
+			err := decode([]byte(body))
+			var p *Problem
+			require.ErrorAs(t, err, &p, "%s %q", name, body)
+			assert.Equal(t, CodeInvalidJSON, p.Code, "%s %q", name, body)
+			assert.Contains(t, p.Detail, "send a JSON object", "%s %q", name, body)
+		}
+	}
 	r, err := DecodeCheckRequest([]byte(" {\"keys\":[\"a\"]}\r\n\t "))
 	require.NoError(t, err, "whitespace around the object is fine")
 	assert.Equal(t, []string{"a"}, r.Keys)
@@ -211,6 +226,10 @@ func TestDecodeAdmin(t *testing.T) {
 		{name: "duplicate map key", body: `{"match":"a:*","reserve":{"critical":0.1,"critical":0.9}}`, code: CodeInvalidJSON, detail: `reserve: the key "critical" is given twice`},
 		{name: "map keys of other case", body: `{"match":"a:*","reserve":{"critical":0.1,"CRITICAL":0.2}}`, match: "a:*"},
 		{name: "empty", body: ``, code: CodeInvalidJSON, detail: "EOF"},
+		{name: "null", body: `null`, code: CodeInvalidJSON, detail: "send a JSON object"},
+		{name: "null with whitespace", body: " null\n", code: CodeInvalidJSON, detail: "send a JSON object"},
+		{name: "array", body: `[]`, code: CodeInvalidJSON, detail: "send a JSON object"},
+		{name: "string", body: `"a:*"`, code: CodeInvalidJSON, detail: "send a JSON object"},
 		{name: "truncated", body: `{"match":`, code: CodeInvalidJSON, detail: "EOF"},
 		// A duplicate key of 100,000 bytes was quoted whole (a 100,080-byte
 		// detail; found by the final review): cut to 64 bytes.
