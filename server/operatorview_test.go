@@ -254,3 +254,35 @@ func TestKeyStateInvalidKey(t *testing.T) {
 		assert.Equal(t, protocol.CodeInvalidKey, r.problem(t).Code, "GET /v1/keys/%.20s: %s", p, r.body)
 	}
 }
+
+// TestNonCanonicalPathHint: a path refused as not canonical says how to
+// send the key so that it is, and the path it suggests is served. A key
+// of "." or ".." (or ending in one, after a '/') is no path segment of its
+// own unless its dots are escaped: the hint said to escape its '/' only,
+// which for ".." named the same refused path (the handler review's
+// candidate).
+func TestNonCanonicalPathHint(t *testing.T) {
+	f := newFixture(t, rulesYAML, nil, Options{})
+	for _, tc := range []struct{ key, escaped string }{
+		{"a//b", "a%2F%2Fb"},
+		{"path:/a/../b", "path:%2Fa%2F..%2Fb"},
+		{"..", "%2E%2E"},
+		{".", "%2E"},
+		{"a/..", "a%2F..", // one segment once its '/' is escaped
+		},
+	} {
+		t.Run(tc.key, func(t *testing.T) {
+			r := f.do(http.MethodGet, protocol.PathKeysPrefix+tc.key, "", "", nil)
+			require.Equal(t, http.StatusBadRequest, r.status, "body: %s", r.body)
+			p := r.problem(t)
+			assert.Equal(t, protocol.CodeInvalidPath, p.Code)
+			hint := protocol.PathKeysPrefix + tc.escaped
+			require.True(t, strings.HasSuffix(p.Detail, ": "+hint), "the hint %q ends %q", p.Detail, hint)
+			r = f.do(http.MethodGet, hint, "", "", nil)
+			require.Equal(t, http.StatusOK, r.status, "the hinted path is served: %s", r.body)
+			var ks protocol.KeyStateResponse
+			require.NoError(t, json.Unmarshal(r.body, &ks))
+			assert.Equal(t, tc.key, ks.Key)
+		})
+	}
+}

@@ -88,13 +88,18 @@ func cleanPath(p string) string {
 
 // refuseNonCanonical answers a request whose path is not canonical with
 // 400 invalid_path, suggesting the path with the '/' of its key escaped
-// when it is a keyed route's.
+// (and the dots of a key "." or "..") when it is a keyed route's.
 func refuseNonCanonical(w http.ResponseWriter, r *http.Request) {
 	p := r.URL.EscapedPath()
-	hint := "escape each '/' of a key or name in the path as %2F"
+	hint := "escape each '/' of a key or name in the path as %2F, and the dots of a key \".\" or \"..\" as %2E"
 	for _, prefix := range []string{protocol.PathKeysPrefix, protocol.PathAdminOverrides + "/"} {
 		if key, ok := strings.CutPrefix(p, prefix); ok {
-			hint = fmt.Sprintf("escape each '/' of the key as %%2F: %s%s", prefix, strings.ReplaceAll(key, "/", "%2F"))
+			esc := strings.ReplaceAll(key, "/", "%2F")
+			if esc == "." || esc == ".." {
+				// A segment of its own still, '/' or not.
+				esc = strings.ReplaceAll(esc, ".", "%2E")
+			}
+			hint = fmt.Sprintf("escape each '/' of the key as %%2F, and the dots of a key \".\" or \"..\" as %%2E: %s%s", prefix, esc)
 		}
 	}
 	writeProblem(w, protocol.NewProblem(protocol.CodeInvalidPath, fmt.Sprintf(
