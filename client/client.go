@@ -1282,10 +1282,11 @@ func (c *Client) fallback(n int64, ks *keyState) (Decision, spent) {
 // lease, which serves again when the denial ends. No lease is asked for
 // a key while it is denied. Invalid keys are skipped.
 //
-// The client keeps each denial's end until it passes, apart from the
-// key's other state (which idleness and Config.MaxKeys may forget), about
-// a hundred bytes a key: what DenyFor keeps is bounded by the distinct
-// keys it is called with per unit of time times d, not by MaxKeys. The
+// The client keeps each denial's end, one small map entry per key, until
+// it passes, apart from the key's other state (which idleness and
+// Config.MaxKeys may forget): what DenyFor keeps is bounded by the
+// distinct keys it is called with per unit of time times d, not by
+// MaxKeys. The
 // Transport bounds d by TransportOptions.MaxUpstreamRetryAfter.
 func (c *Client) DenyFor(d time.Duration, keys ...string) {
 	if d <= 0 {
