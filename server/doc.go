@@ -81,7 +81,12 @@
 //
 // The server polls the rules file (Options.ReloadInterval, 500ms by
 // default) and compares its content, not its modification time, so a
-// change is in force within a second, however the file was written. A file
+// change is in force within a second, however the file was written; write
+// it atomically (a temporary file renamed over it), since a poll may catch
+// a file rewritten in place half written (see Server.Reload). An empty file
+// (whitespace and comments only) is refused while rules or clients are in
+// force (ErrEmptyRulesFile): it is most likely such a file, and would drop
+// every rule and turn authentication off. A file
 // that does not validate leaves the old rules in force and is logged at
 // level error with the rule or client and field at fault; until a reload
 // succeeds (or the file is back to the rules in force), GET /readyz still

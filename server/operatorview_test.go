@@ -268,8 +268,7 @@ func TestNonCanonicalPathHint(t *testing.T) {
 		{"path:/a/../b", "path:%2Fa%2F..%2Fb"},
 		{"..", "%2E%2E"},
 		{".", "%2E"},
-		{"a/..", "a%2F.."},// one segment once its '/' is escaped
-
+		{"a/..", "a%2F.."}, // one segment once its '/' is escaped
 	} {
 		t.Run(tc.key, func(t *testing.T) {
 			r := f.do(http.MethodGet, protocol.PathKeysPrefix+tc.key, "", "", nil)

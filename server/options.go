@@ -299,6 +299,13 @@ func (o Options) withDefaults() (Options, error) {
 // loopback.
 var ErrInsecureListen = errors.New("refusing to serve a non-loopback address without client authentication")
 
+// ErrEmptyRulesFile is wrapped by the error of Reload when the rules file
+// holds nothing but whitespace and comments while the rules in force have
+// rules or clients: most likely a file caught while it is rewritten in
+// place, which would drop every rule and turn authentication off. A file
+// that removes every rule says so: "rules: []".
+var ErrEmptyRulesFile = errors.New("the rules file is empty (caught while it is rewritten in place?); write \"rules: []\" to remove every rule")
+
 // checkExposure returns an error wrapping ErrInsecureListen when addr is not
 // a loopback address, rules configure no clients, and insecure is false.
 func checkExposure(addr string, rules *Rules, insecure bool) error {

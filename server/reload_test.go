@@ -190,3 +190,37 @@ func TestReloadAlgorithmChangeBound(t *testing.T) {
 		})
 	}
 }
+
+// TestReloadEmptyFileKeepsRules: a rules file caught empty while it is
+// rewritten in place (a shell's "> rules.yaml", an editor that truncates
+// then writes) is refused at reload, not put in force: it parsed as a
+// valid file with no rules and no clients, so one poll dropped every rule
+// (every key unlimited) and turned authentication off (found by review:
+// a call without a token was served as the anonymous client). A file that
+// says so ("rules: []") still removes every rule.
+func TestReloadEmptyFileKeepsRules(t *testing.T) {
+	for _, empty := range []string{"", " \n\t\n", "# being rewritten\n"} {
+		t.Run("", func(t *testing.T) {
+			f := newFixture(t, authRulesYAML(), nil, Options{ReloadInterval: -1})
+			require.Equal(t, http.StatusUnauthorized, f.do(http.MethodGet, protocol.PathRules, "", "", nil).status)
+			require.Len(t, f.srv.Rules().Policy().Rules(), 2)
+
+			require.NoError(t, os.WriteFile(f.path, []byte(empty), 0o600)) // truncated, not yet rewritten
+			err := f.srv.Reload()
+			require.ErrorIs(t, err, ErrEmptyRulesFile)
+			assert.Len(t, f.srv.Rules().Policy().Rules(), 2, "the rules in force are kept")
+			r := f.do(http.MethodGet, protocol.PathRules, "", "", nil)
+			assert.Equal(t, http.StatusUnauthorized, r.status, "authentication stays on: %s", r.body)
+			assert.Contains(t, f.logs.String(), "rules reload failed")
+			assert.Equal(t, err, f.srv.ReloadError(), "reported as a failed reload")
+
+			// Written in full, the file is put in force.
+			require.NoError(t, os.WriteFile(f.path, []byte(rulesYAML), 0o600))
+			require.NoError(t, f.srv.Reload())
+			assert.Nil(t, f.srv.ReloadError())
+			require.NoError(t, os.WriteFile(f.path, []byte("rules: []\n"), 0o600))
+			require.NoError(t, f.srv.Reload(), "a file that says it has no rules")
+			assert.Empty(t, f.srv.Rules().Policy().Rules())
+		})
+	}
+}

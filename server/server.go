@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -334,15 +335,20 @@ func (s *Server) watch() {
 
 // Reload reads the rules file now and, when its content changed, puts the
 // new rules in force: calls already running finish with the old rules, and
-// buckets keep their state. A file that fails to read or validate, or that
+// buckets keep their state. A file that fails to read or validate, that
 // removes every client while the server listens on a non-loopback address
-// (without Options.Insecure), leaves the old rules in force; Reload logs why
-// at level error (once per distinct failure) and returns the error. Reload
-// returns nil when there is no rules file or it did not change.
+// (without Options.Insecure), or that holds nothing but whitespace and
+// comments while the rules in force have rules or clients
+// (ErrEmptyRulesFile: a file caught while it is rewritten in place),
+// leaves the old rules in force; Reload logs why at level error (once per
+// distinct failure) and returns the error. Reload returns nil when there
+// is no rules file or it did not change.
 //
 // The server calls Reload every Options.ReloadInterval. Replace the file
 // atomically (write a temporary file, then rename it over the old one) so
-// that a reload never sees it half written.
+// that a reload never sees it half written: an empty file is refused, and
+// most files cut short fail to parse, but a file cut at the end of a rule
+// may parse as fewer rules, and would be put in force.
 func (s *Server) Reload() error {
 	if s.opts.RulesPath == "" {
 		return nil
@@ -360,7 +366,12 @@ func (s *Server) Reload() error {
 		s.reloadSucceeded()
 		return nil
 	}
-	r, err := ParseRules(data)
+	var r *Rules
+	if blankYAML(data) && (len(cur.policy.Rules()) > 0 || len(cur.clients) > 0) {
+		err = ErrEmptyRulesFile
+	} else {
+		r, err = ParseRules(data)
+	}
 	if addr := *s.listenAddr.Load(); err == nil && addr != "" {
 		err = checkExposure(addr, r, s.opts.Insecure)
 	}
@@ -375,6 +386,18 @@ func (s *Server) Reload() error {
 	// counted and logged.
 	s.setRules(r)
 	return nil
+}
+
+// blankYAML reports whether data holds no YAML content: only whitespace,
+// comments and document markers.
+func blankYAML(data []byte) bool {
+	for line := range bytes.Lines(data) {
+		l := bytes.TrimSpace(line)
+		if len(l) > 0 && l[0] != '#' && !bytes.Equal(l, []byte("---")) && !bytes.Equal(l, []byte("...")) {
+			return false
+		}
+	}
+	return true
 }
 
 // reloadFailed logs and counts a failed reload, once per distinct failure,
