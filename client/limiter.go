@@ -19,20 +19,31 @@ type Limiter struct {
 }
 
 // Limiter returns a handle for keys (all of them, all or nothing; a key
-// named twice counts once). If a key is invalid, the Limiter denies every
-// request and Err says why (an error matching ErrInvalidRequest).
+// named twice counts once). If a key is invalid (see protocol.ValidateKey),
+// or keys holds none or more than protocol.MaxEntries, the Limiter denies
+// every request and Err says why (an error matching ErrInvalidRequest):
+// Allow and AllowN return false, Decide a Decision with Source
+// SourceDenied and that Err, and Wait returns it, without a call.
 func (c *Client) Limiter(keys ...string) *Limiter {
 	keys = distinctKeys(keys)
-	l := &Limiter{c: c, keys: append([]string(nil), keys...), states: make([]atomic.Pointer[keyState], len(keys))}
+	l := &Limiter{c: c, keys: append([]string(nil), keys...)}
 	if len(keys) == 0 || len(keys) > protocol.MaxEntries {
 		l.err = fmt.Errorf("%w: Limiter needs 1 to %d keys, not %d", ErrInvalidRequest, protocol.MaxEntries, len(keys))
 		return l
 	}
-	for i, k := range keys {
+	for _, k := range keys {
 		if err := protocol.ValidateKey(k); err != nil {
+			// No states: Allow's one-key path is never taken, and every
+			// method denies with l.err. The state of a key before the
+			// invalid one was set, an invalid key's was nil, and Allow on
+			// a Limiter of one invalid key panicked on it (found by the
+			// API review).
 			l.err = invalidKey(k, err)
 			return l
 		}
+	}
+	l.states = make([]atomic.Pointer[keyState], len(keys))
+	for i, k := range keys {
 		l.states[i].Store(c.state(k))
 	}
 	return l
