@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/ratelease/ratelease/client"
+	"github.com/ratelease/ratelease/e2e/leasetest"
 	"github.com/ratelease/ratelease/protocol"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -58,4 +59,48 @@ func TestLimiterInvalidDenies(t *testing.T) {
 	l := c.Limiter(strings.Repeat("k", protocol.MaxKeyBytes))
 	require.NoError(t, l.Err())
 	assert.True(t, l.Allow())
+}
+
+// TestNewRejectsInvalidConfig: a Config the client cannot work with fails
+// New with an error that names the field and matches ErrInvalidConfig,
+// before any call: never an outage, a refusal at every call, or a default
+// put silently in the place of what was asked.
+func TestNewRejectsInvalidConfig(t *testing.T) {
+	const token = "api-token"
+	srv := leasetest.Start(t, authRules(token), leasetest.Options{})
+	ok := client.Config{Servers: []string{srv.URL()}, Token: token}
+	tests := []struct {
+		name  string
+		edit  func(*client.Config)
+		field string // named by the error
+	}{
+		// A token read from a file with its trailing newline: net/http
+		// refuses to send the header, the probe took that for a server
+		// down, and every decision went to the fallback (Online false,
+		// no refusal, no error logged but "no lease server answered").
+		{"token with a trailing newline", func(c *client.Config) { c.Token += "\n" }, "Token"},
+		{"token with a carriage return", func(c *client.Config) { c.Token += "\r\n" }, "Token"},
+		{"token with a NUL", func(c *client.Config) { c.Token = "api\x00token" }, "Token"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := ok
+			tt.edit(&cfg)
+			c, err := client.New(cfg)
+			if c != nil {
+				d := c.Allow(context.Background(), "user:1")
+				t.Logf("New accepted it; a decision: %+v; %+v", d, c.Stats())
+				_ = c.Close(context.Background())
+			}
+			require.Error(t, err)
+			assert.Nil(t, c)
+			assert.ErrorIs(t, err, client.ErrInvalidConfig)
+			assert.Contains(t, err.Error(), tt.field)
+			assert.NotErrorIs(t, err, client.ErrServerRefused)
+		})
+	}
+	t.Run("valid", func(t *testing.T) {
+		c := newClient(t, ok)
+		assert.True(t, c.Allow(context.Background(), "user:1").Allowed)
+	})
 }

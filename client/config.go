@@ -47,7 +47,8 @@ func (f Fallback) String() string {
 }
 
 // Config configures a Client. Only Servers is required; every zero value
-// means the documented default.
+// means the documented default. New fails with an error matching
+// ErrInvalidConfig, naming the field, on a value it cannot work with.
 type Config struct {
 	// Servers are the base URLs of the lease servers, for example
 	// "http://10.0.0.1:8080". Lease calls go to one at a time, moving to
@@ -66,7 +67,9 @@ type Config struct {
 	// NoKeyRouting, direct takes go like lease calls, to one server at a
 	// time.
 	NoKeyRouting bool
-	// Token is sent as "Authorization: Bearer <Token>" when set.
+	// Token is sent as "Authorization: Bearer <Token>" when set. A token
+	// holding a control character (a newline kept from the file it was
+	// read from) fails New: no HTTP header carries it.
 	Token string
 	// ClientID names this process to the servers; default
 	// "<hostname>-<pid>-<random>". Two processes must not share one.
@@ -159,8 +162,19 @@ type Config struct {
 	OnServerError func(err error)
 }
 
-// ErrNoServers is returned by New when Config.Servers is empty.
-var ErrNoServers = errors.New("client: no lease servers configured: set Config.Servers")
+// Errors of New.
+var (
+	// ErrInvalidConfig is matched by the error of New for a Config it
+	// cannot work with (a Servers URL that is not one, a Token net/http
+	// cannot send, an unknown Fallback or Priority, a negative
+	// DefaultSafeRate): the error names the field.
+	// It is never a rate limit nor a refusal by a server: New checks the
+	// Config before it calls any.
+	ErrInvalidConfig = errors.New("client: invalid Config")
+	// ErrNoServers is returned by New when Config.Servers is empty. It
+	// matches ErrInvalidConfig.
+	ErrNoServers = fmt.Errorf("%w: no lease servers configured: set Config.Servers", ErrInvalidConfig)
+)
 
 func (c *Config) withDefaults() (Config, error) {
 	cfg := *c
@@ -171,29 +185,29 @@ func (c *Config) withDefaults() (Config, error) {
 	for i, s := range cfg.Servers {
 		u, err := url.Parse(s)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return cfg, fmt.Errorf("client: server %q is not an http:// or https:// URL", s)
+			return cfg, fmt.Errorf("%w: Servers: %q is not an http:// or https:// URL", ErrInvalidConfig, s)
 		}
 		servers[i] = strings.TrimRight(s, "/")
 	}
 	cfg.Servers = servers
+	if i := strings.IndexFunc(cfg.Token, isControl); i >= 0 {
+		// net/http refuses to send such a header: every call failed as
+		// if no server answered, and the fallback decided (found by the
+		// API review: a token read from a file, its newline kept).
+		return cfg, fmt.Errorf("%w: Token holds a control character (%q at byte %d; a trailing newline from the file it was read from?): an HTTP header cannot carry it", ErrInvalidConfig, cfg.Token[i], i)
+	}
 	if cfg.ClientID == "" {
-		host, _ := os.Hostname()
-		if host == "" {
-			host = "client"
-		}
-		var b [4]byte
-		_, _ = rand.Read(b[:])
-		cfg.ClientID = fmt.Sprintf("%s-%d-%s", strings.ReplaceAll(host, " ", "_"), os.Getpid(), hex.EncodeToString(b[:]))
+		cfg.ClientID = defaultClientID()
 	}
 	if err := protocol.ValidatePriority(cfg.Priority); err != nil {
-		return cfg, fmt.Errorf("client: Priority: %w", err)
+		return cfg, fmt.Errorf("%w: Priority: %w", ErrInvalidConfig, err)
 	}
 	cfg.Priority = normalPriority(cfg.Priority)
 	if cfg.Fallback < FallbackSafeRate || cfg.Fallback > FallbackClosed {
-		return cfg, fmt.Errorf("client: unknown fallback %d", cfg.Fallback)
+		return cfg, fmt.Errorf("%w: Fallback: unknown fallback %d", ErrInvalidConfig, cfg.Fallback)
 	}
 	if cfg.DefaultSafeRate < 0 {
-		return cfg, fmt.Errorf("client: DefaultSafeRate is %g; it must be 0 or more", cfg.DefaultSafeRate)
+		return cfg, fmt.Errorf("%w: DefaultSafeRate is %g; it must be 0 or more", ErrInvalidConfig, cfg.DefaultSafeRate)
 	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
@@ -225,4 +239,19 @@ func (c *Config) withDefaults() (Config, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return cfg, nil
+}
+
+// isControl reports whether r is an ASCII control character, which no
+// HTTP header value carries (but for a tab, refused here too).
+func isControl(r rune) bool { return r < ' ' || r == 0x7f }
+
+// defaultClientID returns "<hostname>-<pid>-<random>".
+func defaultClientID() string {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "client"
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s-%d-%s", strings.ReplaceAll(host, " ", "_"), os.Getpid(), hex.EncodeToString(b[:]))
 }

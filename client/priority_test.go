@@ -93,7 +93,7 @@ func TestPriorityConfig(t *testing.T) {
 	}{
 		{"default", "", ""},
 		{"critical", client.PriorityCritical, ""},
-		{"unknown", "urgent", `client: Priority: "urgent" is not a priority class`},
+		{"unknown", "urgent", `client: invalid Config: Priority: "urgent" is not a priority class`},
 		{"case matters", "LOW", `"LOW" is not a priority class`},
 	}
 	for _, tt := range tests {
@@ -102,6 +102,7 @@ func TestPriorityConfig(t *testing.T) {
 			if tt.err != "" {
 				require.Error(t, err)
 				assert.Contains(t, err.Error(), tt.err)
+				assert.ErrorIs(t, err, client.ErrInvalidConfig)
 				return
 			}
 			require.NoError(t, err)
