@@ -81,6 +81,12 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		{"token with a trailing newline", func(c *client.Config) { c.Token += "\n" }, "Token"},
 		{"token with a carriage return", func(c *client.Config) { c.Token += "\r\n" }, "Token"},
 		{"token with a NUL", func(c *client.Config) { c.Token = "api\x00token" }, "Token"},
+		// The servers refuse every call of a client_id that is not 1 to
+		// 128 bytes of printable ASCII without spaces (400
+		// invalid_client_id); New's probe does not send it.
+		{"client ID with a space", func(c *client.Config) { c.ClientID = "checkout 1" }, "ClientID"},
+		{"client ID too long", func(c *client.Config) { c.ClientID = strings.Repeat("c", protocol.MaxClientIDBytes+1) }, "ClientID"},
+		{"client ID not ASCII", func(c *client.Config) { c.ClientID = "caisse-é" }, "ClientID"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -100,7 +106,9 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		})
 	}
 	t.Run("valid", func(t *testing.T) {
-		c := newClient(t, ok)
+		cfg := ok
+		cfg.ClientID = strings.Repeat("c", protocol.MaxClientIDBytes)
+		c := newClient(t, cfg)
 		assert.True(t, c.Allow(context.Background(), "user:1").Allowed)
 	})
 }

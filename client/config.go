@@ -71,8 +71,11 @@ type Config struct {
 	// holding a control character (a newline kept from the file it was
 	// read from) fails New: no HTTP header carries it.
 	Token string
-	// ClientID names this process to the servers; default
-	// "<hostname>-<pid>-<random>". Two processes must not share one.
+	// ClientID names this process to the servers: 1 to
+	// protocol.MaxClientIDBytes bytes of printable ASCII without spaces
+	// (New fails on another, which the servers refuse); default
+	// "<hostname>-<pid>-<random>", the hostname cut to fit and its other
+	// bytes replaced by '_'. Two processes must not share one.
 	ClientID string
 	// Fallback applies to a key once its lease has ended and no server
 	// answers. Default FallbackSafeRate.
@@ -166,8 +169,8 @@ type Config struct {
 var (
 	// ErrInvalidConfig is matched by the error of New for a Config it
 	// cannot work with (a Servers URL that is not one, a Token net/http
-	// cannot send, an unknown Fallback or Priority, a negative
-	// DefaultSafeRate): the error names the field.
+	// cannot send, a ClientID the servers refuse, an unknown Fallback or
+	// Priority, a negative DefaultSafeRate): the error names the field.
 	// It is never a rate limit nor a refusal by a server: New checks the
 	// Config before it calls any.
 	ErrInvalidConfig = errors.New("client: invalid Config")
@@ -198,6 +201,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if cfg.ClientID == "" {
 		cfg.ClientID = defaultClientID()
+	} else if err := protocol.ValidateClientID(cfg.ClientID); err != nil {
+		// The servers refuse every call of it (invalid_client_id).
+		return cfg, fmt.Errorf("%w: ClientID: %w", ErrInvalidConfig, err)
 	}
 	if err := protocol.ValidatePriority(cfg.Priority); err != nil {
 		return cfg, fmt.Errorf("%w: Priority: %w", ErrInvalidConfig, err)
@@ -245,7 +251,9 @@ func (c *Config) withDefaults() (Config, error) {
 // HTTP header value carries (but for a tab, refused here too).
 func isControl(r rune) bool { return r < ' ' || r == 0x7f }
 
-// defaultClientID returns "<hostname>-<pid>-<random>".
+// defaultClientID returns "<hostname>-<pid>-<random>", the hostname cut
+// to what a client_id holds and each byte of it that is not printable
+// ASCII, or is a space, replaced by '_': the servers refuse any other.
 func defaultClientID() string {
 	host, _ := os.Hostname()
 	if host == "" {
@@ -253,5 +261,12 @@ func defaultClientID() string {
 	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	return fmt.Sprintf("%s-%d-%s", strings.ReplaceAll(host, " ", "_"), os.Getpid(), hex.EncodeToString(b[:]))
+	suffix := fmt.Sprintf("-%d-%s", os.Getpid(), hex.EncodeToString(b[:]))
+	h := []byte(host[:min(len(host), protocol.MaxClientIDBytes-len(suffix))])
+	for i, c := range h {
+		if c <= ' ' || c >= 0x7f {
+			h[i] = '_'
+		}
+	}
+	return string(h) + suffix
 }

@@ -346,6 +346,15 @@ func ValidateKey(key string) error {
 	return nil
 }
 
+// ValidateClientID returns nil when id is a client_id the servers accept:
+// 1 to MaxClientIDBytes bytes of printable ASCII without spaces.
+func ValidateClientID(id string) error {
+	if id == "" || !validID(id, MaxClientIDBytes) {
+		return fmt.Errorf("client_id %q: it must be 1 to %d bytes of printable ASCII without spaces", id, MaxClientIDBytes)
+	}
+	return nil
+}
+
 // validID checks a client_id or lease_id: printable ASCII without spaces,
 // at most max bytes.
 func validID(s string, max int) bool {
