@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"net"
 	"strings"
 	"testing"
 
@@ -87,6 +88,19 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		{"client ID with a space", func(c *client.Config) { c.ClientID = "checkout 1" }, "ClientID"},
 		{"client ID too long", func(c *client.Config) { c.ClientID = strings.Repeat("c", protocol.MaxClientIDBytes+1) }, "ClientID"},
 		{"client ID not ASCII", func(c *client.Config) { c.ClientID = "caisse-é" }, "ClientID"},
+		// Each call's URL is the server's with the API path appended: a
+		// query or a fragment swallowed it (every call a 404, each
+		// decision SourceRefused), an endpoint's URL doubled it, and a
+		// URL without a host name dialed this machine (the fallback
+		// decided). New's probe took the 404s for an answer.
+		{"URL with a query", func(c *client.Config) { c.Servers = []string{srv.URL() + "?region=eu"} }, "Servers"},
+		{"URL with a fragment", func(c *client.Config) { c.Servers = []string{srv.URL() + "#a"} }, "Servers"},
+		{"URL with an empty fragment", func(c *client.Config) { c.Servers = []string{srv.URL() + "#"} }, "Servers"},
+		{"URL with an empty query", func(c *client.Config) { c.Servers = []string{srv.URL() + "?"} }, "Servers"},
+		{"URL of the leases endpoint", func(c *client.Config) { c.Servers = []string{srv.URL() + protocol.PathLeases} }, "Servers"},
+		{"URL of the check endpoint", func(c *client.Config) { c.Servers = []string{srv.URL() + protocol.PathCheck + "/"} }, "Servers"},
+		{"URL without a host name", func(c *client.Config) { c.Servers = []string{"http://:" + srvPort(t, srv)} }, "Servers"},
+		{"second URL invalid", func(c *client.Config) { c.Servers = []string{srv.URL(), "http://:" + srvPort(t, srv)} }, "Servers"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -108,7 +122,16 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 	t.Run("valid", func(t *testing.T) {
 		cfg := ok
 		cfg.ClientID = strings.Repeat("c", protocol.MaxClientIDBytes)
+		cfg.Servers = []string{srv.URL() + "/"}
 		c := newClient(t, cfg)
 		assert.True(t, c.Allow(context.Background(), "user:1").Allowed)
 	})
+}
+
+// srvPort returns the port srv listens on.
+func srvPort(t *testing.T, srv *leasetest.Server) string {
+	t.Helper()
+	_, port, err := net.SplitHostPort(srv.Addr())
+	require.NoError(t, err)
+	return port
 }

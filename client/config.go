@@ -51,7 +51,9 @@ func (f Fallback) String() string {
 // ErrInvalidConfig, naming the field, on a value it cannot work with.
 type Config struct {
 	// Servers are the base URLs of the lease servers, for example
-	// "http://10.0.0.1:8080". Lease calls go to one at a time, moving to
+	// "http://10.0.0.1:8080" (a path is kept, for a server behind a
+	// proxy; a query, a fragment, an API path such as /v1/leases, or no
+	// host name fails New). Lease calls go to one at a time, moving to
 	// the next when one fails; direct takes are routed by key (see
 	// NoKeyRouting). Required.
 	Servers []string
@@ -190,6 +192,9 @@ func (c *Config) withDefaults() (Config, error) {
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return cfg, fmt.Errorf("%w: Servers: %q is not an http:// or https:// URL", ErrInvalidConfig, s)
 		}
+		if err := checkBaseURL(s, u); err != nil {
+			return cfg, fmt.Errorf("%w: Servers: %q %w", ErrInvalidConfig, s, err)
+		}
 		servers[i] = strings.TrimRight(s, "/")
 	}
 	cfg.Servers = servers
@@ -269,4 +274,27 @@ func defaultClientID() string {
 		}
 	}
 	return string(h) + suffix
+}
+
+// checkBaseURL returns why u, parsed from s, cannot be a lease server's
+// base URL, which each call appends its API path to (protocol.PathLeases,
+// ...): a query or a fragment would swallow the path (every call a 404),
+// an API path of its own doubles it, and a URL without a host name dials
+// this machine.
+func checkBaseURL(s string, u *url.URL) error {
+	switch {
+	case u.Hostname() == "":
+		return errors.New("has no host name")
+	case u.RawQuery != "" || u.ForceQuery:
+		return errors.New("has a query: give the server's base URL, to which the client appends the API's paths")
+	case strings.Contains(s, "#"):
+		return errors.New("has a fragment: give the server's base URL, to which the client appends the API's paths")
+	}
+	path := strings.TrimRight(u.Path, "/")
+	for _, p := range []string{protocol.PathLeases, protocol.PathCheck, protocol.PathRules} {
+		if strings.HasSuffix(path, p) {
+			return fmt.Errorf("ends with the API path %s: give the server's base URL, to which the client appends it", p)
+		}
+	}
+	return nil
 }
