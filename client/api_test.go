@@ -2,9 +2,11 @@ package client_test
 
 import (
 	"context"
+	"math"
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ratelease/ratelease/client"
 	"github.com/ratelease/ratelease/e2e/leasetest"
@@ -101,6 +103,20 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		{"URL of the check endpoint", func(c *client.Config) { c.Servers = []string{srv.URL() + protocol.PathCheck + "/"} }, "Servers"},
 		{"URL without a host name", func(c *client.Config) { c.Servers = []string{"http://:" + srvPort(t, srv)} }, "Servers"},
 		{"second URL invalid", func(c *client.Config) { c.Servers = []string{srv.URL(), "http://:" + srvPort(t, srv)} }, "Servers"},
+		// A negative duration or count was taken for zero, its default
+		// put in its place without a word: IdleTimeout -1 (for "never")
+		// forgot keys after 30 s, MaxKeys -1 (for "no cap") held 10,000.
+		{"negative SettleInterval", func(c *client.Config) { c.SettleInterval = -time.Millisecond }, "SettleInterval"},
+		{"negative Horizon", func(c *client.Config) { c.Horizon = -time.Second }, "Horizon"},
+		{"negative IdleTimeout", func(c *client.Config) { c.IdleTimeout = -1 }, "IdleTimeout"},
+		{"negative RequestTimeout", func(c *client.Config) { c.RequestTimeout = -time.Second }, "RequestTimeout"},
+		{"negative MaxRetryWait", func(c *client.Config) { c.MaxRetryWait = -time.Second }, "MaxRetryWait"},
+		{"negative LeaseMinTokens", func(c *client.Config) { c.LeaseMinTokens = -8 }, "LeaseMinTokens"},
+		{"negative InitialBatch", func(c *client.Config) { c.InitialBatch = -1 }, "InitialBatch"},
+		{"negative MaxBatch", func(c *client.Config) { c.MaxBatch = -1 }, "MaxBatch"},
+		{"negative MaxKeys", func(c *client.Config) { c.MaxKeys = -1 }, "MaxKeys"},
+		{"negative MaxWait", func(c *client.Config) { c.MaxWait = -time.Second }, "MaxWait"},
+		{"DefaultSafeRate not a number", func(c *client.Config) { c.DefaultSafeRate = math.NaN() }, "DefaultSafeRate"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -48,7 +48,9 @@ func (f Fallback) String() string {
 
 // Config configures a Client. Only Servers is required; every zero value
 // means the documented default. New fails with an error matching
-// ErrInvalidConfig, naming the field, on a value it cannot work with.
+// ErrInvalidConfig, naming the field, on a value it cannot work with,
+// among them any negative duration or count but ProbeTimeout (whose
+// negative skips New's probe).
 type Config struct {
 	// Servers are the base URLs of the lease servers, for example
 	// "http://10.0.0.1:8080" (a path is kept, for a server behind a
@@ -127,7 +129,8 @@ type Config struct {
 	// more than a quarter of the key's bucket.
 	InitialBatch int64
 	// MaxBatch caps any batch asked for. Default protocol.MaxCount (the
-	// server caps a grant by the bucket size anyway).
+	// server caps a grant by the bucket size anyway), as is any value
+	// above it.
 	MaxBatch int64
 	// IdleTimeout returns the lease of a key not used for this long and
 	// forgets the key. Default 30s.
@@ -172,7 +175,8 @@ var (
 	// ErrInvalidConfig is matched by the error of New for a Config it
 	// cannot work with (a Servers URL that is not one, a Token net/http
 	// cannot send, a ClientID the servers refuse, an unknown Fallback or
-	// Priority, a negative DefaultSafeRate): the error names the field.
+	// Priority, a negative duration or count, a DefaultSafeRate negative
+	// or not a number): the error names the field.
 	// It is never a rate limit nor a refusal by a server: New checks the
 	// Config before it calls any.
 	ErrInvalidConfig = errors.New("client: invalid Config")
@@ -217,11 +221,43 @@ func (c *Config) withDefaults() (Config, error) {
 	if cfg.Fallback < FallbackSafeRate || cfg.Fallback > FallbackClosed {
 		return cfg, fmt.Errorf("%w: Fallback: unknown fallback %d", ErrInvalidConfig, cfg.Fallback)
 	}
-	if cfg.DefaultSafeRate < 0 {
+	if !(cfg.DefaultSafeRate >= 0) {
 		return cfg, fmt.Errorf("%w: DefaultSafeRate is %g; it must be 0 or more", ErrInvalidConfig, cfg.DefaultSafeRate)
 	}
+	// A negative duration or count has no meaning (but ProbeTimeout's):
+	// taken for zero, its default was put in its place without a word
+	// (IdleTimeout -1, meant as "never", forgot keys after 30 s; found by
+	// the API review). The inbound limiters refuse a negative MaxWait so.
+	for _, f := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"SettleInterval", cfg.SettleInterval},
+		{"Horizon", cfg.Horizon},
+		{"IdleTimeout", cfg.IdleTimeout},
+		{"RequestTimeout", cfg.RequestTimeout},
+		{"MaxRetryWait", cfg.MaxRetryWait},
+		{"MaxWait", cfg.MaxWait},
+	} {
+		if f.v < 0 {
+			return cfg, fmt.Errorf("%w: %s is %v, negative; zero means its default", ErrInvalidConfig, f.name, f.v)
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"LeaseMinTokens", cfg.LeaseMinTokens},
+		{"InitialBatch", cfg.InitialBatch},
+		{"MaxBatch", cfg.MaxBatch},
+		{"MaxKeys", int64(cfg.MaxKeys)},
+	} {
+		if f.v < 0 {
+			return cfg, fmt.Errorf("%w: %s is %d, negative; zero means its default", ErrInvalidConfig, f.name, f.v)
+		}
+	}
 	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
+		if *d == 0 {
 			*d = v
 		}
 	}
@@ -234,16 +270,16 @@ func (c *Config) withDefaults() (Config, error) {
 		cfg.ProbeTimeout = 2 * time.Second
 	}
 	def(&cfg.MaxWait, DefaultMaxWait)
-	if cfg.LeaseMinTokens <= 0 {
+	if cfg.LeaseMinTokens == 0 {
 		cfg.LeaseMinTokens = 8
 	}
-	if cfg.InitialBatch <= 0 {
+	if cfg.InitialBatch == 0 {
 		cfg.InitialBatch = 10
 	}
-	if cfg.MaxBatch <= 0 || cfg.MaxBatch > protocol.MaxCount {
+	if cfg.MaxBatch == 0 || cfg.MaxBatch > protocol.MaxCount {
 		cfg.MaxBatch = protocol.MaxCount
 	}
-	if cfg.MaxKeys <= 0 {
+	if cfg.MaxKeys == 0 {
 		cfg.MaxKeys = 10_000
 	}
 	if cfg.Logger == nil {
