@@ -113,7 +113,11 @@ type Decision struct {
 // Stats counts what a client did since New.
 type Stats struct {
 	// Allowed counts tokens spent: from leases, by direct takes, by
-	// unlimited keys and by the fallback.
+	// unlimited keys and by the fallback. It never goes down from one
+	// call to the next, though a token a decision over several keys
+	// spent while it waited for another key, then gave back when that
+	// key denied it, may be counted meanwhile: the count then stands
+	// until as many more tokens are spent.
 	Allowed int64
 	// Denied counts requests denied.
 	Denied int64
@@ -241,8 +245,11 @@ type Client struct {
 	refusal      atomic.Pointer[RefusedError]
 	refusedUntil atomic.Int64
 	forgottenUse atomic.Int64 // Allowed of keys no longer held
-	directOK     atomic.Int64 // tokens allowed by direct takes
-	directs      atomic.Int64 // decisions sent as direct takes
+	// allowedSeen is the highest Stats.Allowed returned: Stats never
+	// returns less (see Stats).
+	allowedSeen atomic.Int64
+	directOK    atomic.Int64 // tokens allowed by direct takes
+	directs     atomic.Int64 // decisions sent as direct takes
 
 	direct        directQueue
 	directBackoff atomic.Int64 // ns; doubles while no server answers a direct call
@@ -1338,5 +1345,21 @@ func (c *Client) Stats() Stats {
 		}
 		return true
 	})
+	// The sum read above can fall below one read before: a token spent by
+	// a decision that then gave it back (all or nothing over its keys), a
+	// lease replaced or closed before its used count is kept, a key
+	// forgotten while Range ran (its count moved to forgottenUse, read
+	// before). A count that falls is a reset to Prometheus (found by the
+	// API review): Allowed is the highest sum seen.
+	for {
+		seen := c.allowedSeen.Load()
+		if s.Allowed <= seen {
+			s.Allowed = seen
+			break
+		}
+		if c.allowedSeen.CompareAndSwap(seen, s.Allowed) {
+			break
+		}
+	}
 	return s
 }
