@@ -151,3 +151,39 @@ func srvPort(t *testing.T, srv *leasetest.Server) string {
 	require.NoError(t, err)
 	return port
 }
+
+// TestStatsDeniedCountsRequests: Stats.Denied counts requests denied, as
+// its doc says: an Allow denied counts one, a Wait that waits and then
+// goes ahead none, a Wait that fails one, however many times each was
+// decided. A Wait counted every try its loop made (found by the API
+// review: a Wait that waited 100 ms for tiny:1's refill counted two
+// denials, and with TransportOptions.Wait a service whose every request
+// went ahead reported denials).
+func TestStatsDeniedCountsRequests(t *testing.T) {
+	srv := leasetest.Start(t, rules, leasetest.Options{})
+	c := newClient(t, client.Config{Servers: []string{srv.URL()}})
+	ctx := context.Background()
+	for range 5 { // tiny: a bucket of 5, 10 a second
+		require.True(t, c.Allow(ctx, "tiny:1").Allowed)
+	}
+	denied := func() int64 { return c.Stats().Denied }
+
+	before := denied()
+	require.False(t, c.Allow(ctx, "tiny:1").Allowed)
+	assert.Equal(t, before+1, denied(), "an Allow denied")
+
+	before = denied()
+	require.NoError(t, c.Wait(ctx, "tiny:1"))
+	assert.Equal(t, before, denied(), "a Wait that went ahead after a wait")
+
+	before = denied()
+	short, cancel := context.WithTimeout(ctx, time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, c.Wait(short, "tiny:1"), client.ErrRateLimited)
+	assert.Equal(t, before+1, denied(), "a Wait that failed")
+
+	before = denied()
+	require.ErrorIs(t, c.WaitN(ctx, 6, "tiny:2"), client.ErrCostExceedsBurst)
+	require.ErrorIs(t, c.WaitN(ctx, 0, "tiny:2"), client.ErrInvalidRequest)
+	assert.Equal(t, before+2, denied(), "a Wait beyond the burst, and one of 0 tokens")
+}

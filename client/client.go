@@ -119,7 +119,11 @@ type Stats struct {
 	// key denied it, may be counted meanwhile: the count then stands
 	// until as many more tokens are spent.
 	Allowed int64
-	// Denied counts requests denied.
+	// Denied counts requests denied: each Allow, AllowN and Limiter
+	// decision denied, invalid input included, and each Wait or WaitN
+	// that failed after a denial or on its arguments, once, however many
+	// times it was decided; a Wait that waited and then went ahead counts
+	// none. A closed client's denials count none.
 	Denied int64
 	// ServerCalls counts HTTP calls to lease servers, retries included.
 	ServerCalls int64
@@ -248,6 +252,10 @@ type Client struct {
 	// allowedSeen is the highest Stats.Allowed returned: Stats never
 	// returns less (see Stats).
 	allowedSeen atomic.Int64
+	// waitDenials counts the denied decisions of WaitN's tries, each of
+	// them (Stats.Denied counts a Wait once): the tests see a busy loop
+	// in it.
+	waitDenials atomic.Int64
 	directOK    atomic.Int64 // tokens allowed by direct takes
 	directs     atomic.Int64 // decisions sent as direct takes
 
@@ -414,7 +422,18 @@ func (c *Client) AllowN(ctx context.Context, n int64, keys ...string) Decision {
 		}
 		states = append(states, c.state(k))
 	}
-	return c.decide(ctx, n, states, 0)
+	return c.counted(c.decide(ctx, n, states, 0))
+}
+
+// counted counts d in Stats.Denied when it is a denial (a closed client's
+// is not), and returns it: the count of Allow, AllowN and the Limiter's
+// decisions. WaitN counts its own (see WaitN): one per Wait, however many
+// decisions it made.
+func (c *Client) counted(d Decision) Decision {
+	if !d.Allowed && d.Source != SourceClosed {
+		c.denied.Add(1)
+	}
+	return d
 }
 
 // distinctKeys returns keys without repeats, in the order of their first
@@ -485,14 +504,26 @@ func (c *Client) Wait(ctx context.Context, keys ...string) error {
 // back) or when the time its denial named has passed, not at every tick.
 // Allow callers do not queue: under saturation they may take tokens before
 // the first waiter.
-func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) error {
+func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) (err error) {
+	// A Wait counts once in Stats.Denied, when it fails after a denial or
+	// on its arguments, whatever its tries: it counted each of them, and a
+	// Wait that waited and went ahead counted its denials (found by the
+	// API review). A closed client's failure counts none, as its denials.
+	denied := false
+	defer func() {
+		if denied && err != nil && !errors.Is(err, ErrClosed) {
+			c.denied.Add(1)
+		}
+	}()
 	if err := checkCount(n, len(keys)); err != nil {
+		denied = true
 		return err
 	}
 	keys = distinctKeys(keys)
 	states := make([]*keyState, len(keys))
 	for i, k := range keys {
 		if err := protocol.ValidateKey(k); err != nil {
+			denied = true
 			return invalidKey(k, err)
 		}
 		states[i] = c.state(k)
@@ -520,6 +551,7 @@ func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) error {
 		changed := q.waitCh()
 		if _, foreign := c.callPriority(ctx); len(states) == 1 && !foreign {
 			if done, err := c.waitShaped(ctx, n, states[0], func() { q.dequeue(turn) }); done {
+				denied = errors.Is(err, ErrRateLimited)
 				return err
 			}
 		}
@@ -527,7 +559,12 @@ func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) error {
 		d := c.decide(ctx, n, states, time.Duration(maxWait))
 		if d.Allowed {
 			q.dequeue(turn) // the tokens are taken: the next waiter's turn
+			denied = false  // it went ahead: sleeping for its slot is no denial
 			return c.sleep(ctx, int64(d.delay))
+		}
+		if d.Source != SourceClosed {
+			denied = true
+			c.waitDenials.Add(1)
 		}
 		if d.delay > 0 {
 			return &RateLimitedError{Keys: keys, RetryAfter: d.delay, Source: d.Source}
@@ -696,12 +733,10 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			}
 			if err := c.refused(now); err != nil {
 				c.undo(n, done)
-				c.denied.Add(1)
 				return Decision{Source: SourceRefused, Err: err, RetryAfter: time.Duration(c.refusedUntil.Load() - now)}
 			}
 			if ks.refused.Load() && ks.denyUntil.Load() > now {
 				c.undo(n, done)
-				c.denied.Add(1)
 				d := Decision{Source: SourceDenied, RetryAfter: time.Duration(ks.denyUntil.Load() - now)}
 				if e := ks.refusal.Load(); e != nil {
 					d.Err = e
@@ -711,7 +746,6 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			if u := ks.denyForUntil.Load(); u > now {
 				// DenyFor (an upstream said no) holds for every class.
 				c.undo(n, done)
-				c.denied.Add(1)
 				return Decision{Source: SourceRetryAfter, RetryAfter: time.Duration(u - now)}
 			}
 			direct = append(direct, ks)
@@ -742,7 +776,6 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 		}
 		if err := c.refused(now); err != nil {
 			c.undo(n, done)
-			c.denied.Add(1)
 			return Decision{Source: SourceRefused, Err: err, RetryAfter: time.Duration(c.refusedUntil.Load() - now)}
 		}
 		du := ks.denyUntil.Load()
@@ -750,7 +783,6 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 		// that waits at least that long asks for the slot.
 		if du > now && !(ks.shaped.Load() && ks.denyForUntil.Load() <= now && !ks.refused.Load() && du-now <= int64(maxDelay)) {
 			c.undo(n, done)
-			c.denied.Add(1)
 			if ks.refused.Load() {
 				d := Decision{Source: SourceDenied, RetryAfter: time.Duration(du - now)}
 				if e := ks.refusal.Load(); e != nil {
@@ -780,7 +812,6 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 				// WaitN that sent it again: 51 takes in 1 s of a
 				// RetryAfter of 1.5 s; found by review).
 				c.undo(n, done)
-				c.denied.Add(1)
 				return Decision{Source: SourceRetryAfter, RetryAfter: time.Duration(u - now), Limits: ks.limitsView()}
 			}
 			direct = append(direct, ks)
@@ -795,7 +826,6 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			// busy loop; found by review).
 			if due := l.shape.due(now); due > 0 {
 				c.undo(n, done)
-				c.denied.Add(1)
 				return Decision{Source: SourceLease, RetryAfter: time.Duration(due)}
 			}
 		}
@@ -867,7 +897,6 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 				continue
 			}
 			c.undo(n, done)
-			c.denied.Add(1)
 			return Decision{Source: SourceLease, RetryAfter: c.cfg.SettleInterval, Limits: ks.limitsView()}
 		}
 		if !waitedAnswer && ks.probing.Load() && c.online.Load() && c.young(ks) {
@@ -961,7 +990,6 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 		}
 		if !dd.Allowed {
 			c.undo(n, done)
-			c.denied.Add(1)
 			return dd
 		}
 		if dd.delay > maxDelay {
@@ -970,7 +998,6 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			// millisecond rounding of the delay): the request does not go
 			// ahead, and the slot is lost.
 			c.undo(n, done)
-			c.denied.Add(1)
 			return Decision{Source: SourceDirect, RetryAfter: dd.delay, delay: dd.delay}
 		}
 		d.delay = dd.delay

@@ -85,12 +85,13 @@ func (l *Limiter) Decide(ctx context.Context, n int64) Decision {
 	}
 	var buf [4]*keyState
 	states := l.resolve(buf[:0])
-	return l.c.decide(ctx, n, states, 0)
+	return l.c.counted(l.c.decide(ctx, n, states, 0))
 }
 
 // Wait blocks until one request may happen for every key, as Client.Wait.
 func (l *Limiter) Wait(ctx context.Context) error {
 	if l.err != nil {
+		l.c.denied.Add(1) // as WaitN counts invalid arguments
 		return l.err
 	}
 	return l.c.WaitN(ctx, 1, l.keys...)

@@ -143,7 +143,6 @@ func (c *Client) waitShaped(ctx context.Context, n int64, ks *keyState, release 
 	at, ok := l.shape.reserve(l, n, now, max)
 	if !ok {
 		if at-now > max {
-			c.denied.Add(1)
 			return true, &RateLimitedError{Keys: []string{ks.key}, RetryAfter: time.Duration(at - now), Source: SourceLease}
 		}
 		return false, nil

@@ -11,7 +11,7 @@
 // The metrics, read from Stats at each scrape, are:
 //
 //	ratelease_client_allowed_total              tokens spent: from leases, direct takes, unlimited keys and the fallback
-//	ratelease_client_denied_total               requests denied
+//	ratelease_client_denied_total               requests denied (a Wait counts once, when it fails)
 //	ratelease_client_decisions_total{source}    requests decided by the fallback (source="fallback") and sent
 //	                                            to a lease server as direct takes (source="direct"); the others
 //	                                            were decided locally from leases
@@ -63,7 +63,7 @@ func New(src Source, opts Options) *Collector {
 	return &Collector{
 		src:         src,
 		allowed:     desc("allowed_total", "Tokens spent: from leases, by direct takes, by unlimited keys and by the fallback."),
-		denied:      desc("denied_total", "Requests denied."),
+		denied:      desc("denied_total", "Requests denied (a Wait counts once, when it fails)."),
 		decisions:   desc("decisions_total", "Requests decided by the fallback (source=fallback) or sent to a lease server as direct takes (source=direct); the others were decided locally from leases.", "source"),
 		calls:       desc("server_calls_total", "HTTP calls to lease servers, retries included."),
 		errors:      desc("server_errors_total", "Calls to lease servers that failed on every server."),
