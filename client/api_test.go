@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"net"
 	"strings"
@@ -186,4 +187,44 @@ func TestStatsDeniedCountsRequests(t *testing.T) {
 	require.ErrorIs(t, c.WaitN(ctx, 6, "tiny:2"), client.ErrCostExceedsBurst)
 	require.ErrorIs(t, c.WaitN(ctx, 0, "tiny:2"), client.ErrInvalidRequest)
 	assert.Equal(t, before+2, denied(), "a Wait beyond the burst, and one of 0 tokens")
+}
+
+// TestEndedContextIsNoRateLimit: a decision whose context ends before a
+// server decided it (canceled before, or its deadline passing while its
+// direct take is on the way) says so in Decision.Err: the limit never
+// judged it. It was a denial with Source direct, a RetryAfter of a tick
+// and no Err, a rate limit by every sign a caller has (found by the API
+// review: a handler answered 429 for a lease server slower than the
+// request's deadline).
+func TestEndedContextIsNoRateLimit(t *testing.T) {
+	srv := leasetest.Start(t, rules, leasetest.Options{})
+	slow := slowProxy(t, srv.URL(), 200*time.Millisecond)
+	c := newClient(t, client.Config{Servers: []string{slow}, ProbeTimeout: -1})
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	tests := []struct {
+		name string
+		ctx  func() (context.Context, context.CancelFunc)
+		want error
+	}{
+		{"canceled before", func() (context.Context, context.CancelFunc) { return canceled, func() {} }, context.Canceled},
+		{"deadline during the take", func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), 20*time.Millisecond)
+		}, context.DeadlineExceeded},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := tt.ctx()
+			defer cancel()
+			d := c.Allow(ctx, fmt.Sprint("user:ended-", i))
+			require.False(t, d.Allowed)
+			assert.ErrorIs(t, d.Err, tt.want, "%+v", d)
+			assert.NotErrorIs(t, d.Err, client.ErrRateLimited)
+
+			ctx, cancel = tt.ctx()
+			defer cancel()
+			err := c.Wait(ctx, fmt.Sprint("user:ended-wait-", i))
+			assert.Equal(t, tt.want, err, "Wait returns ctx's error itself")
+		})
+	}
 }

@@ -39,7 +39,9 @@ const (
 	SourceClosed
 	// SourceDirect: a lease server decided this request alone, by a direct
 	// take (one call, coalesced with the process's other decisions in
-	// flight): the key holds no lease in this process.
+	// flight): the key holds no lease in this process. Or none did: the
+	// decision's context ended before the answer, and Err is the
+	// context's error.
 	SourceDirect
 	// SourceRefused: denied because a lease server refused the client's
 	// calls as a whole (401 unauthorized, 403 forbidden, another 4xx): a
@@ -94,8 +96,11 @@ type Decision struct {
 	// default of deny (Source SourceDenied; it matches ErrForbidden; Code
 	// protocol.CodeForbidden or protocol.CodeNoRule), both a *RefusedError; or the request asked more than
 	// the key's rule can ever hold (ErrCostExceedsBurst), or was invalid
-	// (ErrInvalidRequest). Nil for every other decision, denials by a
-	// limit included.
+	// (ErrInvalidRequest); or the decision's context ended before a
+	// server decided it (Source SourceDirect; the context's error, which
+	// matches context.Canceled or context.DeadlineExceeded): no limit
+	// judged it. Nil for every other decision, denials by a limit
+	// included.
 	Err error
 	// Limits are the limits of the rule of the key that decided (the key
 	// that denied, or the one with the least Remaining), as the lease
@@ -395,8 +400,9 @@ func (c *Client) Allow(ctx context.Context, keys ...string) Decision {
 // them. Any other key is decided by a direct take at a lease server
 // (Source SourceDirect): one call, sent at once and coalesced with the
 // process's other decisions in flight, so the decision waits about one
-// round trip (at most until ctx ends; a decision whose ctx has already
-// ended is denied without a call, its RetryAfter Config.SettleInterval).
+// round trip (at most until ctx ends: a decision whose ctx ended before
+// the answer, or before it was sent, which it then is not, is denied with
+// Err ctx's error and RetryAfter Config.SettleInterval).
 // A key a server denied is denied locally until its bucket can serve again
 // (the server's retry_after, at most the bucket's fill time), without a
 // call. Config.Fallback decides
@@ -576,6 +582,9 @@ func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) (err error)
 			return &RateLimitedError{Keys: keys, RetryAfter: d.RetryAfter, Source: d.Source}
 		}
 		if d.Err != nil {
+			if err := ctx.Err(); err != nil && errors.Is(d.Err, err) {
+				return err // ended before a server decided
+			}
 			return fmt.Errorf("client: %v: %w", keys, d.Err)
 		}
 		switch d.Source {
@@ -979,7 +988,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 		case ctx.Err() != nil:
 			// Ended before a call was made: no take (see takeDirect), no
 			// probe of the servers spent, nothing counted as sent.
-			dd = Decision{Source: SourceDirect, RetryAfter: c.cfg.SettleInterval}
+			dd = c.ended(ctx)
 		case c.online.Load() || c.probe(now):
 			c.directs.Add(1)
 			probes := c.claimProbes(direct, foreign)

@@ -78,7 +78,7 @@ func (c *Client) takeDirect(ctx context.Context, n int64, states []*keyState, ma
 		// Ended before it was sent: no take, whose tokens no one would
 		// use. (callOwn would cancel the call, but only once the
 		// context's AfterFunc ran, and the call could be sent first.)
-		return Decision{Source: SourceDirect, RetryAfter: c.cfg.SettleInterval}
+		return c.ended(ctx)
 	}
 	req := &directReq{states: states, n: n, maxDelay: max(maxDelay, 0).Milliseconds(), done: make(chan struct{}), priority: priority, foreign: foreign}
 	c.direct.mu.Lock()
@@ -108,11 +108,21 @@ func (c *Client) takeDirect(ctx context.Context, n int64, states []*keyState, ma
 		// queued: see sendDirect): its tokens are then lost to
 		// utilization, never to accuracy.
 		req.gone.Store(true)
-		return Decision{Source: SourceDirect, RetryAfter: c.cfg.SettleInterval}
+		return c.ended(ctx)
 	case <-c.stopped:
 		return Decision{Source: SourceClosed}
 	}
 	return c.applyDirect(req)
+}
+
+// ended is the decision of a direct take whose ctx ended before a server
+// decided it: denied, its Err ctx's error. No server judged it, so no sign
+// of it says rate limit: denied with no Err, Source SourceDirect and a
+// RetryAfter, it was one by every sign a caller has (found by the API
+// review: a handler answered 429 for a server slower than the request's
+// deadline, and Wait returned ErrRateLimited).
+func (c *Client) ended(ctx context.Context) Decision {
+	return Decision{Source: SourceDirect, RetryAfter: c.cfg.SettleInterval, Err: ctx.Err()}
 }
 
 // errCallerGone is the cause of the cancellation of a call that callOwn
@@ -161,7 +171,7 @@ func (c *Client) callOwn(ctx context.Context, req *directReq) Decision {
 		default:
 		}
 		if ctx.Err() != nil {
-			return Decision{Source: SourceDirect, RetryAfter: c.cfg.SettleInterval}
+			return c.ended(ctx)
 		}
 	}
 	return c.applyDirect(req)

@@ -247,6 +247,9 @@ func work(ctx context.Context, l *client.Limiter, wait bool, pay func()) (denied
 			pay()
 			continue
 		}
+		if ctx.Err() != nil {
+			return denied, nil // the run is over (d.Err may say so)
+		}
 		if d.Err != nil {
 			return denied, d.Err // a misconfiguration: explained by run
 		}

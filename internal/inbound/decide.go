@@ -109,7 +109,9 @@ func (l *Limiter) Decide(ctx context.Context, keys []string, cost int64) (out De
 		l.allowed.Add(1)
 		l.admit(&out, OutcomeAllowed, true)
 		return out
-	case d.Err != nil:
+	case d.Err != nil && !(ctx.Err() != nil && errors.Is(d.Err, ctx.Err())):
+		// (A decision whose context ended before a server decided it
+		// carries ctx's error: it goes on below, as the request's end.)
 		// The lease servers refused this service (a wrong token, a key it
 		// may not use): a misconfiguration, not a rate limit. Shadow mode
 		// admits it, as it admits every request, but does not count or
