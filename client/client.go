@@ -84,7 +84,8 @@ type Decision struct {
 	RetryAfter time.Duration
 	// Remaining is the number of tokens left after this decision, the least
 	// over the keys: in the lease, when a lease decided; in the server's
-	// bucket, when a direct take did.
+	// bucket, when a direct take did. 0 when neither did (an unlimited
+	// key, the fallback, a local denial).
 	Remaining int64
 	// Source says which path decided.
 	Source Source
@@ -190,11 +191,16 @@ var (
 // RateLimitedError says a request was denied and when to retry. It matches
 // ErrRateLimited with errors.Is.
 type RateLimitedError struct {
-	Keys       []string
+	// Keys are the keys of the request denied.
+	Keys []string
+	// RetryAfter is how long until the request may be allowed, as the
+	// denying decision's RetryAfter; 0 when unknown.
 	RetryAfter time.Duration
-	Source     Source
+	// Source says which path denied it.
+	Source Source
 }
 
+// Error describes the denial: its keys, its Source and its RetryAfter.
 func (e *RateLimitedError) Error() string {
 	return fmt.Sprintf("rate limited on %v (%s): retry after %v", e.Keys, e.Source, e.RetryAfter)
 }
@@ -478,11 +484,23 @@ func distinctKeys(keys []string) []string {
 }
 
 // Wait blocks until one request may happen for every key, spending one
-// token of each, or until ctx ends. It returns ctx's error, an error
-// matching ErrRateLimited when ctx would end before the wait is over,
-// ErrClosed, or at once an error wrapping the *RefusedError of a server
-// that refused the client or a key (matching ErrServerRefused, and
-// ErrUnauthorized or ErrForbidden): waiting would not fix that.
+// token of each, or until ctx ends. It returns nil when the tokens are
+// spent, or an error and spends nothing (but a shaping rule's slots, see
+// WaitN):
+//   - ctx's error itself when ctx ends first (while Wait waits, or before
+//     a server decided);
+//   - a *RateLimitedError, matching ErrRateLimited, when ctx's deadline
+//     would pass before the wait the denial names is over: at once, as
+//     golang.org/x/time/rate's Wait does, without waiting for it;
+//   - ErrClosed once the client is closed (or while it closes);
+//   - at once, since waiting would not fix it, an error wrapping
+//     Decision.Err: the *RefusedError of a server that refused the client
+//     or a key (matching ErrServerRefused, and ErrUnauthorized or
+//     ErrForbidden), or one matching ErrCostExceedsBurst (more tokens
+//     than the key's rule can ever hold) or ErrInvalidRequest (an invalid
+//     key, no key or more than protocol.MaxEntries, n out of range).
+//
+// It never returns an error matching ErrRateLimited for any of the latter.
 func (c *Client) Wait(ctx context.Context, keys ...string) error {
 	return c.WaitN(ctx, 1, keys...)
 }
@@ -1318,7 +1336,7 @@ func (c *Client) fallback(n int64, ks *keyState) (Decision, spent) {
 
 // DenyFor denies keys locally for d, live leases included and for every
 // priority class, without a network call: for example when an upstream
-// answered 429 with a Retry-After. A later call extends the denial, never
+// answered 429 with a Retry-After. A d of zero or less does nothing. A later call extends the denial, never
 // shortens it, nor does a server's answer. A key's lease that the denial
 // outlasts (to within four settle intervals of its deadline) is returned
 // at once, its unspent tokens to the bucket; a shorter denial pauses the

@@ -24,8 +24,12 @@ const (
 	// at the safe_rate the servers gave for that key: the rule's rate
 	// divided by the clients holding leases on it, so that the fleet as a
 	// whole stays near the limit. The client keeps about the lowest safe
-	// rate given lately (a drop is followed at once, a rise slowly). A key the client never leased has no safe
-	// rate and uses Config.DefaultSafeRate (0: denied). The default.
+	// rate given lately (a drop is followed at once, a rise slowly). A key
+	// the client never leased has no safe rate and uses
+	// Config.DefaultSafeRate (0: denied). The limiter's burst is a tenth of
+	// a second's worth, at least 1 token: a decision for more tokens than
+	// that is denied, with no RetryAfter, while the fallback decides. The
+	// default.
 	FallbackSafeRate Fallback = iota
 	// FallbackOpen allows every request: availability over the limit.
 	FallbackOpen

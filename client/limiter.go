@@ -57,7 +57,11 @@ func (l *Limiter) Keys() []string { return append([]string(nil), l.keys...) }
 
 // Allow reports whether one request may happen now, spending one token of
 // each key. With a live lease it is decided by one atomic operation per key;
-// otherwise as Client.Allow decides (a direct take: about one round trip).
+// otherwise as Client.Allow decides with a context that never ends: a
+// direct take waits about one round trip, but the first decision to find
+// the servers down waits for its call to fail, Config.RequestTimeout per
+// attempt (2 s by default with one server, which is tried twice). Use
+// Decide with a context to bound that wait.
 func (l *Limiter) Allow() bool {
 	if len(l.states) == 1 {
 		if ls := l.states[0].Load().active.Load(); ls != nil && ls.spend(1, l.c) {
@@ -67,7 +71,8 @@ func (l *Limiter) Allow() bool {
 	return l.Decide(context.Background(), 1).Allowed
 }
 
-// AllowN is Allow for n tokens of each key.
+// AllowN is Allow for n tokens of each key (false for n below 1 or above
+// protocol.MaxCount).
 func (l *Limiter) AllowN(n int64) bool {
 	return l.Decide(context.Background(), n).Allowed
 }

@@ -19,8 +19,11 @@ type LimitState struct {
 	// Algorithm names the limit's algorithm ("token_bucket",
 	// "fixed_window", ...).
 	Algorithm string
-	// Limit requests (tokens) per Period.
-	Limit  int64
+	// Limit is the number of requests (tokens) the limit admits per
+	// Period.
+	Limit int64
+	// Period is the limit's period (a token bucket's refill of Limit, a
+	// window's length).
 	Period time.Duration
 	// Burst is a token bucket's size or a leaky bucket's queue; for the
 	// windows it equals Limit.

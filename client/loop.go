@@ -1038,8 +1038,13 @@ func (c *Client) shutdown() {
 
 // Close settles every key, returns every unused token to the servers and
 // stops the client's goroutines. Decisions after Close deny with
-// SourceClosed. It returns an error when the final settle failed (the
-// servers will expire the leases by their TTL) or ctx ended first.
+// SourceClosed (Wait returns ErrClosed, and so do the Waits blocked when
+// Close is called). It returns an error when the final settle failed (the
+// servers will expire the leases by their TTL) or ctx ended first; the
+// client then goes on stopping, and a later Close waits for it. Close may
+// be called more than once and from several goroutines: each returns once
+// the client has stopped or its ctx ended, and only the first reports a
+// failed settle.
 func (c *Client) Close(ctx context.Context) error {
 	first := false
 	c.closeOnce.Do(func() {

@@ -14,13 +14,14 @@
 //	ratelease_client_denied_total               requests denied (a Wait counts once, when it fails)
 //	ratelease_client_decisions_total{source}    requests decided by the fallback (source="fallback") and sent
 //	                                            to a lease server as direct takes (source="direct"); the others
-//	                                            were decided locally from leases
+//	                                            were decided locally (from leases, unlimited keys, local denials)
 //	ratelease_client_server_calls_total         HTTP calls to lease servers, retries included
 //	ratelease_client_server_errors_total        calls that failed on every server
 //	ratelease_client_refusals_total             calls a lease server refused as a whole (401, 403, another 4xx)
 //	ratelease_client_keys_held                  keys holding a lease now
 //	ratelease_client_max_keys_held              the most keys that held a lease at once
-//	ratelease_client_online                     1 while a lease server answers, 0 while none does
+//	ratelease_client_online                     1 while the client takes the servers for up, 0 while it takes them
+//	                                            for down (client.Stats.Online)
 //	ratelease_client_tokens_held                tokens left in the active leases, granted and not spent yet
 package clientmetrics
 
@@ -64,13 +65,13 @@ func New(src Source, opts Options) *Collector {
 		src:         src,
 		allowed:     desc("allowed_total", "Tokens spent: from leases, by direct takes, by unlimited keys and by the fallback."),
 		denied:      desc("denied_total", "Requests denied (a Wait counts once, when it fails)."),
-		decisions:   desc("decisions_total", "Requests decided by the fallback (source=fallback) or sent to a lease server as direct takes (source=direct); the others were decided locally from leases.", "source"),
+		decisions:   desc("decisions_total", "Requests decided by the fallback (source=fallback) or sent to a lease server as direct takes (source=direct); the others were decided locally (from leases, unlimited keys, local denials).", "source"),
 		calls:       desc("server_calls_total", "HTTP calls to lease servers, retries included."),
 		errors:      desc("server_errors_total", "Calls to lease servers that failed on every server."),
 		refusals:    desc("refusals_total", "Calls a lease server refused as a whole (401, 403, another 4xx): a misconfiguration."),
 		keysHeld:    desc("keys_held", "Keys holding a lease now."),
 		maxKeysHeld: desc("max_keys_held", "The most keys that held a lease at once since the client started."),
-		online:      desc("online", "1 while a lease server answers, 0 while none does."),
+		online:      desc("online", "1 while the client takes the lease servers for up, 0 while direct takes or lease calls go unanswered."),
 		tokensHeld:  desc("tokens_held", "Tokens left in the keys' active leases, deferred ones included: granted and not spent yet."),
 	}
 }

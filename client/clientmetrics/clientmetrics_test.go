@@ -69,7 +69,7 @@ ratelease_client_decisions_total{limiter="billing",source="fallback"} 5`},
 
 	src.s.Online = false
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
-# HELP ratelease_client_online 1 while a lease server answers, 0 while none does.
+# HELP ratelease_client_online 1 while the client takes the lease servers for up, 0 while direct takes or lease calls go unanswered.
 # TYPE ratelease_client_online gauge
 ratelease_client_online{limiter="billing"} 0
 `), "ratelease_client_online"), "the gauge follows Stats")

@@ -180,6 +180,7 @@ type MissingPartError struct {
 	Segment Segment
 }
 
+// Error names the template and the part that had no value.
 func (e *MissingPartError) Error() string {
 	return fmt.Sprintf("key template %q: no value for %s", e.Template, e.Segment.Written)
 }
