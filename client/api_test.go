@@ -228,3 +228,23 @@ func TestEndedContextIsNoRateLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestStatsFallbackCountsRequests: Stats.FallbackDecisions counts requests
+// decided by the fallback, as its doc says, one per decision whatever its
+// keys, as DirectDecisions counts them. It counted each key the fallback
+// allowed: a decision over three keys counted three, one denied at its
+// first key one (found by the API review).
+func TestStatsFallbackCountsRequests(t *testing.T) {
+	for _, fb := range []client.Fallback{client.FallbackOpen, client.FallbackClosed, client.FallbackSafeRate} {
+		t.Run(fb.String(), func(t *testing.T) {
+			c := newClient(t, client.Config{Servers: []string{closedAddr(t)}, Fallback: fb, DefaultSafeRate: 1000, ProbeTimeout: -1})
+			const decisions = 5
+			for range decisions {
+				d := c.Allow(context.Background(), "user:a", "user:b", "user:c")
+				require.Equal(t, client.SourceFallback, d.Source, "%+v", d)
+			}
+			st := c.Stats()
+			assert.EqualValues(t, decisions, st.FallbackDecisions, "%+v", st)
+		})
+	}
+}

@@ -140,7 +140,8 @@ type Stats struct {
 	// another 4xx; see ErrServerRefused): a misconfiguration. The first
 	// refusal after an answer is logged at level error, the others not.
 	Refusals int64
-	// FallbackDecisions counts requests decided by the fallback.
+	// FallbackDecisions counts requests decided by the fallback, one per
+	// decision whatever its keys.
 	FallbackDecisions int64
 	// DirectDecisions counts requests sent to a lease server as direct
 	// takes (allowed or not).
@@ -1298,7 +1299,6 @@ func (c *Client) undo(n int64, done []spent) {
 
 // fallback decides one key by Config.Fallback.
 func (c *Client) fallback(n int64, ks *keyState) (Decision, spent) {
-	c.fallbacks.Add(1)
 	switch c.cfg.Fallback {
 	case FallbackOpen:
 		ks.fallbackOK.Add(n)
