@@ -248,3 +248,38 @@ func TestStatsFallbackCountsRequests(t *testing.T) {
 		})
 	}
 }
+
+// TestClosedDecisionSaysClosed: after Close, every way to decide denies
+// with an Err matching ErrClosed, so that a caller who answers a denial
+// without Err as a rate limit (429 and its RetryAfter, as Decision.Err's
+// doc invites) does not take a closed client for one. A closed client's
+// decision carried Source SourceClosed and no Err (found by the API
+// review: a server draining its requests at shutdown answered them 429
+// with a Retry-After of 0).
+func TestClosedDecisionSaysClosed(t *testing.T) {
+	srv := leasetest.Start(t, rules, leasetest.Options{})
+	c, err := client.New(client.Config{Servers: []string{srv.URL()}, LeaseMinTokens: 1})
+	require.NoError(t, err)
+	leaseKey(t, c, "fast:leased")
+	l := c.Limiter("fast:leased")
+	require.NoError(t, c.Close(context.Background()))
+
+	ctx := context.Background()
+	decisions := map[string]client.Decision{
+		"Allow, leased key":  c.Allow(ctx, "fast:leased"),
+		"Allow, direct key":  c.Allow(ctx, "user:never-seen"),
+		"AllowN, two keys":   c.AllowN(ctx, 2, "fast:leased", "user:never-seen"),
+		"Limiter.Decide":     l.Decide(ctx, 1),
+		"another class":      c.Allow(client.WithPriority(ctx, client.PriorityCritical), "user:never-seen"),
+		"Limiter, made late": c.Limiter("user:late").Decide(ctx, 1),
+	}
+	for name, d := range decisions {
+		assert.False(t, d.Allowed, name)
+		assert.Equal(t, client.SourceClosed, d.Source, name)
+		assert.ErrorIs(t, d.Err, client.ErrClosed, name)
+		assert.NotErrorIs(t, d.Err, client.ErrRateLimited, name)
+	}
+	assert.False(t, l.Allow())
+	assert.Equal(t, client.ErrClosed, c.Wait(ctx, "fast:leased"), "Wait returns ErrClosed itself")
+	assert.Equal(t, client.ErrClosed, l.Wait(ctx))
+}

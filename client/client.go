@@ -35,7 +35,7 @@ const (
 	// matches ErrCostExceedsBurst), or because the request was invalid
 	// (Err matches ErrInvalidRequest).
 	SourceDenied
-	// SourceClosed: the client is closed.
+	// SourceClosed: the client is closed (Decision.Err is ErrClosed).
 	SourceClosed
 	// SourceDirect: a lease server decided this request alone, by a direct
 	// take (one call, coalesced with the process's other decisions in
@@ -89,19 +89,21 @@ type Decision struct {
 	Remaining int64
 	// Source says which path decided.
 	Source Source
-	// Err is set when the request was denied because of a misconfiguration
-	// rather than a limit: a server refused the client's calls (Source
-	// SourceRefused; the error matches ErrUnauthorized for a 401,
-	// ErrForbidden for a 403, and always ErrServerRefused), or refused a key
-	// this client may not use, or one no rule matches under the servers'
-	// default of deny (Source SourceDenied; it matches ErrForbidden; Code
-	// protocol.CodeForbidden or protocol.CodeNoRule), both a *RefusedError; or the request asked more than
-	// the key's rule can ever hold (ErrCostExceedsBurst), or was invalid
-	// (ErrInvalidRequest); or the decision's context ended before a
-	// server decided it (Source SourceDirect; the context's error, which
-	// matches context.Canceled or context.DeadlineExceeded): no limit
-	// judged it. Nil for every other decision, denials by a limit
-	// included.
+	// Err is set when the request was denied for another reason than a
+	// limit, nil for every other decision, denials by a limit included:
+	//   - the client is closed (Source SourceClosed): ErrClosed;
+	//   - a server refused the client's calls (Source SourceRefused): a
+	//     *RefusedError matching ErrServerRefused, and ErrUnauthorized for
+	//     a 401, ErrForbidden for a 403;
+	//   - a server refused a key this client may not use, or one no rule
+	//     matches under the servers' default of deny (Source SourceDenied):
+	//     a *RefusedError matching ErrForbidden (Code protocol.CodeForbidden
+	//     or protocol.CodeNoRule);
+	//   - the request asked more than the key's rule can ever hold
+	//     (ErrCostExceedsBurst), or was invalid (ErrInvalidRequest);
+	//   - the decision's context ended before a server decided it (Source
+	//     SourceDirect): the context's error, matching context.Canceled or
+	//     context.DeadlineExceeded.
 	Err error
 	// Limits are the limits of the rule of the key that decided (the key
 	// that denied, or the one with the least Remaining), as the lease
@@ -166,9 +168,17 @@ type Stats struct {
 	Online bool
 }
 
+// closedDecision is the decision of a closed client: no limit judged it,
+// and its Err says so. Without one, a caller who answers a denial without
+// Err as a rate limit (429 and its RetryAfter) took a closed client for
+// one (found by the API review: a server draining its requests at
+// shutdown answered them 429 with a Retry-After of 0).
+var closedDecision = Decision{Source: SourceClosed, Err: ErrClosed}
+
 // Errors of the client; match them with errors.Is.
 var (
-	// ErrClosed is returned by calls on a closed client.
+	// ErrClosed is returned by calls on a closed client, and is the Err of
+	// its decisions (Source SourceClosed).
 	ErrClosed = errors.New("client: closed")
 	// ErrRateLimited is matched by the errors of Wait, Transport and
 	// RetryableClient when the budget denies a request. Use errors.As with
@@ -600,6 +610,9 @@ func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) (err error)
 			// none further than max_delay_ms).
 			return &RateLimitedError{Keys: keys, RetryAfter: d.RetryAfter, Source: d.Source}
 		}
+		if d.Source == SourceClosed {
+			return ErrClosed
+		}
 		if d.Err != nil {
 			if err := ctx.Err(); err != nil && errors.Is(d.Err, err) {
 				return err // ended before a server decided
@@ -607,8 +620,6 @@ func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) (err error)
 			return fmt.Errorf("client: %v: %w", keys, d.Err)
 		}
 		switch d.Source {
-		case SourceClosed:
-			return ErrClosed
 		case SourceDenied:
 			return &RateLimitedError{Keys: keys, Source: d.Source, RetryAfter: d.RetryAfter}
 		}
@@ -757,7 +768,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 			}
 			if c.closing.Load() {
 				c.undo(n, done)
-				return Decision{Source: SourceClosed}
+				return closedDecision
 			}
 			if err := c.refused(now); err != nil {
 				c.undo(n, done)
@@ -800,7 +811,7 @@ func (c *Client) decide(ctx context.Context, n int64, states []*keyState, maxDel
 		ks.unserved.Add(n)
 		if c.closing.Load() {
 			c.undo(n, done)
-			return Decision{Source: SourceClosed}
+			return closedDecision
 		}
 		if err := c.refused(now); err != nil {
 			c.undo(n, done)

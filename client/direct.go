@@ -84,7 +84,7 @@ func (c *Client) takeDirect(ctx context.Context, n int64, states []*keyState, ma
 	c.direct.mu.Lock()
 	if c.direct.closed {
 		c.direct.mu.Unlock()
-		return Decision{Source: SourceClosed}
+		return closedDecision
 	}
 	c.direct.pending = append(c.direct.pending, req)
 	var batch []*directReq
@@ -110,7 +110,7 @@ func (c *Client) takeDirect(ctx context.Context, n int64, states []*keyState, ma
 		req.gone.Store(true)
 		return c.ended(ctx)
 	case <-c.stopped:
-		return Decision{Source: SourceClosed}
+		return closedDecision
 	}
 	return c.applyDirect(req)
 }
@@ -167,7 +167,7 @@ func (c *Client) callOwn(ctx context.Context, req *directReq) Decision {
 	if req.err != nil {
 		select {
 		case <-c.stopped:
-			return Decision{Source: SourceClosed}
+			return closedDecision
 		default:
 		}
 		if ctx.Err() != nil {

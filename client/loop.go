@@ -1038,7 +1038,7 @@ func (c *Client) shutdown() {
 
 // Close settles every key, returns every unused token to the servers and
 // stops the client's goroutines. Decisions after Close deny with
-// SourceClosed (Wait returns ErrClosed, and so do the Waits blocked when
+// SourceClosed and Err ErrClosed (Wait returns ErrClosed, and so do the Waits blocked when
 // Close is called). It returns an error when the final settle failed (the
 // servers will expire the leases by their TTL) or ctx ended first; the
 // client then goes on stopping, and a later Close waits for it. Close may

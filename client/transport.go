@@ -173,13 +173,13 @@ func (t *transport) spend(req *http.Request, keys []string) error {
 			// lease was on the way: that, not the budget, stopped it.
 			return err
 		}
+		if d.Source == SourceClosed {
+			return ErrClosed
+		}
 		if d.Err != nil {
 			// A misconfiguration, not the budget: never reported as a
 			// rate limit.
 			return fmt.Errorf("client: transport: %s %s: %w", req.Method, req.URL.Redacted(), d.Err)
-		}
-		if d.Source == SourceClosed {
-			return ErrClosed
 		}
 		rl = &RateLimitedError{Keys: slices.Clone(keys), RetryAfter: d.RetryAfter, Source: d.Source}
 	}

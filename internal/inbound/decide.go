@@ -109,9 +109,10 @@ func (l *Limiter) Decide(ctx context.Context, keys []string, cost int64) (out De
 		l.allowed.Add(1)
 		l.admit(&out, OutcomeAllowed, true)
 		return out
-	case d.Err != nil && !(ctx.Err() != nil && errors.Is(d.Err, ctx.Err())):
-		// (A decision whose context ended before a server decided it
-		// carries ctx's error: it goes on below, as the request's end.)
+	case d.Err != nil && d.Source != client.SourceClosed && !(ctx.Err() != nil && errors.Is(d.Err, ctx.Err())):
+		// (A closed client's decision carries ErrClosed, and one whose
+		// context ended before a server decided it ctx's error: they go
+		// on below, as a closing and as the request's end.)
 		// The lease servers refused this service (a wrong token, a key it
 		// may not use): a misconfiguration, not a rate limit. Shadow mode
 		// admits it, as it admits every request, but does not count or
