@@ -445,18 +445,20 @@ func (c *Client) AllowN(ctx context.Context, n int64, keys ...string) Decision {
 		}
 		states = append(states, c.state(k))
 	}
-	return c.counted(c.decide(ctx, n, states, 0))
+	d := c.decide(ctx, n, states, 0)
+	c.count(d.Allowed, d.Source)
+	return d
 }
 
-// counted counts d in Stats.Denied when it is a denial (a closed client's
-// is not), and returns it: the count of Allow, AllowN and the Limiter's
-// decisions. WaitN counts its own (see WaitN): one per Wait, however many
-// decisions it made.
-func (c *Client) counted(d Decision) Decision {
-	if !d.Allowed && d.Source != SourceClosed {
+// count counts a decision of Allow, AllowN or a Limiter in Stats.Denied
+// when it is a denial (a closed client's is not). WaitN counts its own
+// (see WaitN): one per Wait, however many decisions it made. (Its
+// arguments are the decision's fields, not the Decision: a wrapper that
+// took and returned it cost BenchmarkClientAllow 2 ns of copying.)
+func (c *Client) count(allowed bool, src Source) {
+	if !allowed && src != SourceClosed {
 		c.denied.Add(1)
 	}
-	return d
 }
 
 // distinctKeys returns keys without repeats, in the order of their first

@@ -90,7 +90,9 @@ func (l *Limiter) Decide(ctx context.Context, n int64) Decision {
 	}
 	var buf [4]*keyState
 	states := l.resolve(buf[:0])
-	return l.c.counted(l.c.decide(ctx, n, states, 0))
+	d := l.c.decide(ctx, n, states, 0)
+	l.c.count(d.Allowed, d.Source)
+	return d
 }
 
 // Wait blocks until one request may happen for every key, as Client.Wait.
