@@ -146,7 +146,9 @@ type Stats struct {
 	// decision whatever its keys.
 	FallbackDecisions int64
 	// DirectDecisions counts requests sent to a lease server as direct
-	// takes (allowed or not).
+	// takes (allowed or not), one per decision whatever its keys; it
+	// includes the few queued for a call while another was in flight whose
+	// caller left before the call went (they are not sent).
 	DirectDecisions int64
 	// KeysHeld is the number of keys holding a lease now; at most
 	// Config.MaxKeys.

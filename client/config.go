@@ -169,8 +169,10 @@ type Config struct {
 	// Logger receives the client's logs; nil discards them.
 	Logger *slog.Logger
 	// OnServerError, when set, is called after a call to the lease servers
-	// failed on every server, from the settle loop or from the goroutine
-	// of a direct call (which may be a deciding one); it must not block.
+	// failed on every server, and after each call a server refused as a
+	// whole (its error matches ErrServerRefused: see Stats.Refusals), from
+	// the settle loop or from the goroutine of a direct call (which may be
+	// a deciding one); it must not block.
 	OnServerError func(err error)
 }
 
