@@ -283,3 +283,25 @@ func TestClosedDecisionSaysClosed(t *testing.T) {
 	assert.Equal(t, client.ErrClosed, c.Wait(ctx, "fast:leased"), "Wait returns ErrClosed itself")
 	assert.Equal(t, client.ErrClosed, l.Wait(ctx))
 }
+
+// TestRateLimitedErrorOwnsItsKeys: the *RateLimitedError Wait returns
+// holds its own copy of the keys, as the Transport's does: it held the
+// caller's slice itself, so a caller that reused its slice (a buffer of
+// keys per request) changed, or raced with, an error it had returned and
+// logged (found by the API review).
+func TestRateLimitedErrorOwnsItsKeys(t *testing.T) {
+	srv := leasetest.Start(t, rules, leasetest.Options{})
+	c := newClient(t, client.Config{Servers: []string{srv.URL()}})
+	ctx := context.Background()
+	for range 5 {
+		require.True(t, c.Allow(ctx, "tiny:own").Allowed)
+	}
+	keys := []string{"tiny:own"}
+	short, cancel := context.WithTimeout(ctx, time.Millisecond)
+	defer cancel()
+	err := c.Wait(short, keys...)
+	var rl *client.RateLimitedError
+	require.ErrorAs(t, err, &rl)
+	keys[0] = "reused"
+	assert.Equal(t, []string{"tiny:own"}, rl.Keys)
+}

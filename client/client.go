@@ -204,7 +204,7 @@ var (
 // RateLimitedError says a request was denied and when to retry. It matches
 // ErrRateLimited with errors.Is.
 type RateLimitedError struct {
-	// Keys are the keys of the request denied.
+	// Keys are the keys of the request denied: a copy the error owns.
 	Keys []string
 	// RetryAfter is how long until the request may be allowed, as the
 	// denying decision's RetryAfter; 0 when unknown.
@@ -605,14 +605,16 @@ func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) (err error)
 			denied = true
 			c.waitDenials.Add(1)
 		}
+		// Each error holds its own copy of keys, as the Transport's does:
+		// it held the caller's slice (found by the API review).
 		if d.delay > 0 {
-			return &RateLimitedError{Keys: keys, RetryAfter: d.delay, Source: d.Source}
+			return &RateLimitedError{Keys: slices.Clone(keys), RetryAfter: d.delay, Source: d.Source}
 		}
 		if len(states) == 1 && states[0].shaped.Load() && d.RetryAfter > time.Duration(maxWait) {
 			// A shaped key's next slot is further away than the caller
 			// waits: fail at once, without taking it (the server took
 			// none further than max_delay_ms).
-			return &RateLimitedError{Keys: keys, RetryAfter: d.RetryAfter, Source: d.Source}
+			return &RateLimitedError{Keys: slices.Clone(keys), RetryAfter: d.RetryAfter, Source: d.Source}
 		}
 		if d.Source == SourceClosed {
 			return ErrClosed
@@ -625,14 +627,14 @@ func (c *Client) WaitN(ctx context.Context, n int64, keys ...string) (err error)
 		}
 		switch d.Source {
 		case SourceDenied:
-			return &RateLimitedError{Keys: keys, Source: d.Source, RetryAfter: d.RetryAfter}
+			return &RateLimitedError{Keys: slices.Clone(keys), Source: d.Source, RetryAfter: d.RetryAfter}
 		}
 		wait := d.RetryAfter
 		if wait <= 0 {
 			wait = c.cfg.SettleInterval
 		}
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
-			return &RateLimitedError{Keys: keys, RetryAfter: wait, Source: d.Source}
+			return &RateLimitedError{Keys: slices.Clone(keys), RetryAfter: wait, Source: d.Source}
 		}
 		// Event-driven: the key's next change (its lease arriving, a
 		// server back) or the time the denial named, whichever is first.
