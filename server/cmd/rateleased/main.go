@@ -28,6 +28,10 @@
 //	-admin-name           RATELEASED_ADMIN_NAME           the bootstrap admin's name in the change log (default admin)
 //	-debug-addr           RATELEASED_DEBUG_ADDR           loopback address serving net/http/pprof (/debug/pprof/); empty: none
 //
+// A flag given on the command line wins over its variable. The usage text
+// (-h, and after a bad flag) shows the defaults the environment sets, but
+// never RATELEASED_REDIS's: its URL may hold a password.
+//
 // Where the rules come from: with -rules, the file (file mode), reloaded
 // when it changes; with -redis and no -rules, the rule database in that
 // Redis (database mode; see server.RuleDB), followed within a second of

@@ -425,8 +425,11 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 		"`address` to listen on; a non-loopback address needs clients in the rules file or -insecure (env RATELEASED_LISTEN)")
 	fs.StringVar(&cfg.rules, "rules", str("RATELEASED_RULES", ""),
 		"rules `file` (YAML), reloaded when it changes (file mode); empty: with -redis, the rule database in that Redis (database mode), without it no rules, every key unlimited (env RATELEASED_RULES)")
-	fs.StringVar(&cfg.redisURL, "redis", str("RATELEASED_REDIS", ""),
-		"Redis `URL` (redis:// or rediss://) to share buckets across servers; empty: in-memory store (env RATELEASED_REDIS)")
+	// No default from the environment: flag prints a flag's default in the
+	// usage text (on -h and on every flag error), and the URL may hold a
+	// password. RATELEASED_REDIS applies after parsing instead.
+	fs.StringVar(&cfg.redisURL, "redis", "",
+		"Redis `URL` (redis:// or rediss://) to share buckets across servers; empty: in-memory store (env RATELEASED_REDIS, never printed here: it may hold a password)")
 	fs.BoolVar(&cfg.redisCluster, "redis-cluster", boolean("RATELEASED_REDIS_CLUSTER"),
 		"the -redis URL names a Redis Cluster; list more seed nodes as ?addr=host:port (env RATELEASED_REDIS_CLUSTER)")
 	fs.BoolVar(&cfg.ownKeys, "own-keys", booleanOr("RATELEASED_OWN_KEYS", true),
@@ -470,6 +473,9 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 	}
 	if fs.NArg() > 0 {
 		return config{}, usageError(fs, fmt.Errorf("unexpected argument %q: rateleased takes flags only", fs.Arg(0)))
+	}
+	if !flagSet(fs, "redis") {
+		cfg.redisURL = env("RATELEASED_REDIS")
 	}
 	if len(envErrs) > 0 {
 		return config{}, usageError(fs, errors.Join(envErrs...))
@@ -518,6 +524,13 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 		return config{}, usageError(fs, errors.New("-redis-cluster needs -redis with the cluster's URL"))
 	}
 	return cfg, nil
+}
+
+// flagSet reports whether the command line set the flag name.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // usageError prints err to the flag set's output, as flag does for its own

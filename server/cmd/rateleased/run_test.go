@@ -484,3 +484,34 @@ func TestRunBadRedisURL(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "-redis")
 }
+
+// TestUsageHidesRedisPassword: the usage text, printed on -h and on every
+// flag error, never shows the password of the RATELEASED_REDIS URL (flag
+// prints a flag's default, which the environment supplies), and the
+// variable still applies.
+func TestUsageHidesRedisPassword(t *testing.T) {
+	const secret = "s3cret-pw"
+	env := map[string]string{"RATELEASED_REDIS": "redis://ops:" + secret + "@127.0.0.1:1/0"}
+	for _, args := range [][]string{{"-h"}, {"-nope"}, {"-drain-delay", "soon"}, {"-max-keys-per-client", "many"}} {
+		r := runCLI(t, env, args...)
+		assert.Contains(t, r.stderr, "RATELEASED_REDIS", "%v: the usage is printed", args)
+		assert.Empty(t, linesWith(r.stderr+r.stdout, secret), "%v: the password is printed", args)
+	}
+	cfg, err := parseFlags(nil, func(k string) string { return env[k] }, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, env["RATELEASED_REDIS"], cfg.redisURL, "the environment applies")
+	cfg, err = parseFlags([]string{"-redis", "redis://127.0.0.1:2/0"}, func(k string) string { return env[k] }, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "redis://127.0.0.1:2/0", cfg.redisURL, "the flag wins")
+}
+
+// linesWith returns the lines of out that hold s.
+func linesWith(out, s string) []string {
+	var lines []string
+	for l := range strings.Lines(out) {
+		if strings.Contains(l, s) {
+			lines = append(lines, strings.TrimSpace(l))
+		}
+	}
+	return lines
+}
