@@ -41,7 +41,10 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 	fs.SetOutput(stderr)
 	a := &api{http: &http.Client{Timeout: 30 * time.Second, CheckRedirect: noRedirects}}
 	fs.StringVar(&a.base, "server", cmp.Or(env("RATELEASE_SERVER"), "http://127.0.0.1:8080"), "`URL` of a rateleased (env RATELEASE_SERVER)")
-	fs.StringVar(&a.token, "token", env("RATELEASE_ADMIN_TOKEN"), "admin bearer `token` (env RATELEASE_ADMIN_TOKEN)")
+	// No default from the environment: flag prints a flag's default in the
+	// usage text (on -h, after a bad flag or command), and this is a
+	// secret. RATELEASE_ADMIN_TOKEN applies after parsing instead.
+	fs.StringVar(&a.token, "token", "", "admin bearer `token`; prefer the environment, which ps does not show (env RATELEASE_ADMIN_TOKEN, never printed here)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), `usage: ratelease [-server URL] [-token TOKEN] COMMAND
 commands:
@@ -61,6 +64,11 @@ flags:`)
 			return err
 		}
 		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	tokenSet := false
+	fs.Visit(func(f *flag.Flag) { tokenSet = tokenSet || f.Name == "token" })
+	if !tokenSet {
+		a.token = env("RATELEASE_ADMIN_TOKEN")
 	}
 	a.base = strings.TrimSuffix(a.base, "/")
 	rest := fs.Args()

@@ -312,3 +312,34 @@ func TestKeyShow(t *testing.T) {
 	assert.EqualValues(t, 5, ks.Limits[0].Limit)
 	assert.EqualValues(t, 10, ks.Limits[0].Burst)
 }
+
+// TestUsageHidesToken: the usage text, printed on -h, after a bad flag and
+// after a bad command, never shows the admin token of
+// RATELEASE_ADMIN_TOKEN (flag prints a flag's default, which the
+// environment supplies), and the variable still applies.
+func TestUsageHidesToken(t *testing.T) {
+	const secret = "admin-secret-0123"
+	env := map[string]string{"RATELEASE_ADMIN_TOKEN": secret}
+	for _, args := range [][]string{{"-h"}, {"-nope"}, {"rules"}, {"frobnicate", "all"}} {
+		var out, errb bytes.Buffer
+		err := run(context.Background(), args, func(k string) string { return env[k] }, &out, &errb)
+		require.Error(t, err, "%v", args)
+		assert.Contains(t, errb.String(), "RATELEASE_ADMIN_TOKEN", "%v: the usage is printed", args)
+		for _, l := range strings.Split(out.String()+errb.String(), "\n") {
+			assert.NotContains(t, l, secret, "%v: the token is printed", args)
+		}
+	}
+
+	var got atomic.Value
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Store(r.Header.Get("Authorization"))
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"version":1,"rules":[],"default":"allow"}`)
+	}))
+	t.Cleanup(hs.Close)
+	env["RATELEASE_SERVER"] = hs.URL
+	require.NoError(t, run(context.Background(), []string{"rules", "list"}, func(k string) string { return env[k] }, &bytes.Buffer{}, &bytes.Buffer{}))
+	assert.Equal(t, "Bearer "+secret, got.Load(), "the environment applies")
+	require.NoError(t, run(context.Background(), []string{"-token", "other", "rules", "list"}, func(k string) string { return env[k] }, &bytes.Buffer{}, &bytes.Buffer{}))
+	assert.Equal(t, "Bearer other", got.Load(), "the flag wins")
+}

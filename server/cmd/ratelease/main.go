@@ -15,7 +15,8 @@
 //
 // -server defaults to $RATELEASE_SERVER, else http://127.0.0.1:8080;
 // -token to $RATELEASE_ADMIN_TOKEN (the token whose SHA-256 rateleased's
-// -admin-token-sha256 names).
+// -admin-token-sha256 names), which the usage text never prints; prefer
+// the variable, since any user of the host can read a command line.
 //
 // apply is idempotent: a rule or client already as the file says is left
 // alone, and a second apply prints "no changes". Each write carries the
