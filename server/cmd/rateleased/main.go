@@ -30,7 +30,9 @@
 //
 // A flag given on the command line wins over its variable. The usage text
 // (-h, and after a bad flag) shows the defaults the environment sets, but
-// never RATELEASED_REDIS's: its URL may hold a password.
+// never RATELEASED_REDIS's: its URL may hold a password, which rateleased
+// never prints (the error of a URL that does not parse quotes no part of
+// its user or password; the logs name the Redis by its address).
 //
 // Where the rules come from: with -rules, the file (file mode), reloaded
 // when it changes; with -redis and no -rules, the rule database in that

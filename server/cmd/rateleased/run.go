@@ -323,14 +323,14 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger) (leases.Store,
 		addr string
 	)
 	if cfg.redisCluster {
-		opts, err := redis.ParseClusterURL(cfg.redisURL)
+		opts, err := parseRedisURL(cfg.redisURL, redis.ParseClusterURL)
 		if err != nil {
 			return nil, nil, nil, nil, fmt.Errorf("-redis (with -redis-cluster): %w: want redis://host:port?addr=host2:port", err)
 		}
 		clusterFailFast(opts).apply()
 		rdb, addr = redis.NewClusterClient(opts), strings.Join(opts.Addrs, ",")
 	} else {
-		opts, err := redis.ParseURL(cfg.redisURL)
+		opts, err := parseRedisURL(cfg.redisURL, redis.ParseURL)
 		if err != nil {
 			return nil, nil, nil, nil, fmt.Errorf("-redis: %w: want redis://[user:password@]host:port/db or rediss://…", err)
 		}
@@ -365,6 +365,35 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger) (leases.Store,
 		_ = rdb.Close()
 	}
 	return s, rdb, []any{"store", "redis", "redis", addr, "redis_cluster", cfg.redisCluster, "own_keys", cfg.ownKeys}, release, nil
+}
+
+// parseRedisURL is parse (redis.ParseURL or redis.ParseClusterURL) with an
+// error that quotes no part of the URL's user or password: those of
+// net/url quote the whole URL, and both may quote a piece of a password
+// that holds a reserved character ('#', '/' or '?' end the host early, and
+// the rest is read as a port, a path or a query). When the URL holds an
+// '@', its error is that of the same URL with everything before its last
+// '@' (which a password cannot follow) replaced by "xxxxx", or, when that
+// parses, a message saying that the part replaced does not.
+func parseRedisURL[O any](raw string, parse func(string) (*O, error)) (*O, error) {
+	o, err := parse(raw)
+	if err == nil {
+		return o, nil
+	}
+	at := strings.LastIndexByte(raw, '@')
+	if at < 0 {
+		return nil, err // no user or password to show
+	}
+	start := 0
+	if i := strings.Index(raw, "://"); i >= 0 && i < at {
+		start = i + len("://")
+	} else if i := strings.IndexByte(raw, ':'); i >= 0 && i < at {
+		start = i + 1
+	}
+	if _, rerr := parse(raw[:start] + "xxxxx" + raw[at:]); rerr != nil {
+		return nil, rerr
+	}
+	return nil, errors.New("the URL does not parse in its part before the last '@', the user and password (not shown): percent-encode their reserved characters, such as % as %25, @ as %40, / as %2F, ? as %3F, # as %23, and : in a user as %3A")
 }
 
 func newLogger(cfg config, w io.Writer) *slog.Logger {

@@ -515,3 +515,39 @@ func linesWith(out, s string) []string {
 	}
 	return lines
 }
+
+// TestRunBadRedisURLHidesPassword: a -redis URL that does not parse is
+// refused with an error that names the flag and what is wrong, but never
+// the URL's password, whatever part of it is malformed: neither in the
+// error nor in the log.
+func TestRunBadRedisURLHidesPassword(t *testing.T) {
+	const secret = "s3cret"
+	tests := []struct {
+		name, url string
+		cluster   bool
+		want      string // in the error
+	}{
+		{"bad port", "redis://ops:" + secret + "@127.0.0.1:notaport/0", false, `invalid port ":notaport"`},
+		{"bad port, cluster", "redis://ops:" + secret + "@127.0.0.1:notaport?addr=127.0.0.1:2", true, `invalid port ":notaport"`},
+		{"bad escape in the password", "redis://ops:" + secret + "%zz@127.0.0.1:6379/0", false, "password"},
+		{"# in the password", "redis://ops:" + secret + "#1@127.0.0.1:6379/0", false, "password"},
+		{"/ in the password", "redis://ops:12/" + secret + "@127.0.0.1:6379/0", false, "password"},
+		{"unknown option", "redis://ops:" + secret + "@127.0.0.1:6379/0?bogus=1", false, "unexpected option: bogus"},
+		{"bad database", "redis://ops:" + secret + "@127.0.0.1:6379/first", false, `invalid database number: "first"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := []string{"-listen", "127.0.0.1:0", "-redis", tt.url}
+			if tt.cluster {
+				args = append(args, "-redis-cluster")
+			}
+			var stderr bytes.Buffer
+			err := run(context.Background(), args, func(string) string { return "" }, &stderr)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "-redis")
+			assert.Contains(t, err.Error(), tt.want)
+			assert.NotContains(t, err.Error(), secret)
+			assert.Empty(t, linesWith(stderr.String(), secret), "the password is printed")
+		})
+	}
+}
