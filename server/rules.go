@@ -383,6 +383,17 @@ func compileClients(cfgs []ClientConfig) ([]principal, error) {
 	return out, nil
 }
 
+// CheckClientName returns nil when name may name a client
+// (ClientConfig.Name) or the bootstrap admin (Options.AdminName), and else
+// an error saying what a name must be: 1 to 64 bytes of ASCII letters,
+// digits, '.', '_' and '-'. rateleased checks -admin-name with it.
+func CheckClientName(name string) error {
+	if !validClientName(name) {
+		return fmt.Errorf("must be 1 to %d bytes of ASCII letters, digits, '.', '_' and '-'", maxClientNameBytes)
+	}
+	return nil
+}
+
 func validClientName(s string) bool {
 	if s == "" || len(s) > maxClientNameBytes {
 		return false

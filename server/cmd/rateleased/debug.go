@@ -31,6 +31,21 @@ func debugMux() *http.ServeMux {
 	return mux
 }
 
+// checkDebugAddr refuses, before anything starts, a -debug-addr that is no
+// host:port, or whose host is empty or an IP address that is not loopback
+// (both listen on other interfaces). A host name is judged by
+// listenDebug, once it resolves.
+func checkDebugAddr(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("-debug-addr %q: want host:port, such as 127.0.0.1:6060: %w", addr, err)
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && !ip.IsLoopback()) {
+		return fmt.Errorf("-debug-addr %s: %w: the debug endpoint (pprof) shows the process's internals; listen on 127.0.0.1 or [::1] and reach it through an SSH tunnel", addr, errDebugNotLoopback)
+	}
+	return nil
+}
+
 // listenDebug opens the -debug-addr listener. It refuses an address that
 // does not resolve to loopback: profiles and goroutine dumps show the
 // process's internals (keys, rules, tokens in memory) and a CPU profile

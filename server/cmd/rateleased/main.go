@@ -59,7 +59,11 @@
 // /readyz stops sending traffic; then it refuses new connections, gives
 // in-flight requests -shutdown-timeout to finish, and exits 0. A second
 // signal kills it at once. A startup error (a bad rules file, say) is
-// logged and it exits 1; a bad flag or environment variable exits 2.
+// logged and it exits 1; a bad flag or environment variable exits 2,
+// before anything starts: one that does not parse, and one whose value is
+// refused without the network or a file (a -redis URL that does not
+// parse, a -listen or -debug-addr that is no host:port, a -debug-addr IP
+// that is not loopback, an -admin-name that is no client name).
 //
 // With -tls-cert and -tls-key (both or neither) it serves HTTPS, HTTP/1.1
 // and HTTP/2, instead of plain HTTP/1.1 and h2c. The files are read at

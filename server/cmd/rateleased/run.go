@@ -322,18 +322,14 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger) (leases.Store,
 		rdb  redis.UniversalClient
 		addr string
 	)
-	if cfg.redisCluster {
-		opts, err := parseRedisURL(cfg.redisURL, redis.ParseClusterURL)
-		if err != nil {
-			return nil, nil, nil, nil, fmt.Errorf("-redis (with -redis-cluster): %w: want redis://host:port?addr=host2:port", err)
-		}
-		clusterFailFast(opts).apply()
-		rdb, addr = redis.NewClusterClient(opts), strings.Join(opts.Addrs, ",")
+	opts, copts, err := parseRedisFlag(cfg.redisURL, cfg.redisCluster)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	if copts != nil {
+		clusterFailFast(copts).apply()
+		rdb, addr = redis.NewClusterClient(copts), strings.Join(copts.Addrs, ",")
 	} else {
-		opts, err := parseRedisURL(cfg.redisURL, redis.ParseURL)
-		if err != nil {
-			return nil, nil, nil, nil, fmt.Errorf("-redis: %w: want redis://[user:password@]host:port/db or rediss://…", err)
-		}
 		clientFailFast(opts).apply()
 		rdb, addr = redis.NewClient(opts), opts.Addr
 	}
@@ -365,6 +361,24 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger) (leases.Store,
 		_ = rdb.Close()
 	}
 	return s, rdb, []any{"store", "redis", "redis", addr, "redis_cluster", cfg.redisCluster, "own_keys", cfg.ownKeys}, release, nil
+}
+
+// parseRedisFlag parses the -redis URL: as a cluster's (the second
+// result) with -redis-cluster, else as one node's. Its error names the
+// flag and never the URL's password.
+func parseRedisFlag(url string, cluster bool) (*redis.Options, *redis.ClusterOptions, error) {
+	if cluster {
+		opts, err := parseRedisURL(url, redis.ParseClusterURL)
+		if err != nil {
+			return nil, nil, fmt.Errorf("-redis (with -redis-cluster): %w: want redis://host:port?addr=host2:port", err)
+		}
+		return nil, opts, nil
+	}
+	opts, err := parseRedisURL(url, redis.ParseURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("-redis: %w: want redis://[user:password@]host:port/db or rediss://…", err)
+	}
+	return opts, nil, nil
 }
 
 // parseRedisURL is parse (redis.ParseURL or redis.ParseClusterURL) with an
@@ -544,6 +558,22 @@ func parseFlags(args []string, env func(string) string, stderr io.Writer) (confi
 		}
 		if cfg.redisURL == "" {
 			return config{}, usageError(fs, errors.New("-admin-token-sha256 needs -redis: the admin API edits the rule database in Redis"))
+		}
+	}
+	if err := server.CheckClientName(cfg.adminName); err != nil {
+		return config{}, usageError(fs, fmt.Errorf("-admin-name %q: %w", cfg.adminName, err))
+	}
+	if _, _, err := net.SplitHostPort(cfg.listen); err != nil {
+		return config{}, usageError(fs, fmt.Errorf("-listen %q: want host:port, such as 127.0.0.1:8080: %w", cfg.listen, err))
+	}
+	if cfg.debugAddr != "" {
+		if err := checkDebugAddr(cfg.debugAddr); err != nil {
+			return config{}, usageError(fs, err)
+		}
+	}
+	if cfg.redisURL != "" {
+		if _, _, err := parseRedisFlag(cfg.redisURL, cfg.redisCluster); err != nil {
+			return config{}, usageError(fs, err)
 		}
 	}
 	if cfg.check && cfg.rules == "" {

@@ -551,3 +551,39 @@ func TestRunBadRedisURLHidesPassword(t *testing.T) {
 		})
 	}
 }
+
+// TestBadFlagValueExits2: a flag value (or environment variable) that can
+// be judged without the network or a file is a usage error, exit 2,
+// reported before anything starts and naming the flag, as main.go
+// documents for a bad flag: a -redis URL that does not parse, an
+// -admin-name that is no valid name, a -listen or -debug-addr that is no
+// host:port, and a -debug-addr whose IP is not loopback.
+func TestBadFlagValueExits2(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string // in the error and in stderr
+	}{
+		{"redis URL", []string{"-redis", "http://nope"}, nil, "-redis"},
+		{"redis URL, cluster", []string{"-redis", "redis://127.0.0.1:notaport", "-redis-cluster"}, nil, "-redis"},
+		{"redis URL in env", nil, map[string]string{"RATELEASED_REDIS": "redis://127.0.0.1:6379/first"}, "-redis"},
+		{"admin name", []string{"-admin-name", "bad name!"}, nil, "-admin-name"},
+		{"admin name in env", nil, map[string]string{"RATELEASED_ADMIN_NAME": "root/ops"}, "-admin-name"},
+		{"listen without port", []string{"-listen", "127.0.0.1"}, nil, "-listen"},
+		{"listen garbage in env", nil, map[string]string{"RATELEASED_LISTEN": "nope"}, "-listen"},
+		{"debug addr without port", []string{"-debug-addr", "localhost"}, nil, "-debug-addr"},
+		{"debug addr on every interface", []string{"-debug-addr", ":6060"}, nil, "-debug-addr"},
+		{"debug addr not loopback", []string{"-debug-addr", "0.0.0.0:6060"}, nil, "-debug-addr"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := runCLI(t, tt.env, tt.args...)
+			require.Error(t, r.err)
+			assert.Equal(t, 2, exitCode(r.err), "%v", r.err)
+			assert.Contains(t, r.err.Error(), tt.want)
+			assert.Contains(t, r.stderr, tt.want)
+			assert.NotContains(t, r.stderr, "level=", "refused before anything starts or logs")
+		})
+	}
+}
