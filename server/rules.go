@@ -43,7 +43,8 @@ const maxClientNameBytes = 64
 //	    keys: ["user:*", "api:*"]
 //
 // Unknown fields are an error, so that a typo is reported rather than
-// silently ignored.
+// silently ignored, and so is a second YAML document (after a "---" line)
+// that holds anything: a decoder reads the first alone.
 type RulesFile struct {
 	// Default applies to keys that match no rule: "allow" (the default) or
 	// "deny".
@@ -139,14 +140,19 @@ func (f *RulesFile) RuleSet() leases.RuleSet {
 }
 
 // decodeYAMLStrict decodes one YAML document into v, refusing unknown
-// fields. An empty document decodes to the zero value. Errors wrap
-// leases.ErrInvalidRules.
+// fields. An empty document decodes to the zero value. A second document
+// that holds anything is refused, rather than ignored as a decoder does:
+// clients after a "---" were dropped without a word, and authentication
+// with them. Errors wrap leases.ErrInvalidRules.
 func decodeYAMLStrict(data []byte, v any) error {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	err := dec.Decode(v)
-	if err == nil || errors.Is(err, io.EOF) {
+	if errors.Is(err, io.EOF) {
 		return nil
+	}
+	if err == nil {
+		return onlyDocument(dec)
 	}
 	var te *yaml.TypeError
 	if errors.As(err, &te) {
@@ -163,6 +169,29 @@ func decodeYAMLStrict(data []byte, v any) error {
 		}
 	}
 	return fmt.Errorf("%w: %w", leases.ErrInvalidRules, err)
+}
+
+// onlyDocument returns nil when the documents dec has left are empty
+// (nothing but comments, or "---" and "..." markers), and an error naming
+// the line of the first content otherwise.
+func onlyDocument(dec *yaml.Decoder) error {
+	for {
+		var doc yaml.Node
+		err := dec.Decode(&doc)
+		switch {
+		case errors.Is(err, io.EOF):
+			return nil
+		case err != nil:
+			return fmt.Errorf("%w: the file holds more than one YAML document (a \"---\" line starts another), and a later one does not parse: %w; a rules file is one document", leases.ErrInvalidRules, err)
+		}
+		if len(doc.Content) == 0 {
+			continue
+		}
+		if c := doc.Content[0]; len(doc.Content) == 1 && c.Kind == yaml.ScalarNode && c.Tag == "!!null" && c.Value == "" {
+			continue // empty
+		}
+		return fmt.Errorf("%w: the file holds more than one YAML document (a \"---\" line starts another), and the one at line %d is not empty: a rules file is one document, its default, rules and clients in it, or the later ones would be ignored", leases.ErrInvalidRules, doc.Content[0].Line)
+	}
 }
 
 // locateYAMLError rewrites a yaml.v3 error message "line N: what" as

@@ -2,6 +2,8 @@ package server
 
 import (
 	"errors"
+	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratelease/ratelease/leases"
+	"github.com/ratelease/ratelease/protocol"
 )
 
 func TestParseRules(t *testing.T) {
@@ -341,4 +344,49 @@ func TestParseRulesTypeErrorsNameRuleAndField(t *testing.T) {
 		require.ErrorIs(t, err, leases.ErrInvalidRules, tc.yaml)
 		assert.Contains(t, err.Error(), tc.want, tc.yaml)
 	}
+}
+
+// TestParseRulesOneDocument: a rules file is one YAML document. A second
+// one that holds anything is refused, naming its line: it was ignored
+// without a word, so a file whose clients followed a "---" (two files
+// concatenated, say) loaded without them, authentication off; empty
+// documents around the one are fine. A reload of such a file keeps the
+// rules in force.
+func TestParseRulesOneDocument(t *testing.T) {
+	clients := strings.TrimPrefix(authRulesYAML(), rulesYAML)
+	for _, tt := range []struct {
+		name, file string
+		line       int // of the second document's content; 0: valid
+	}{
+		{"clients in a second document", rulesYAML + "---\n" + clients, 16},
+		{"garbage in a second document", rulesYAML + "---\ngarbage: [\n", 15},
+		{"rules in a second document", "---\n# none yet\n---\n" + rulesYAML, 5},
+		{"a third document", rulesYAML + "---\n---\nrules: []\n", 16},
+		{"leading marker", "---\n" + rulesYAML, 0},
+		{"trailing marker", rulesYAML + "---\n", 0},
+		{"trailing end marker", rulesYAML + "...\n", 0},
+		{"trailing comment document", rulesYAML + "---\n# the end\n", 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := ParseRules([]byte(tt.file))
+			if tt.line == 0 {
+				require.NoError(t, err)
+				assert.Len(t, r.Policy().Rules(), 2)
+				return
+			}
+			require.ErrorIs(t, err, leases.ErrInvalidRules)
+			assert.Contains(t, err.Error(), "more than one YAML document")
+			if tt.name != "garbage in a second document" {
+				assert.Contains(t, err.Error(), fmt.Sprintf("line %d", tt.line))
+			}
+			_, err = ReadRulesFile([]byte(tt.file))
+			require.ErrorIs(t, err, leases.ErrInvalidRules, "the CLI's rules apply refuses it too")
+		})
+	}
+
+	f := newFixture(t, authRulesYAML(), nil, Options{ReloadInterval: -1})
+	require.NoError(t, os.WriteFile(f.path, []byte(rulesYAML+"---\n"+clients), 0o600))
+	require.ErrorIs(t, f.srv.Reload(), leases.ErrInvalidRules)
+	assert.Equal(t, []string{"alpha", "beta"}, f.srv.Rules().Clients(), "the rules in force are kept")
+	assert.Equal(t, http.StatusUnauthorized, f.do(http.MethodGet, protocol.PathRules, "", "", nil).status, "authentication stays on")
 }

@@ -61,6 +61,7 @@ func TestCheck(t *testing.T) {
 		{"unknown field", []string{"-rules", write("rules:\n  - {name: typo, match: \"a:*\", limit: 1, period: 1s, brust: 3}\n")}, 1, []string{"brust"}},
 		{"bad client", []string{"-rules", write("clients:\n  - {name: svc, token_sha256: xyz, keys: [\"*\"]}\n")}, 1, []string{`client "svc"`, "token_sha256"}},
 		{"missing file", []string{"-rules", filepath.Join(t.TempDir(), "nope.yaml")}, 1, []string{"nope.yaml"}},
+		{"two documents", []string{"-rules", write("rules: []\n---\nclients: []\n")}, 1, []string{"more than one YAML document", "line 3"}},
 		{"no -rules", nil, 2, []string{"-check needs -rules"}},
 	}
 	for _, tt := range tests {
