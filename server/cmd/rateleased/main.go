@@ -65,6 +65,10 @@
 // parse, a -listen or -debug-addr that is no host:port, a -debug-addr IP
 // that is not loopback, an -admin-name that is no client name).
 //
+// Logs go to stderr through log/slog, in -log-format at -log-level, the
+// go-redis client's included (message "redis client", at WARN: a failed
+// dial, say), so that with -log-format json every line is a JSON record.
+//
 // With -tls-cert and -tls-key (both or neither) it serves HTTPS, HTTP/1.1
 // and HTTP/2, instead of plain HTTP/1.1 and h2c. The files are read at
 // start: restart the server to serve a renewed certificate.
@@ -101,9 +105,12 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/redis/go-redis/v9"
 )
 
 func main() {
@@ -111,7 +118,10 @@ func main() {
 	// After the first signal, restore the default handling: a second one
 	// kills the process even while it drains.
 	context.AfterFunc(ctx, stop)
-	err := cli(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	// go-redis logs through a logger of the process's: the daemon's, so
+	// that its lines follow -log-format and -log-level.
+	logTo := func(log *slog.Logger) { redis.SetLogger(redisLog{log}) }
+	err := cli(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr, logTo)
 	stop()
 	os.Exit(exitCode(err))
 }

@@ -34,7 +34,7 @@ func runCLI(t *testing.T, env map[string]string, args ...string) cliResult {
 	var stdout, stderr bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	err := cli(ctx, args, func(k string) string { return env[k] }, &stdout, &stderr)
+	err := cli(ctx, args, func(k string) string { return env[k] }, &stdout, &stderr, nil)
 	return cliResult{stdout.String(), stderr.String(), err}
 }
 

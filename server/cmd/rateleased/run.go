@@ -148,7 +148,7 @@ type config struct {
 
 // run is cli with stdout and stderr on one writer.
 func run(ctx context.Context, args []string, env func(string) string, stderr io.Writer) error {
-	return cli(ctx, args, env, stderr, stderr)
+	return cli(ctx, args, env, stderr, stderr, nil)
 }
 
 // cli is the daemon: it parses args (without the program name), taking flag
@@ -158,8 +158,10 @@ func run(ctx context.Context, args []string, env func(string) string, stderr io.
 // With -version it prints the build to stdout and returns nil; with -check
 // it validates the rules file, prints a one-line summary to stdout and
 // returns nil, or prints the rule and field at fault to stderr and returns
-// the error (wrapping errInvalidRules).
-func cli(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error {
+// the error (wrapping errInvalidRules). When logTo is set, it is given the
+// daemon's logger before anything starts: main has the go-redis client log
+// through it (a setting of the process's, which tests leave alone).
+func cli(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer, logTo func(*slog.Logger)) error {
 	cfg, err := parseFlags(args, env, stderr)
 	if err != nil {
 		return err
@@ -173,6 +175,9 @@ func cli(ctx context.Context, args []string, env func(string) string, stdout, st
 		return checkRules(cfg.rules, stdout, stderr)
 	}
 	log := newLogger(cfg, stderr)
+	if logTo != nil {
+		logTo(log)
+	}
 	if err := serve(ctx, cfg, log); err != nil {
 		log.Error("rateleased failed", "err", err)
 		return err
@@ -408,6 +413,17 @@ func parseRedisURL[O any](raw string, parse func(string) (*O, error)) (*O, error
 		return nil, rerr
 	}
 	return nil, errors.New("the URL does not parse in its part before the last '@', the user and password (not shown): percent-encode their reserved characters, such as % as %25, @ as %40, / as %2F, ? as %3F, # as %23, and : in a user as %3A")
+}
+
+// redisLog is the go-redis client's logger (redis.SetLogger): each line it
+// logs (a dial that failed, a cluster's slots reloaded) is a record of log
+// at level WARN, message "redis client", its text in attribute "log".
+// Without it go-redis writes its lines to stderr through a log.Logger of
+// its own, ignoring -log-format and -log-level.
+type redisLog struct{ log *slog.Logger }
+
+func (r redisLog) Printf(ctx context.Context, format string, v ...any) {
+	r.log.WarnContext(ctx, "redis client", "log", strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: "))
 }
 
 func newLogger(cfg config, w io.Writer) *slog.Logger {
