@@ -77,7 +77,10 @@
 // answers), every call gets 503 store_unavailable with "Retry-After: 1"
 // within -store-timeout plus a few milliseconds, so within 1s at the
 // default, and /readyz fails; the server recovers by itself when Redis
-// answers again. The Redis client honours the request's deadline
+// answers again. A Redis that answers but refuses rateleased at start (a
+// wrong user or password, a user without the commands, -redis-cluster on
+// a Redis that is no cluster) is a misconfiguration: logged at ERROR,
+// naming what to fix, and served as a Redis down until it accepts. The Redis client honours the request's deadline
 // (go-redis ContextTimeoutEnabled) in every step: dial, handshake, read,
 // write, retries and waiting for a pooled connection.
 //

@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratelease/ratelease/e2e/redistest"
+	"github.com/ratelease/ratelease/protocol"
 )
 
 // Beginnings of the messages of checkRedisConfig.
@@ -176,4 +179,44 @@ func TestRunWarnsAboutRedisConfig(t *testing.T) {
 	assert.Equal(t, "allkeys-lru", eviction[0]["maxmemory_policy"])
 	assert.Len(t, withPrefix(recs, msgNoPersistence), 1)
 	require.NoError(t, d.stop(t))
+}
+
+// TestRunRedisRefusesAtStart: a Redis that answers but refuses the
+// daemon (a wrong password, a -redis-cluster URL naming a Redis that is
+// no cluster) is a misconfiguration, logged at ERROR as such and naming
+// what to fix, not as a Redis that "does not answer yet"; the daemon
+// serves 503 until Redis accepts it, as while Redis is down.
+func TestRunRedisRefusesAtStart(t *testing.T) {
+	rs := redistest.Start(t)
+	require.NoError(t, rs.Client(t).Do(context.Background(), "ACL", "SETUSER", "ops", "on", ">right-pw", "~*", "&*", "+@all").Err())
+	tests := []struct {
+		name string
+		args []string
+		want string // in the record's err
+	}{
+		{"wrong password", []string{"-redis", "redis://ops:wrong-pw@" + rs.Addr() + "/0"}, "WRONGPASS"},
+		{"not a cluster", []string{"-redis", rs.URL(), "-redis-cluster"}, "cluster support disabled"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := startDaemon(t, nil, append([]string{"-rules", "../../../examples/rules.yaml"}, tt.args...)...)
+			recs := logRecords(t, d.logs.String())
+			var refused map[string]any
+			for _, r := range recs {
+				if strings.Contains(fmt.Sprint(r["err"]), tt.want) {
+					refused = r
+					break
+				}
+			}
+			require.NotNil(t, refused, "logs:\n%s", d.logs.String())
+			assert.Equal(t, "ERROR", refused["level"], "%v", refused)
+			assert.NotContains(t, refused["msg"], "does not answer", "%v", refused)
+			assert.Contains(t, refused["msg"], "-redis", "%v", refused)
+			assert.NotContains(t, d.logs.String(), "wrong-pw")
+
+			status, body := post(t, "http://"+d.addr+protocol.PathLeases, "", `{"client_id":"c","leases":[{"key":"user:1","want":1}]}`)
+			assert.Equal(t, http.StatusServiceUnavailable, status, "body: %s", body)
+			require.NoError(t, d.stop(t))
+		})
+	}
 }

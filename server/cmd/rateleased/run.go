@@ -342,7 +342,9 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger) (leases.Store,
 	// get 503 until it answers, and then it recovers by itself.
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	noEviction := false
-	if err := rdb.Ping(pctx).Err(); err != nil {
+	if err := rdb.Ping(pctx).Err(); redisRefuses(err) {
+		log.Error("redis refuses rateleased: check the user, password and database of the -redis URL, and -redis-cluster; serving 503 until it accepts; its maxmemory-policy and persistence are not checked", "redis", addr, "err", err)
+	} else if err != nil {
 		log.Warn("redis does not answer yet: serving 503 until it does; its maxmemory-policy and persistence are not checked", "redis", addr, "err", err)
 	} else {
 		noEviction = checkRedisConfig(ctx, rdb, log)
@@ -413,6 +415,16 @@ func parseRedisURL[O any](raw string, parse func(string) (*O, error)) (*O, error
 		return nil, rerr
 	}
 	return nil, errors.New("the URL does not parse in its part before the last '@', the user and password (not shown): percent-encode their reserved characters, such as % as %25, @ as %40, / as %2F, ? as %3F, # as %23, and : in a user as %3A")
+}
+
+// redisRefuses reports whether err is Redis answering that it refuses the
+// client until its configuration or the -redis URL changes: a password
+// or a user it does not take (WRONGPASS, NOAUTH), a command the user may
+// not run (NOPERM), or a cluster client's command to a Redis that is no
+// cluster. Redis down, or answering LOADING, is not such a refusal.
+func redisRefuses(err error) bool {
+	return redis.IsAuthError(err) || redis.IsPermissionError(err) ||
+		redis.HasErrorPrefix(err, "This instance has cluster support disabled")
 }
 
 // redisLog is the go-redis client's logger (redis.SetLogger): each line it
