@@ -83,10 +83,14 @@ func (s *Server) authAdmin(w http.ResponseWriter, r *http.Request, boot *[sha256
 	}
 	// Every client's hash is compared, whether or not the bootstrap
 	// token matched, so that the time taken tells nothing.
-	c := s.state.Load().rules.authenticateSum(sum)
+	st := s.state.Load()
+	c := st.rules.authenticateSum(sum)
 	switch {
 	case isBoot == 1:
 		return s.opts.AdminName, true
+	case st.pending:
+		rulesPending(w) // the admin clients are not known yet
+		return "", false
 	case c != nil && c.admin:
 		return c.name, true
 	case c != nil:

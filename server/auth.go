@@ -33,6 +33,10 @@ type apiHandler func(w http.ResponseWriter, r *http.Request, st *state, who *pri
 func (s *Server) authed(h apiHandler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		st := s.state.Load()
+		if st.pending {
+			rulesPending(w)
+			return
+		}
 		if !st.rules.authRequired() {
 			h(w, r, st, anonymous)
 			return
@@ -49,6 +53,15 @@ func (s *Server) authed(h apiHandler) http.HandlerFunc {
 		}
 		h(w, r, st, c)
 	}
+}
+
+// rulesPending answers a call while the rule database has not been read
+// (state.pending): 503 store_unavailable, as while the store does not
+// answer, since it is why.
+func rulesPending(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", "1")
+	writeProblem(w, protocol.NewProblem(protocol.CodeStoreUnavailable,
+		"the rule database did not answer when this server started, and its rules have not been read yet: this server serves once they are; use another lease server"))
 }
 
 func unauthorized(w http.ResponseWriter, detail string) {

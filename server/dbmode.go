@@ -55,9 +55,25 @@ type dbMode struct {
 }
 
 // openDBMode reads the rule set from the database and returns the mode's
-// state and the rules.
+// state and the rules. When the database does not answer (an error
+// wrapping leases.ErrStoreUnavailable), it returns the mode's state with
+// no rules, and the error: the server then waits for the database (see
+// state.pending), and its syncer reads the rule set once it answers.
 func openDBMode(ctx context.Context, opts Options) (*dbMode, *Rules, error) {
+	d := &dbMode{
+		db:       opts.RuleDB,
+		cache:    newOverrideCache(opts.RuleDB, opts.OverrideCacheSize, opts.OverrideCacheTTL, opts.Now),
+		interval: opts.DBCheckInterval,
+		seen:     -1, // no version read: the first sync reads them all
+		setSeen:  -1,
+		kick:     make(chan struct{}, 1),
+		done:     make(chan struct{}),
+	}
+	d.cache.log = opts.Logger
 	snap, err := opts.RuleDB.snapshot(ctx)
+	if errors.Is(err, leases.ErrStoreUnavailable) {
+		return d, nil, fmt.Errorf("server: rule database: %w", err)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("server: rule database: %w", err)
 	}
@@ -65,16 +81,7 @@ func openDBMode(ctx context.Context, opts Options) (*dbMode, *Rules, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("server: rule database (version %d): %w", snap.version, err)
 	}
-	d := &dbMode{
-		db:       opts.RuleDB,
-		cache:    newOverrideCache(opts.RuleDB, opts.OverrideCacheSize, opts.OverrideCacheTTL, opts.Now),
-		interval: opts.DBCheckInterval,
-		seen:     snap.version,
-		setSeen:  snap.setVersion,
-		kick:     make(chan struct{}, 1),
-		done:     make(chan struct{}),
-	}
-	d.cache.log = opts.Logger
+	d.seen, d.setSeen = snap.version, snap.setVersion
 	return d, rules, nil
 }
 
@@ -251,9 +258,12 @@ func (s *Server) dbSynced(seen int64, err error) {
 	}
 	if msg := err.Error(); msg != d.lastErr {
 		d.lastErr = msg
-		if errors.Is(err, leases.ErrInvalidRules) {
+		switch {
+		case errors.Is(err, leases.ErrInvalidRules):
 			s.log.Error("rule database holds invalid rules: keeping the rules in force", "err", err)
-		} else {
+		case errors.Is(err, ErrInsecureListen):
+			s.log.Error("rule database: its rule set is refused on this address: keeping the rules in force", "err", err)
+		default:
 			s.log.Warn("rule database: sync failed; retrying", "err", err)
 		}
 		s.reloadErr.Store(&err)

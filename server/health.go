@@ -23,14 +23,18 @@ func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleReadyz serves GET /readyz: the server can serve leases, that is
-// the store answers a ping within ReadyTimeout and the server is not
-// shutting down. When the last reload of the rules file failed, the server
+// the store answers a ping within ReadyTimeout, the server is not
+// shutting down, and in database mode it has read the rules. When the last reload of the rules file failed, the server
 // is still ready (the rules in force serve), and the body's detail says
 // that the file on disk is not in force, and why.
 func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
 	if s.draining.Load() {
 		w.Header().Set("Retry-After", "1")
 		writeProblem(w, protocol.NewProblem(protocol.CodeShuttingDown, "the server is shutting down: use another lease server"))
+		return
+	}
+	if s.state.Load().pending {
+		rulesPending(w)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), ReadyTimeout)

@@ -189,7 +189,11 @@ type Options struct {
 	// RuleDB is the rule database (rules, clients and per-key overrides in
 	// Redis; see RuleDB). With RuleDB set and RulesPath empty, the server
 	// runs in database mode: New reads the rule set from the database and
-	// fails when it cannot, and the server follows its changes within
+	// fails when it is invalid. When the database does not answer, New
+	// returns a server that answers every API call (and /readyz) 503
+	// store_unavailable until it has read the rule set, which it tries
+	// every DBCheckInterval; its exposure (ListenAddr) is checked then. The
+	// server follows the database's changes within
 	// DBCheckInterval (at once, through pub/sub, as a rule); per-key
 	// overrides are looked up on first use and cached (OverrideCacheSize,
 	// OverrideCacheTTL). With RulesPath set too, the rules file is in

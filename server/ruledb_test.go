@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"strings"
@@ -898,4 +900,52 @@ func TestRuleDBChangeBeforeSubscription(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
 	close(late.release)
 	within(t, 5*time.Second, "rule on server b", func() bool { return b.ruleLimit("", "api") == 2 })
+}
+
+// TestRuleDBDownAtNewOnExposedAddress: a server in database mode whose
+// database does not answer at New, on an address that is not loopback,
+// answers 503 while it waits; a rule set without clients, read once the
+// database answers, is refused there (ErrInsecureListen) and the server
+// goes on answering 503 rather than serving without authentication; a set
+// with a client is put in force.
+func TestRuleDBDownAtNewOnExposedAddress(t *testing.T) {
+	rs := redistest.Start(t)
+	rdb := rs.Client(t)
+	rs.Stop(t)
+	var logs syncBuffer
+	srv, err := New(Options{
+		Store:           leases.NewRedisStore(rdb, leases.RedisOptions{}),
+		RuleDB:          NewRuleDB(rdb, RuleDBOptions{}),
+		ListenAddr:      "0.0.0.0:8080",
+		DBCheckInterval: 20 * time.Millisecond,
+		Logger:          slog.New(slog.NewTextHandler(&logs, nil)),
+	})
+	require.NoError(t, err, "it waits for the database")
+	t.Cleanup(func() { _ = srv.Close() })
+	call := func(token string) int {
+		req := httptest.NewRequest(http.MethodPost, protocol.PathCheck, strings.NewReader(`{"keys":["k"]}`))
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		w := httptest.NewRecorder()
+		srv.Handler().ServeHTTP(w, req)
+		return w.Code
+	}
+	assert.Equal(t, http.StatusServiceUnavailable, call(""))
+	assert.Contains(t, logs.String(), "rule database does not answer")
+
+	rs.Restart(t)
+	ctx := context.Background()
+	require.ErrorIs(t, srv.SyncRuleDB(ctx), ErrInsecureListen, "an empty database: no clients")
+	require.Eventually(t, func() bool {
+		return strings.Contains(logs.String(), "rule set is refused on this address")
+	}, 10*time.Second, 10*time.Millisecond, "the syncer logs it")
+	assert.Contains(t, logs.String(), "level=ERROR")
+	assert.Equal(t, http.StatusServiceUnavailable, call(""), "still waiting, never unauthenticated")
+
+	db := NewRuleDB(rdb, RuleDBOptions{})
+	_, err = db.PutClient(ctx, "test", protocol.AdminClient{Name: "svc", TokenSHA256: sha("svc-token"), Keys: []string{"*"}}, "", nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return call("svc-token") == http.StatusOK }, 10*time.Second, 10*time.Millisecond)
+	assert.Equal(t, http.StatusUnauthorized, call(""))
 }

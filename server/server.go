@@ -72,6 +72,12 @@ type state struct {
 	rules  *Rules
 	engine *leases.Engine
 
+	// pending: in database mode, the rule set has not been read yet (the
+	// database did not answer New). rules is then noRules, a placeholder
+	// that never serves: every API call is answered 503 store_unavailable
+	// and /readyz fails, until the syncer has read the rule set.
+	pending bool
+
 	// held are the keys each client of rules holds (Options.MaxKeysPerClient),
 	// in the order of rules.clients, and anonHeld the anonymous client's;
 	// nil when there is no cap.
@@ -106,16 +112,25 @@ func New(opts Options) (*Server, error) {
 			return nil, fmt.Errorf("server: %w", err)
 		}
 	}
-	var db *dbMode
+	var (
+		db        *dbMode
+		dbPending error // the database did not answer: wait for it
+	)
 	if opts.RuleDB != nil && opts.RulesPath == "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		db, rules, err = openDBMode(ctx, opts)
+		var r *Rules
+		db, r, err = openDBMode(ctx, opts)
 		cancel()
-		if err != nil {
+		switch {
+		case err != nil && db != nil:
+			dbPending = err
+		case err != nil:
 			return nil, err
+		default:
+			rules = r
 		}
 	}
-	if opts.ListenAddr != "" {
+	if opts.ListenAddr != "" && dbPending == nil {
 		if err := checkExposure(opts.ListenAddr, rules, opts.Insecure); err != nil {
 			return nil, err
 		}
@@ -156,7 +171,15 @@ func New(opts Options) (*Server, error) {
 	}
 	addr := opts.ListenAddr
 	s.listenAddr.Store(&addr)
-	s.setRules(rules)
+	s.putRules(rules, dbPending != nil)
+	if dbPending != nil {
+		// The syncer reads the rule set once the database answers; its
+		// exposure is checked then (applyRuleSetLocked).
+		db.lastErr = dbPending.Error()
+		s.reloadErr.Store(&dbPending)
+		s.metrics.reloadSuccess.Set(0)
+		s.log.Warn("rule database does not answer: every call is answered 503 until its rules are read", "err", dbPending)
+	}
 	s.handler = s.routes()
 	if opts.RulesPath != "" && opts.ReloadInterval > 0 {
 		go s.watch()
@@ -177,7 +200,11 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // Rules returns the rules in force.
 func (s *Server) Rules() *Rules { return s.state.Load().rules }
 
-func (s *Server) setRules(r *Rules) {
+func (s *Server) setRules(r *Rules) { s.putRules(r, false) }
+
+// putRules puts r in force; pending marks it a placeholder (see
+// state.pending).
+func (s *Server) putRules(r *Rules, pending bool) {
 	var ov leases.Overrides
 	if s.db != nil {
 		ov = s.db.cache
@@ -188,7 +215,7 @@ func (s *Server) setRules(r *Rules) {
 		OnStoreCall: s.metrics.observeStore,
 		Overrides:   ov,
 	})
-	st := &state{rules: r, engine: e}
+	st := &state{rules: r, engine: e, pending: pending}
 	if s.opts.MaxKeysPerClient >= 0 {
 		// Carry the clients' keys over, by name; a removed client's are
 		// dropped.
@@ -244,11 +271,16 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		return errors.New("server: Run called twice: create a new Server")
 	}
 	addr := ln.Addr().String()
-	if err := checkExposure(addr, s.Rules(), s.opts.Insecure); err != nil {
-		ln.Close()
-		return err
-	}
+	// Store the address first: a rule set read meanwhile is checked
+	// against it (while the rule database has not been read, the rules
+	// are a placeholder, and the set is checked once read).
 	s.listenAddr.Store(&addr)
+	if st := s.state.Load(); !st.pending {
+		if err := checkExposure(addr, st.rules, s.opts.Insecure); err != nil {
+			ln.Close()
+			return err
+		}
+	}
 	s.rebeat() // the peers learn the bound address now, not a beat later
 
 	var protocols http.Protocols

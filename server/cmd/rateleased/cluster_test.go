@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/ratelease/ratelease/e2e/redistest"
 	"github.com/ratelease/ratelease/protocol"
+	"github.com/ratelease/ratelease/server"
 )
 
 // TestRunDatabaseModeOnCluster: two daemons given a Redis Cluster
@@ -82,4 +84,55 @@ func TestRunDatabaseModeOnCluster(t *testing.T) {
 	}
 	require.NoError(t, d1.stop(t))
 	require.NoError(t, d2.stop(t))
+}
+
+// TestRunDatabaseModeRedisDownAtStart: in database mode a daemon started
+// while Redis is down starts, as in file mode, and serves 503
+// store_unavailable to every call, authenticated or not (never the
+// placeholder of no rules, every key unlimited and no authentication),
+// with /readyz failing, until it has read the rule database; once Redis
+// is back it serves the database's rules and clients by itself. It exited
+// 1 at once, after logging that it served 503 until Redis answered.
+func TestRunDatabaseModeRedisDownAtStart(t *testing.T) {
+	rs := redistest.StartWith(t, redistest.Options{Persist: true})
+	db := server.NewRuleDB(rs.Client(t), server.RuleDBOptions{})
+	ctx := context.Background()
+	const token = "svc-token"
+	sum := sha256.Sum256([]byte(token))
+	_, err := db.PutRule(ctx, "test", protocol.AdminRule{Name: "api", Match: "api:*", Limit: 3, Period: "1m"}, "", nil)
+	require.NoError(t, err)
+	_, err = db.PutClient(ctx, "test", protocol.AdminClient{Name: "svc", TokenSHA256: hex.EncodeToString(sum[:]), Keys: []string{"*"}}, "", nil)
+	require.NoError(t, err)
+	rs.Stop(t)
+
+	d := startDaemon(t, map[string]string{"RATELEASED_REDIS": rs.URL()})
+	assert.Equal(t, "database", d.start["rules_source"])
+	base := "http://" + d.addr
+	check := `{"keys":["api:x"]}`
+	for _, tok := range []string{"", token} {
+		status, body := post(t, base+protocol.PathCheck, tok, check)
+		assert.Equal(t, http.StatusServiceUnavailable, status, "token %q: body: %s", tok, body)
+		assert.Contains(t, string(body), string(protocol.CodeStoreUnavailable))
+	}
+	assert.Equal(t, http.StatusServiceUnavailable, get(t, base+protocol.PathRules).StatusCode)
+	assert.Equal(t, http.StatusServiceUnavailable, get(t, base+protocol.PathReadyz).StatusCode)
+
+	rs.Restart(t)
+	allowed := func() bool {
+		status, body := post(t, base+protocol.PathCheck, token, check)
+		if status != http.StatusOK {
+			return false
+		}
+		var cr protocol.CheckResponse
+		require.NoError(t, json.Unmarshal(body, &cr))
+		return cr.Allowed
+	}
+	require.Eventually(t, allowed, 10*time.Second, 20*time.Millisecond, "the rules are read once Redis is back")
+	assert.True(t, allowed())
+	assert.True(t, allowed())
+	assert.False(t, allowed(), "the database's rule: 3 a minute")
+	status, _ := post(t, base+protocol.PathCheck, "", check)
+	assert.Equal(t, http.StatusUnauthorized, status, "the database's client")
+	assert.Equal(t, http.StatusOK, get(t, base+protocol.PathReadyz).StatusCode)
+	require.NoError(t, d.stop(t))
 }

@@ -77,7 +77,10 @@
 // answers), every call gets 503 store_unavailable with "Retry-After: 1"
 // within -store-timeout plus a few milliseconds, so within 1s at the
 // default, and /readyz fails; the server recovers by itself when Redis
-// answers again. A Redis that answers but refuses rateleased at start (a
+// answers again. That holds for a server started while Redis is down
+// too: in database mode it answers 503 until it has read the rule
+// database, within a second of Redis answering. A Redis that answers but
+// refuses rateleased at start (a
 // wrong user or password, a user without the commands, -redis-cluster on
 // a Redis that is no cluster) is a misconfiguration: logged at ERROR,
 // naming what to fix, and served as a Redis down until it accepts. The Redis client honours the request's deadline
