@@ -343,3 +343,21 @@ func TestUsageHidesToken(t *testing.T) {
 	require.NoError(t, run(context.Background(), []string{"-token", "other", "rules", "list"}, func(k string) string { return env[k] }, &bytes.Buffer{}, &bytes.Buffer{}))
 	assert.Equal(t, "Bearer other", got.Load(), "the flag wins")
 }
+
+// TestRulesApplyWritesDefault: apply stores the file's default, as the
+// package docs and the README say: a file with default: deny makes the
+// servers in database mode refuse keys that match no rule, and a file
+// without one (allow) puts allow back.
+func TestRulesApplyWritesDefault(t *testing.T) {
+	url, srv := startServer(t)
+	deny := writeFile(t, "default: deny\n"+fileV1)
+	out, stderr, err := ratelease(t, url, "rules", "apply", "-f", deny)
+	require.NoError(t, err, stderr)
+	assert.Contains(t, out, "~ settings default deny")
+	assert.Equal(t, leases.DefaultDeny, srv.Rules().Policy().Default())
+
+	out, _, err = ratelease(t, url, "rules", "apply", "-f", writeFile(t, fileV1))
+	require.NoError(t, err)
+	assert.Equal(t, "~ settings default allow\n", out)
+	assert.Equal(t, leases.DefaultAllow, srv.Rules().Policy().Default())
+}

@@ -24,8 +24,10 @@
 // edit made by someone else meanwhile fails the write with 412 rather than
 // being overwritten. With -prune, rules and clients of the database that
 // the file does not list are deleted (sync); without it they are kept
-// (seed). The file's default is not stored: a server in database mode
-// allows keys that match no rule.
+// (seed). The file's default is stored too (PUT /v1/admin/settings): a
+// file with "default: deny" makes every server in database mode refuse
+// the keys that match no rule, and a file without a default puts allow
+// back.
 //
 // Exit status: 0 on success, 1 when a call failed, 2 for bad usage.
 package main
