@@ -57,7 +57,8 @@
 // shuts it down gracefully: GET /readyz answers 503 at once; the server
 // goes on serving for -drain-delay, if set, so that a load balancer polling
 // /readyz stops sending traffic; then it refuses new connections, gives
-// in-flight requests -shutdown-timeout to finish, and exits 0. A second
+// in-flight requests -shutdown-timeout to finish, and exits 0 (1 when some
+// outlive it: it closes their connections and logs that at ERROR). A second
 // signal kills it at once. A startup error (a bad rules file, say) is
 // logged and it exits 1; a bad flag or environment variable exits 2,
 // before anything starts: one that does not parse, and one whose value is
