@@ -17,7 +17,7 @@
 //	GET  /v1/rules       the rules the caller's key patterns reach, and those patterns (protocol.RulesResponse)
 //	GET  /v1/keys/{key}  a key's rule and, per limit, its state (protocol.KeyStateResponse; see "The operator's view")
 //	GET  /healthz        the process is alive
-//	GET  /readyz         the store answers and the server is not shutting down; a failed rules reload is in its detail
+//	GET  /readyz         the store answers, the server is not shutting down (and in database mode it has read the rules); a failed rules reload is in its detail
 //	GET  /metrics        Prometheus metrics (Options.MetricsTokenSHA256 may require a token)
 //	GET  /status         the status page of the fleet (guarded like /metrics; see "The operator's view")
 //	/v1/admin/...        the admin API: rules, clients, overrides, changes, settings (see "The rule database and the admin API")
@@ -86,7 +86,9 @@
 // a file rewritten in place half written (see Server.Reload). An empty file
 // (whitespace and comments only) is refused while rules or clients are in
 // force (ErrEmptyRulesFile): it is most likely such a file, and would drop
-// every rule and turn authentication off. A file
+// every rule and turn authentication off. So is a file of more than one
+// YAML document (after a "---" line) at start and at reload: a decoder
+// reads the first alone. A file
 // that does not validate leaves the old rules in force and is logged at
 // level error with the rule or client and field at fault; until a reload
 // succeeds (or the file is back to the rules in force), GET /readyz still
@@ -106,7 +108,10 @@
 // through an LRU cache with a TTL (leases.Overrides, consulted by the
 // engine before the Policy). A change publishes on a channel, which wakes
 // every server at once; a version check every Options.DBCheckInterval
-// (1s) is the safety net. On Redis Cluster nothing changes: the database's
+// (1s) is the safety net. A server whose database does not answer at
+// New starts all the same and answers every call 503 store_unavailable,
+// and /readyz too, until its syncer has read the rule set, checked then
+// against the listen address as a reload is. On Redis Cluster nothing changes: the database's
 // keys share one hash tag (one slot), and Redis Cluster delivers a PUBLISH
 // to subscribers on every node (TestRuleDBCluster checks both paths). A
 // rule set in the database that does not validate (written behind the
