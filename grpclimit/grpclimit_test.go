@@ -2,7 +2,9 @@ package grpclimit_test
 
 import (
 	"context"
+	"errors"
 	"net"
+	"net/http"
 	"net/netip"
 	"sync"
 	"testing"
@@ -396,4 +398,58 @@ func TestConfigErrors(t *testing.T) {
 	assert.NotNil(t, l.UnaryServerInterceptor())
 	_, err = grpclimit.New(grpclimit.Config{Client: c, Keys: []grpclimit.Key{{Template: "k:{md:X-API-Key}|{service}:{method}"}}})
 	assert.NoError(t, err)
+}
+
+// TestDeadlineBeforeDecisionIsNoRateLimit: a call whose deadline passes
+// while its decision's direct take is on the way (a lease server slower
+// than the call's deadline) ends with the call's own status,
+// DeadlineExceeded, and its Result carries the context's error: no limit
+// judged it. It ended ResourceExhausted, "rate limit exceeded", with a
+// RetryInfo, and OnDecision saw an OutcomeDenied without Err: a rate
+// limit by every sign.
+func TestDeadlineBeforeDecisionIsNoRateLimit(t *testing.T) {
+	// A lease server that answers nothing: each call hangs until the
+	// client cancels it.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	hung := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })}
+	go func() { _ = hung.Serve(ln) }()
+	t.Cleanup(func() { _ = hung.Close() })
+	c, err := client.New(client.Config{Servers: []string{"http://" + ln.Addr().String()}, ProbeTimeout: -1, RequestTimeout: 10 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+
+	results := make(chan grpclimit.Result, 1)
+	l := newLimiter(t, grpclimit.Config{
+		Client: c,
+		Keys:   []grpclimit.Key{{Template: "rpc:{md:x-api-key}"}},
+		OnDecision: func(_ context.Context, _ string, r grpclimit.Result) {
+			results <- r
+		},
+	})
+	// Placed before the limiter: sees the status it returns, which the
+	// caller, gone at its deadline, never gets.
+	returned := make(chan error, 1)
+	outer := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		resp, err := h(ctx, req)
+		returned <- err
+		return resp, err
+	}
+	hc := serve(t, l, outer)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, "x-api-key", "alice")
+	_, err = hc.Check(ctx, &healthpb.HealthCheckRequest{})
+	require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+
+	// The server's context of the call ends at its deadline, or canceled
+	// first when the caller's reset of the stream arrives: either way the
+	// decision carries that error, and the limiter answers its status.
+	r := <-results
+	ended := r.Decision.Err
+	require.True(t, errors.Is(ended, context.DeadlineExceeded) || errors.Is(ended, context.Canceled), "the client's decision: %v", ended)
+	assert.ErrorIs(t, r.Err, ended)
+	got := <-returned
+	assert.Equal(t, status.FromContextError(ended).Code(), status.Code(got), "the limiter's answer: %v", got)
+	assert.Zero(t, l.Stats().Allowed)
 }

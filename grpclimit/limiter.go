@@ -149,7 +149,9 @@ type Result struct {
 	QueueFull bool
 	// Err is why the call was refused or a wait ended without tokens: the
 	// Decision's *client.RefusedError, client.ErrRateLimited, the call's
-	// context error, client.ErrClosed, or the *MissingPartError of
+	// context error (also when it ended before a lease server decided:
+	// no limit judged the call, which fails with the context's status,
+	// never ResourceExhausted), client.ErrClosed, or the *MissingPartError of
 	// OutcomeUnidentified.
 	Err error
 }

@@ -196,7 +196,9 @@ type Result struct {
 	// waiting already.
 	QueueFull bool
 	// Err is why a wait ended without tokens (client.ErrRateLimited, the
-	// request's context error, client.ErrClosed), why the servers refused
+	// request's context error, client.ErrClosed), the request's context
+	// error when it ended before a lease server decided (no limit judged
+	// it; still answered 429, as a request whose wait it ended), why the servers refused
 	// the request (OutcomeRefused: an error wrapping a *client.RefusedError,
 	// or matching client.ErrCostExceedsBurst or client.ErrInvalidRequest),
 	// or the *MissingPartError of OutcomeUnidentified.
@@ -385,8 +387,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, problem{Type: "about:blank", Title: "Service Unavailable", Status: http.StatusServiceUnavailable, Detail: "the rate limiter is shutting down"})
 		return
 	}
-	// VerdictDeny, or VerdictEnded: a request whose context ended while it
-	// waited gets the 429 too.
+	// VerdictDeny, or VerdictEnded: a request whose context ended before
+	// its decision or while it waited gets the 429 too.
 	wh := w.Header()
 	wh.Set("Retry-After", inbound.RetryAfterSeconds(out.Retry))
 	if out.Fields {

@@ -50,9 +50,10 @@ const (
 	// VerdictClosing: the client is closing or closed (Decided.Err is
 	// client.ErrClosed): not a rate limit either.
 	VerdictClosing
-	// VerdictEnded: the request's context ended while it waited
-	// (Decided.Err says how). Decided.Retry and Decided.Fields are set as
-	// for VerdictDeny, for a limiter that answers it as a denial.
+	// VerdictEnded: the request's context ended before a lease server
+	// decided its first decision, or while it waited (Decided.Err says
+	// how): no limit judged it. Decided.Retry and Decided.Fields are set
+	// as for VerdictDeny, for a limiter that answers it as a denial.
 	VerdictEnded
 )
 
@@ -70,7 +71,8 @@ type Decided struct {
 	Waited time.Duration
 	// QueueFull is true for a denial because the queue was full.
 	QueueFull bool
-	// Err is why the request was refused or a wait ended without tokens:
+	// Err is why the request was refused, or ended without tokens (a
+	// wait that did, or a context that ended before a server decided):
 	// an error wrapping a *client.RefusedError or matching
 	// client.ErrCostExceedsBurst or client.ErrInvalidRequest
 	// (OutcomeRefused), client.ErrRateLimited, the request's context
@@ -100,7 +102,11 @@ type Decided struct {
 // not use, a cost beyond the rule's burst) is a misconfiguration, never a
 // rate limit: VerdictRefused, whether the first decision or the wait
 // found it, and in shadow mode admitted as OutcomeRefused, not counted
-// as a shadow denial. So is a closed client: VerdictClosing.
+// as a shadow denial. So is a closed client: VerdictClosing. A request
+// whose context ended before a lease server decided it (the decision's
+// Err is the context's error) is VerdictEnded, as one whose context ends
+// while it waits: no limit judged it (in shadow mode it is admitted, as a
+// closed client's is).
 func (l *Limiter) Decide(ctx context.Context, keys []string, cost int64) (out Decided) {
 	d := l.c.AllowN(ctx, cost, keys...)
 	out.Decision = d
@@ -109,10 +115,22 @@ func (l *Limiter) Decide(ctx context.Context, keys []string, cost int64) (out De
 		l.allowed.Add(1)
 		l.admit(&out, OutcomeAllowed, true)
 		return out
+	case d.Err != nil && ctx.Err() != nil && errors.Is(d.Err, ctx.Err()) && !l.shadow:
+		// The context ended before a server decided (the client's
+		// decision carries its error): no limit judged the request. The
+		// request's end, as when the context ends while it waits in the
+		// queue; it was VerdictDeny without a queue, a rate limit by
+		// every sign (grpclimit answered ResourceExhausted, found by
+		// review). Shadow mode admits it, as it admits a closed client's.
+		l.denied.Add(1)
+		out.Outcome, out.Verdict, out.Err, out.Retry = OutcomeDenied, VerdictEnded, d.Err, d.RetryAfter
+		out.Fields = l.headers != HeadersNone && len(d.Limits) > 0
+		out.State = true
+		return out
 	case d.Err != nil && d.Source != client.SourceClosed && !(ctx.Err() != nil && errors.Is(d.Err, ctx.Err())):
-		// (A closed client's decision carries ErrClosed, and one whose
-		// context ended before a server decided it ctx's error: they go
-		// on below, as a closing and as the request's end.)
+		// (A closed client's decision carries ErrClosed: it goes on
+		// below, as a closing; in shadow mode, so does one whose context
+		// ended before a server decided it.)
 		// The lease servers refused this service (a wrong token, a key it
 		// may not use): a misconfiguration, not a rate limit. Shadow mode
 		// admits it, as it admits every request, but does not count or

@@ -11,6 +11,8 @@ import (
 
 	"github.com/ratelease/ratelease/client"
 	"github.com/ratelease/ratelease/client/keytemplate"
+	"github.com/ratelease/ratelease/e2e/leasetest"
+	"github.com/ratelease/ratelease/internal/inbound/inboundtest"
 	"github.com/ratelease/ratelease/protocol"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -179,4 +181,42 @@ func TestRetryAfterSeconds(t *testing.T) {
 	assert.Equal(t, "3", RetryAfterSeconds(2001*time.Millisecond))
 	assert.Equal(t, int64(0), CeilSeconds(0))
 	assert.Equal(t, int64(2), CeilSeconds(1100*time.Millisecond))
+}
+
+// TestDecideEndedIsNoDenial: a decision whose context ended before a
+// server decided it (client.Decision.Err is the context's error) is the
+// request's end, VerdictEnded with that error, as when the context ends
+// while the request waits in the queue: no limit judged it. Without a
+// queue it was VerdictDeny with no Err, a rate limit by every sign (grpclimit
+// answered ResourceExhausted and its RetryInfo, not the context's status),
+// while with MaxWait the same decision was VerdictEnded.
+func TestDecideEndedIsNoDenial(t *testing.T) {
+	srv := leasetest.Start(t, "rules:\n  - {name: k, match: \"k*\", limit: 100, period: 1h}\n", leasetest.Options{})
+	c := inboundtest.DirectClient(t, srv)
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	expired, cancel2 := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel2()
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		want error
+	}{
+		{"canceled", canceled, context.Canceled},
+		{"deadline passed", expired, context.DeadlineExceeded},
+	} {
+		for _, wait := range []time.Duration{0, time.Second} {
+			l := newLimiter(t, Config{Client: c, MaxWait: wait})
+			out := l.Decide(tc.ctx, []string{"k"}, 1)
+			require.ErrorIs(t, out.Decision.Err, tc.want, "%s, MaxWait %v: the client's decision", tc.name, wait)
+			assert.Equal(t, VerdictEnded, out.Verdict, "%s, MaxWait %v", tc.name, wait)
+			assert.Equal(t, Outcome(OutcomeDenied), out.Outcome, "%s, MaxWait %v", tc.name, wait)
+			assert.ErrorIs(t, out.Err, tc.want, "%s, MaxWait %v", tc.name, wait)
+			assert.Equal(t, Stats{Denied: 1}, l.Stats(), "%s, MaxWait %v", tc.name, wait)
+		}
+	}
+	// The key was never taken: its 100 tokens are all there.
+	l := newLimiter(t, Config{Client: c})
+	out := l.Decide(context.Background(), []string{"k"}, 100)
+	assert.Equal(t, VerdictAdmit, out.Verdict)
 }
