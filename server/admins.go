@@ -89,7 +89,7 @@ func (s *Server) authAdmin(w http.ResponseWriter, r *http.Request, boot *[sha256
 	case isBoot == 1:
 		return s.opts.AdminName, true
 	case st.pending:
-		rulesPending(w) // the admin clients are not known yet
+		s.rulesPending(w) // the admin clients are not known yet
 		return "", false
 	case c != nil && c.admin:
 		return c.name, true

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -34,7 +35,7 @@ func (s *Server) authed(h apiHandler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		st := s.state.Load()
 		if st.pending {
-			rulesPending(w)
+			s.rulesPending(w)
 			return
 		}
 		if !st.rules.authRequired() {
@@ -57,11 +58,21 @@ func (s *Server) authed(h apiHandler) http.HandlerFunc {
 
 // rulesPending answers a call while the rule database has not been read
 // (state.pending): 503 store_unavailable, as while the store does not
-// answer, since it is why.
-func rulesPending(w http.ResponseWriter) {
+// answer. The detail says why, by kind only (the error itself, which may
+// name rules and clients, is in the log): Redis does not answer, refuses
+// the server's commands (a misconfiguration), or holds a rule set this
+// server cannot put in force.
+func (s *Server) rulesPending(w http.ResponseWriter) {
+	why := "the rule database did not answer when this server started, and its rules have not been read yet"
+	switch err := s.ReloadError(); {
+	case err == nil:
+	case redisRefuses(err):
+		why = "Redis refuses this server's commands on the rule database (a misconfiguration: see the server's log), so its rules have not been read yet"
+	case !errors.Is(err, leases.ErrStoreUnavailable):
+		why = "the rule database's rule set cannot be put in force on this server (see its log), and no rules have been read yet"
+	}
 	w.Header().Set("Retry-After", "1")
-	writeProblem(w, protocol.NewProblem(protocol.CodeStoreUnavailable,
-		"the rule database did not answer when this server started, and its rules have not been read yet: this server serves once they are; use another lease server"))
+	writeProblem(w, protocol.NewProblem(protocol.CodeStoreUnavailable, why+": this server serves once they are; use another lease server"))
 }
 
 func unauthorized(w http.ResponseWriter, detail string) {

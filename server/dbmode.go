@@ -258,11 +258,19 @@ func (s *Server) dbSynced(seen int64, err error) {
 	}
 	if msg := err.Error(); msg != d.lastErr {
 		d.lastErr = msg
+		keep := "keeping the rules in force"
+		if s.state.Load().pending {
+			keep = "answering every call 503 until a rule set is read" // there are none in force
+		}
 		switch {
 		case errors.Is(err, leases.ErrInvalidRules):
-			s.log.Error("rule database holds invalid rules: keeping the rules in force", "err", err)
+			s.log.Error("rule database holds invalid rules: "+keep, "err", err)
 		case errors.Is(err, ErrInsecureListen):
-			s.log.Error("rule database: its rule set is refused on this address: keeping the rules in force", "err", err)
+			s.log.Error("rule database: its rule set is refused on this address: "+keep, "err", err)
+		case redisRefuses(err):
+			// A misconfiguration, not an outage that ends by itself.
+			s.log.Error("rule database: redis refuses its commands: check the user of the Redis URL, its password and its ACL (its key patterns must reach the rule database's keys, "+
+				d.db.prefix+"*); "+keep, "err", err)
 		default:
 			s.log.Warn("rule database: sync failed; retrying", "err", err)
 		}

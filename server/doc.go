@@ -111,7 +111,10 @@
 // (1s) is the safety net. A server whose database does not answer at
 // New starts all the same and answers every call 503 store_unavailable,
 // and /readyz too, until its syncer has read the rule set, checked then
-// against the listen address as a reload is. On Redis Cluster nothing changes: the database's
+// against the listen address as a reload is; a Redis that answers but
+// refuses the database's commands (NOPERM: an ACL whose key patterns
+// reach the buckets, rl:*, and not the database, {rl:db}:*) is waited for
+// so too, and logged at ERROR as the misconfiguration it is. On Redis Cluster nothing changes: the database's
 // keys share one hash tag (one slot), and Redis Cluster delivers a PUBLISH
 // to subscribers on every node (TestRuleDBCluster checks both paths). A
 // rule set in the database that does not validate (written behind the

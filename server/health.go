@@ -34,7 +34,7 @@ func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if s.state.Load().pending {
-		rulesPending(w)
+		s.rulesPending(w)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), ReadyTimeout)

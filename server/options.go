@@ -192,7 +192,11 @@ type Options struct {
 	// fails when it is invalid. When the database does not answer, New
 	// returns a server that answers every API call (and /readyz) 503
 	// store_unavailable until it has read the rule set, which it tries
-	// every DBCheckInterval; its exposure (ListenAddr) is checked then. The
+	// every DBCheckInterval; its exposure (ListenAddr) is checked then. So
+	// it does when Redis answers but refuses its commands on the database
+	// (a wrong password, NOPERM for an ACL whose key patterns do not reach
+	// the database's keys), a misconfiguration it logs at ERROR, and the
+	// 503's detail says which of these it waits for. The
 	// server follows the database's changes within
 	// DBCheckInterval (at once, through pub/sub, as a rule); per-key
 	// overrides are looked up on first use and cached (OverrideCacheSize,

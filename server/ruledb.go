@@ -198,7 +198,7 @@ func (db *RuleDB) snapshot(ctx context.Context) (*ruleSetSnapshot, error) {
 	var ver, setVer *redis.StringCmd
 	var rules, clients *redis.MapStringStringCmd
 	var settings *redis.StringCmd
-	_, err := db.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	cmds, err := db.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		ver = p.Get(ctx, db.key("version"))
 		setVer = p.Get(ctx, db.key("setversion"))
 		rules = p.HGetAll(ctx, db.hashOf(KindRule))
@@ -206,6 +206,17 @@ func (db *RuleDB) snapshot(ctx context.Context) (*ruleSetSnapshot, error) {
 		settings = p.HGet(ctx, db.hashOf(KindSetting), SettingsName)
 		return nil
 	})
+	if redis.IsExecAbortError(err) {
+		// A command refused when queued (NOPERM: the user's key patterns
+		// do not reach the database) aborts the transaction: its error,
+		// not EXECABORT, says why.
+		for _, c := range cmds {
+			if cerr := c.Err(); cerr != nil && !redis.IsExecAbortError(cerr) && !errors.Is(cerr, redis.Nil) {
+				err = cerr
+				break
+			}
+		}
+	}
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("read rule database: %w", unavailable(err))
 	}
@@ -257,6 +268,19 @@ func decodeItem(v string, into any, version *int64) error {
 	}
 	*version = n
 	return nil
+}
+
+// redisRefuses reports whether err is Redis answering that it refuses
+// this server's commands until its configuration changes, not that it
+// does not answer: a password or a user it does not take (WRONGPASS,
+// NOAUTH), a command or a key the user may not use (NOPERM: an ACL whose
+// key patterns reach the buckets, rl:*, but not the rule database,
+// {rl:db}:*), or a key of the database's that holds another type
+// (WRONGTYPE). A misconfiguration: logged at ERROR as such (see New and
+// dbSynced), though the server waits for it as for a Redis down, since
+// Redis applies an ACL fix at once.
+func redisRefuses(err error) bool {
+	return redis.IsAuthError(err) || redis.IsPermissionError(err) || redis.HasErrorPrefix(err, "WRONGTYPE")
 }
 
 // unavailable wraps a Redis error in leases.ErrStoreUnavailable, except

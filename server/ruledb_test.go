@@ -942,10 +942,80 @@ func TestRuleDBDownAtNewOnExposedAddress(t *testing.T) {
 	}, 10*time.Second, 10*time.Millisecond, "the syncer logs it")
 	assert.Contains(t, logs.String(), "level=ERROR")
 	assert.Equal(t, http.StatusServiceUnavailable, call(""), "still waiting, never unauthenticated")
+	w := httptest.NewRecorder()
+	srv.Handler().ServeHTTP(w, httptest.NewRequest(http.MethodGet, protocol.PathReadyz, nil))
+	assert.Equal(t, http.StatusServiceUnavailable, w.Code)
+	assert.Contains(t, w.Body.String(), "cannot be put in force", "the database answers: its rule set is why")
+	assert.NotContains(t, logs.String(), "keeping the rules in force", "there are none in force")
 
 	db := NewRuleDB(rdb, RuleDBOptions{})
 	_, err = db.PutClient(ctx, "test", protocol.AdminClient{Name: "svc", TokenSHA256: sha("svc-token"), Keys: []string{"*"}}, "", nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return call("svc-token") == http.StatusOK }, 10*time.Second, 10*time.Millisecond)
 	assert.Equal(t, http.StatusUnauthorized, call(""))
+}
+
+// TestRuleDBRefusedAtNew: a Redis that answers but refuses the rule
+// database's commands (an ACL user whose key patterns reach the buckets,
+// rl:*, but not the database's keys) is a misconfiguration: logged at
+// ERROR as Redis refusing, at New and by the syncer, never as a database
+// that "does not answer", and answered 503 with that reason; the server
+// waits for it as for a Redis down, and serves once Redis accepts.
+// Before, New took the refusal for a database down: a WARN "does not
+// answer" at start, another "sync failed; retrying", and 503 forever,
+// where before the wait for a database down New failed on it.
+func TestRuleDBRefusedAtNew(t *testing.T) {
+	rs := redistest.Start(t)
+	ctx := context.Background()
+	admin := rs.Client(t)
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "buckets", "on", ">pw", "~rl:*", "&*", "+@all").Err())
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr(), Username: "buckets", Password: "pw"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	require.NoError(t, rdb.Ping(ctx).Err(), "the user may PING")
+
+	var logs syncBuffer
+	srv, err := New(Options{
+		Store:           leases.NewRedisStore(rdb, leases.RedisOptions{}),
+		RuleDB:          NewRuleDB(rdb, RuleDBOptions{}),
+		DBCheckInterval: 20 * time.Millisecond,
+		Logger:          slog.New(slog.NewJSONHandler(&logs, nil)),
+	})
+	require.NoError(t, err, "it waits for Redis to accept it")
+	t.Cleanup(func() { _ = srv.Close() })
+	records := func() []map[string]any {
+		var out []map[string]any
+		for line := range strings.Lines(logs.String()) {
+			var r map[string]any
+			require.NoError(t, json.Unmarshal([]byte(line), &r), "%s", line)
+			out = append(out, r)
+		}
+		return out
+	}
+	require.Eventually(t, func() bool { return len(records()) >= 2 }, 10*time.Second, 10*time.Millisecond,
+		"New's record and the syncer's: %s", logs.String())
+	refusals := 0
+	for _, r := range records() {
+		if strings.Contains(fmt.Sprint(r["err"]), "NOPERM") {
+			refusals++
+			assert.Equal(t, "ERROR", r["level"], "%v", r)
+			assert.NotContains(t, r["msg"], "does not answer", "%v", r)
+			assert.NotContains(t, r["msg"], "retrying", "%v", r)
+			assert.Contains(t, r["msg"], "{rl:db}:*", "what the ACL must reach: %v", r)
+		}
+	}
+	assert.Equal(t, 2, refusals, "New's and the syncer's (once), naming NOPERM: %s", logs.String())
+	call := func(path string) (int, string) {
+		req := httptest.NewRequest(http.MethodGet, path, nil)
+		w := httptest.NewRecorder()
+		srv.Handler().ServeHTTP(w, req)
+		return w.Code, w.Body.String()
+	}
+	code, body := call(protocol.PathReadyz)
+	assert.Equal(t, http.StatusServiceUnavailable, code)
+	assert.Contains(t, body, "refuses", "the reason, not a database that does not answer")
+	assert.NotContains(t, body, "did not answer")
+
+	// The operator fixes the ACL: the server reads the rules by itself.
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "buckets", "~{rl:db}:*").Err())
+	require.Eventually(t, func() bool { code, _ := call(protocol.PathRules); return code == http.StatusOK }, 10*time.Second, 10*time.Millisecond)
 }

@@ -178,7 +178,12 @@ func New(opts Options) (*Server, error) {
 		db.lastErr = dbPending.Error()
 		s.reloadErr.Store(&dbPending)
 		s.metrics.reloadSuccess.Set(0)
-		s.log.Warn("rule database does not answer: every call is answered 503 until its rules are read", "err", dbPending)
+		if redisRefuses(dbPending) {
+			s.log.Error("redis refuses the rule database's commands: check the user of the Redis URL, its password and its ACL (its key patterns must reach the rule database's keys, "+
+				opts.RuleDB.prefix+"*); every call is answered 503 until Redis accepts them and the rules are read", "err", dbPending)
+		} else {
+			s.log.Warn("rule database does not answer: every call is answered 503 until its rules are read", "err", dbPending)
+		}
 	}
 	s.handler = s.routes()
 	if opts.RulesPath != "" && opts.ReloadInterval > 0 {

@@ -83,8 +83,10 @@
 // database, within a second of Redis answering. A Redis that answers but
 // refuses rateleased at start (a
 // wrong user or password, a user without the commands, -redis-cluster on
-// a Redis that is no cluster) is a misconfiguration: logged at ERROR,
-// naming what to fix, and served as a Redis down until it accepts. The Redis client honours the request's deadline
+// a Redis that is no cluster; in database mode also a user whose ACL key
+// patterns do not reach the rule database's keys, {rl:db}:*) is a
+// misconfiguration: logged at ERROR, naming what to fix, and served as a
+// Redis down until it accepts. The Redis client honours the request's deadline
 // (go-redis ContextTimeoutEnabled) in every step: dial, handshake, read,
 // write, retries and waiting for a pooled connection.
 //
