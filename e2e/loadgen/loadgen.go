@@ -163,7 +163,10 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.SetOutput(stderr)
 	servers := fs.String("servers", env("RATELEASE_SERVERS", "http://127.0.0.1:8080"), "comma-separated lease server URLs (env RATELEASE_SERVERS)")
 	fs.StringVar(&o.clientID, "client-id", "", "client ID (default: the SDK's)")
-	fs.StringVar(&o.token, "token", env("RATELEASE_TOKEN", ""), "bearer token (env RATELEASE_TOKEN)")
+	// No default from the environment: flag prints a flag's default on -h
+	// and after a bad flag, and a token is a secret. RATELEASE_TOKEN
+	// applies after parsing, when -token is not given.
+	fs.StringVar(&o.token, "token", "", "bearer token (env RATELEASE_TOKEN, never printed here)")
 	fs.StringVar(&o.key, "key", "hot:key", "the key to ask for (without -keys)")
 	fs.IntVar(&o.keys, "keys", 0, "spread demand over this many keys <prefix>0..N-1 (Zipf)")
 	fs.StringVar(&o.prefix, "prefix", "user:", "key prefix with -keys")
@@ -185,6 +188,11 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.priority, "priority", "", "the client's priority class (critical, high, normal, low; default normal)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
+	}
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "token" })
+	if !given {
+		o.token = env("RATELEASE_TOKEN", "")
 	}
 	var err error
 	if o.phases, err = parsePhases(*phases); err != nil {

@@ -162,3 +162,25 @@ rules:
 		assert.GreaterOrEqual(t, res.Schedule.LagMax, res.Schedule.LagP99)
 	}
 }
+
+// TestUsageHidesToken: the usage text, on -h and after a bad flag, never
+// prints RATELEASE_TOKEN, as rateleased and ratelease do not: it was
+// -token's default, and flag prints a flag's default. The variable still
+// applies when -token is not given, and -token wins over it.
+func TestUsageHidesToken(t *testing.T) {
+	const secret = "s3cret-service-token"
+	t.Setenv("RATELEASE_TOKEN", secret)
+	for _, args := range [][]string{{"-h"}, {"-nope"}} {
+		var out bytes.Buffer
+		_, err := parse(args, &out)
+		require.Error(t, err, "%v", args)
+		assert.Contains(t, out.String(), "-token", "%v: the usage text", args)
+		assert.NotContains(t, out.String(), secret, "%v", args)
+	}
+	o, err := parse(nil, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, secret, o.token, "from the environment")
+	o, err = parse([]string{"-token", "given"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "given", o.token, "the flag wins")
+}

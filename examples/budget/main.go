@@ -77,7 +77,10 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs := flag.NewFlagSet("budget", flag.ContinueOnError)
 	fs.SetOutput(out)
 	servers := fs.String("servers", cmp.Or(os.Getenv("RATELEASE_SERVER"), "http://127.0.0.1:8080"), "lease server URLs, comma-separated (env RATELEASE_SERVER)")
-	token := fs.String("token", os.Getenv("RATELEASE_TOKEN"), "bearer token for the lease servers (env RATELEASE_TOKEN)")
+	// No default from the environment: flag prints a flag's default on -h
+	// and after a bad flag, and a token is a secret. RATELEASE_TOKEN
+	// applies after parsing, when -token is not given.
+	token := fs.String("token", "", "bearer token for the lease servers (env RATELEASE_TOKEN, never printed here)")
 	workers := fs.Int("workers", 8, "goroutines calling the payments service")
 	clients := fs.Int("clients", 1, "separate Clients the workers are spread over, as separate processes would be")
 	duration := fs.Duration("duration", 3*time.Second, "how long the workers run")
@@ -86,6 +89,9 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	burst := fs.Int("burst", 50, "the payments rule's burst, for the check of the bound")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
+	}
+	if !flagGiven(fs, "token") {
+		*token = os.Getenv("RATELEASE_TOKEN")
 	}
 	if fs.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -269,4 +275,11 @@ func work(ctx context.Context, l *client.Limiter, wait bool, pay func()) (denied
 		t.Stop()
 	}
 	return denied, nil
+}
+
+// flagGiven reports whether the command line set the flag name.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
 }

@@ -133,3 +133,27 @@ func TestBusiest(t *testing.T) {
 	assert.Equal(t, 1, p.busiest(time.Millisecond))
 	assert.Equal(t, 0, (&payments{}).busiest(time.Second))
 }
+
+// TestUsageHidesToken: the usage text, on -h and after a bad flag, never
+// prints RATELEASE_TOKEN, as rateleased and ratelease do not: it was
+// -token's default, and flag prints a flag's default (a crash log, a
+// terminal shared on a call). The variable still applies when -token is
+// not given, and -token wins over it.
+func TestUsageHidesToken(t *testing.T) {
+	const secret = "s3cret-service-token"
+	t.Setenv("RATELEASE_TOKEN", secret)
+	for _, args := range [][]string{{"-h"}, {"-nope"}} {
+		var out bytes.Buffer
+		_, err := parseFlags(args, &out)
+		require.Error(t, err, "%v", args)
+		assert.Contains(t, out.String(), "-token", "%v: the usage text", args)
+		assert.NotContains(t, out.String(), secret, "%v", args)
+	}
+	var out bytes.Buffer
+	cfg, err := parseFlags(nil, &out)
+	require.NoError(t, err)
+	assert.Equal(t, secret, cfg.token, "from the environment")
+	cfg, err = parseFlags([]string{"-token", "given"}, &out)
+	require.NoError(t, err)
+	assert.Equal(t, "given", cfg.token, "the flag wins")
+}

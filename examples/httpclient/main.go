@@ -71,12 +71,18 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs := flag.NewFlagSet("httpclient", flag.ContinueOnError)
 	fs.SetOutput(out)
 	servers := fs.String("servers", cmp.Or(os.Getenv("RATELEASE_SERVER"), "http://127.0.0.1:8080"), "lease server URLs, comma-separated (env RATELEASE_SERVER)")
-	token := fs.String("token", os.Getenv("RATELEASE_TOKEN"), "bearer token for the lease servers (env RATELEASE_TOKEN)")
+	// No default from the environment: flag prints a flag's default on -h
+	// and after a bad flag, and a token is a secret. RATELEASE_TOKEN
+	// applies after parsing, when -token is not given.
+	token := fs.String("token", "", "bearer token for the lease servers (env RATELEASE_TOKEN, never printed here)")
 	requests := fs.Int("requests", 200, "requests to send")
 	duration := fs.Duration("duration", 2*time.Second, "time to spread the requests over")
 	workers := fs.Int("workers", 4, "goroutines sending requests")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
+	}
+	if !flagGiven(fs, "token") {
+		*token = os.Getenv("RATELEASE_TOKEN")
 	}
 	if fs.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -226,4 +232,11 @@ func sleepUntil(ctx context.Context, t time.Time) bool {
 	case <-timer.C:
 		return true
 	}
+}
+
+// flagGiven reports whether the command line set the flag name.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
 }

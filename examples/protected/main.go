@@ -90,10 +90,16 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.SetOutput(out)
 	listen := fs.String("listen", cmp.Or(os.Getenv("PROTECTED_LISTEN"), "127.0.0.1:8090"), "address to serve on (env PROTECTED_LISTEN)")
 	servers := fs.String("servers", cmp.Or(os.Getenv("RATELEASE_SERVER"), "http://127.0.0.1:8080"), "lease server URLs, comma-separated (env RATELEASE_SERVER)")
-	token := fs.String("token", os.Getenv("RATELEASE_TOKEN"), "bearer token for the lease servers (env RATELEASE_TOKEN)")
+	// No default from the environment: flag prints a flag's default on -h
+	// and after a bad flag, and a token is a secret. RATELEASE_TOKEN
+	// applies after parsing, when -token is not given.
+	token := fs.String("token", "", "bearer token for the lease servers (env RATELEASE_TOKEN, never printed here)")
 	proxies := fs.String("trusted-proxies", os.Getenv("PROTECTED_TRUSTED_PROXIES"), "CIDRs or addresses of trusted reverse proxies, comma-separated; X-Forwarded-For is read only from them (env PROTECTED_TRUSTED_PROXIES)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
+	}
+	if !flagGiven(fs, "token") {
+		*token = os.Getenv("RATELEASE_TOKEN")
 	}
 	if fs.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -192,4 +198,11 @@ func run(ctx context.Context, args []string, stdout io.Writer, ready func(addr s
 		return err
 	}
 	return nil
+}
+
+// flagGiven reports whether the command line set the flag name.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
 }
