@@ -63,16 +63,21 @@ func (s *Server) authed(h apiHandler) http.HandlerFunc {
 // the server's commands (a misconfiguration), or holds a rule set this
 // server cannot put in force.
 func (s *Server) rulesPending(w http.ResponseWriter) {
-	why := "the rule database did not answer when this server started, and its rules have not been read yet"
+	w.Header().Set("Retry-After", "1")
+	writeProblem(w, protocol.NewProblem(protocol.CodeStoreUnavailable, s.pendingReason()+": this server serves once they are; use another lease server"))
+}
+
+// pendingReason says, by kind only, why a pending server has read no
+// rules yet (see rulesPending).
+func (s *Server) pendingReason() string {
 	switch err := s.ReloadError(); {
 	case err == nil:
 	case redisRefuses(err):
-		why = "Redis refuses this server's commands on the rule database (a misconfiguration: see the server's log), so its rules have not been read yet"
+		return "Redis refuses this server's commands on the rule database (a misconfiguration: see the server's log), so its rules have not been read yet"
 	case !errors.Is(err, leases.ErrStoreUnavailable):
-		why = "the rule database's rule set cannot be put in force on this server (see its log), and no rules have been read yet"
+		return "the rule database's rule set cannot be put in force on this server (see its log), and no rules have been read yet"
 	}
-	w.Header().Set("Retry-After", "1")
-	writeProblem(w, protocol.NewProblem(protocol.CodeStoreUnavailable, why+": this server serves once they are; use another lease server"))
+	return "the rule database did not answer when this server started, and its rules have not been read yet"
 }
 
 func unauthorized(w http.ResponseWriter, detail string) {

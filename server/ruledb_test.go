@@ -1019,3 +1019,42 @@ func TestRuleDBRefusedAtNew(t *testing.T) {
 	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "buckets", "~{rl:db}:*").Err())
 	require.Eventually(t, func() bool { code, _ := call(protocol.PathRules); return code == http.StatusOK }, 10*time.Second, 10*time.Millisecond)
 }
+
+// TestRuleDBPendingDescribed: a server waiting for its rule database
+// (pending) says so wherever it describes its rules: the status page, and
+// RulesPending for rateleased's start line. Its placeholder of no rules
+// read as "default allow; no rules: every key is unlimited" on /status,
+// and rateleased logged rules=0 clients=0 default=allow, while every call
+// was answered 503 (found by the review of the ops review's fixes).
+func TestRuleDBPendingDescribed(t *testing.T) {
+	rs := redistest.Start(t)
+	rdb := rs.Client(t)
+	rs.Stop(t)
+	srv, err := New(Options{
+		Store:           leases.NewRedisStore(rdb, leases.RedisOptions{}),
+		RuleDB:          NewRuleDB(rdb, RuleDBOptions{}),
+		ListenAddr:      "127.0.0.1:8080",
+		DBCheckInterval: 20 * time.Millisecond,
+		Logger:          slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err, "it waits for the database")
+	t.Cleanup(func() { _ = srv.Close() })
+	status := func() string {
+		w := httptest.NewRecorder()
+		srv.Handler().ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/status", nil))
+		require.Equal(t, http.StatusOK, w.Code)
+		return w.Body.String()
+	}
+	assert.True(t, srv.RulesPending())
+	page := status()
+	assert.NotContains(t, page, "unlimited", "no rule set is in force yet")
+	assert.NotContains(t, page, "reload of the rules file", "database mode has no rules file")
+	assert.Contains(t, page, "the rule database did not answer")
+	assert.Contains(t, page, `id="pending"`)
+
+	rs.Restart(t)
+	require.Eventually(t, func() bool { return !srv.RulesPending() }, 10*time.Second, 10*time.Millisecond)
+	page = status()
+	assert.NotContains(t, page, `id="pending"`)
+	assert.Contains(t, page, "unlimited", "an empty database, default allow")
+}

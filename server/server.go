@@ -205,6 +205,12 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // Rules returns the rules in force.
 func (s *Server) Rules() *Rules { return s.state.Load().rules }
 
+// RulesPending reports whether the server waits for its rule database:
+// in database mode, the database did not answer New, and the server
+// answers every API call 503 until it has read the rule set (Rules then
+// returns a placeholder of no rules that serves nothing).
+func (s *Server) RulesPending() bool { return s.state.Load().pending }
+
 func (s *Server) setRules(r *Rules) { s.putRules(r, false) }
 
 // putRules puts r in force; pending marks it a placeholder (see

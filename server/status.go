@@ -39,7 +39,11 @@ type statusPage struct {
 	Uptime    time.Duration
 	Window    time.Duration
 	Reload    string // the last reload's error, while it stands
-	Rules     []statusRule
+	Source    string // where the rules come from: "the rules file" or "the rule database"
+	// Pending is why the server has read no rules yet (see
+	// Server.RulesPending); empty once it has.
+	Pending string
+	Rules   []statusRule
 	// PeerWindow and PeerInterval, for the servers table's note.
 	PeerWindow, PeerInterval time.Duration
 	fleetView
@@ -93,7 +97,11 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 		PeerInterval: PeerInterval,
 		fleetView:    s.fleet(r.Context(), self, now),
 	}
-	if err := s.ReloadError(); err != nil {
+	page.Source = s.rulesSource()
+	switch err := s.ReloadError(); {
+	case st.pending:
+		page.Pending = s.pendingReason()
+	case err != nil:
 		page.Reload = err.Error()
 	}
 	for _, rl := range st.rules.policy.Rules() {

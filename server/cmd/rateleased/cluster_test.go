@@ -107,6 +107,8 @@ func TestRunDatabaseModeRedisDownAtStart(t *testing.T) {
 
 	d := startDaemon(t, map[string]string{"RATELEASED_REDIS": rs.URL()})
 	assert.Equal(t, "database", d.start["rules_source"])
+	assert.Equal(t, true, d.start["rules_pending"], "no rule set read yet")
+	assert.NotContains(t, d.start, "default", "the placeholder's default allow is in force nowhere")
 	base := "http://" + d.addr
 	check := `{"keys":["api:x"]}`
 	for _, tok := range []string{"", token} {

@@ -286,15 +286,16 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		}()
 		log.Info("rateleased debug listening", "addr", dln.Addr().String(), "paths", "/debug/pprof/")
 	}
-	rules := srv.Rules()
-	attrs := append([]any{
-		"addr", ln.Addr().String(),
-		"rules", len(rules.Policy().Rules()),
-		"rules_file", cfg.rules,
-		"rules_source", rulesSource(cfg),
-		"clients", len(rules.Clients()),
-		"default", rules.Policy().Default(),
-	}, storeAttrs...)
+	attrs := []any{"addr", ln.Addr().String(), "rules_file", cfg.rules, "rules_source", rulesSource(cfg)}
+	if srv.RulesPending() {
+		// No rule set read yet: its placeholder's counts and default
+		// describe nothing in force (every call is answered 503).
+		attrs = append(attrs, "rules_pending", true)
+	} else {
+		rules := srv.Rules()
+		attrs = append(attrs, "rules", len(rules.Policy().Rules()), "clients", len(rules.Clients()), "default", rules.Policy().Default())
+	}
+	attrs = append(attrs, storeAttrs...)
 	if cfg.insecure {
 		attrs = append(attrs, "insecure", true)
 	}
