@@ -118,6 +118,11 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		{"negative MaxKeys", func(c *client.Config) { c.MaxKeys = -1 }, "MaxKeys"},
 		{"negative MaxWait", func(c *client.Config) { c.MaxWait = -time.Second }, "MaxWait"},
 		{"DefaultSafeRate not a number", func(c *client.Config) { c.DefaultSafeRate = math.NaN() }, "DefaultSafeRate"},
+		// A tick of a nanosecond (or a microsecond: a unit forgotten, 10
+		// for 10 ms) made the settle loop spin on a core, its ticks far
+		// shorter than any call it makes.
+		{"SettleInterval of a nanosecond", func(c *client.Config) { c.SettleInterval = 1 }, "SettleInterval"},
+		{"SettleInterval below a millisecond", func(c *client.Config) { c.SettleInterval = 999 * time.Microsecond }, "SettleInterval"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
