@@ -30,6 +30,19 @@ func shapedClient(t *testing.T, cfg Config) (*Client, *testClock) {
 	return clockedClient(t, cfg, clk), clk
 }
 
+// shapedClientDriven is shapedClient with the store on the client's
+// driven clock too: the server's slots then move only when the test moves
+// the clock, however slowly the test runs.
+func shapedClientDriven(t *testing.T, cfg Config) (*Client, *testClock) {
+	t.Helper()
+	clk := newTestClock()
+	base := time.Now()
+	store := leases.NewMemoryStore(leases.MemoryOptions{Now: func() time.Time { return base.Add(time.Duration(clk.ns.Load())) }})
+	srv := leasetest.Start(t, shapeRules, leasetest.Options{Store: store})
+	cfg.Servers = []string{srv.URL()}
+	return clockedClient(t, cfg, clk), clk
+}
+
 // leaseShaped decides key once (direct, which promotes it) and gives the
 // loop a tick, then waits for the key's lease, a schedule of slots.
 func leaseShaped(t *testing.T, c *Client, clk *testClock, key string) *lease {
@@ -129,8 +142,12 @@ func TestShapedWaitFIFO(t *testing.T) {
 
 // TestShapedDirect: a leaky key decided directly is given a slot that may
 // start later: Allow denies it (the slot is lost), Wait sleeps until it.
+// The server's store runs on the test's clock: on real time, a test slowed
+// down by a loaded machine found the next slot less than MaxWait away,
+// and its last Wait waited on the driven clock for ever (a make test
+// under load hung here for six minutes).
 func TestShapedDirect(t *testing.T) {
-	c, clk := shapedClient(t, Config{LeaseMinTokens: 1000})
+	c, clk := shapedClientDriven(t, Config{LeaseMinTokens: 1000})
 	ctx := context.Background()
 	d := c.Allow(ctx, "lb:d")
 	require.True(t, d.Allowed, "the queue is empty: the slot is now")
@@ -158,7 +175,7 @@ func TestShapedDirect(t *testing.T) {
 	}
 
 	// A slot beyond MaxWait: Wait fails at once.
-	c2, _ := shapedClient(t, Config{LeaseMinTokens: 1000, MaxWait: time.Millisecond})
+	c2, _ := shapedClientDriven(t, Config{LeaseMinTokens: 1000, MaxWait: time.Millisecond})
 	require.True(t, c2.Allow(ctx, "lb:e").Allowed)
 	err := c2.Wait(ctx, "lb:e")
 	require.True(t, errors.Is(err, ErrRateLimited), "%v", err)
