@@ -757,6 +757,14 @@ func TestStoresAgreeLeaky(t *testing.T) {
 		owners:  []string{"x/1", "y/1", "z/1", "x/2", "y/2"},
 		steps:   3000, maxStep: 30 * time.Millisecond, abandon: 6, takes: 4, maxCost: 4,
 		floors: true,
+	}, {
+		// Intervals of a few µs that are not whole: TAT's fraction of a
+		// µs is kept apart from its whole µs (lbTime), in both stores.
+		name:    "fast",
+		buckets: []leases.Bucket{lb(909_091, time.Second, 100, 2*time.Millisecond), lb(99_010, time.Second, 30, time.Millisecond)},
+		keys:    []string{"f", "g"},
+		owners:  []string{"x/1", "y/1", "z/1", "x/2"},
+		steps:   3000, maxStep: 20 * time.Microsecond, abandon: 6, takes: 3, maxCost: 5,
 	}}
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
@@ -833,4 +841,47 @@ func TestRedisLeakyKeysGo(t *testing.T) {
 	n, err = rdb.Exists(ctx, h, z).Result()
 	require.NoError(t, err)
 	require.Zero(t, n, "an empty queue without leases is no state")
+}
+
+// TestRedisLeakyExactTAT: the leaky bucket's hash keeps TAT rounded to the
+// nearest float64 in a, as a script from before the exact TAT wrote it and
+// reads it, and TAT exact in q ("<whole µs> <fraction>"); q is read only
+// while a is still its rounding, so a TAT that such a script wrote alone
+// is taken from a.
+func TestRedisLeakyExactTAT(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	clock := storetest.NewClock(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
+	s := leases.NewRedisStore(rdb, leases.RedisOptions{Now: clock.Now})
+	b := leases.Bucket{Algorithm: leases.LeakyBucket, Limit: 909_091, Period: time.Second, Burst: 100, LeaseTTL: time.Second}
+	h, _, _ := leases.AlgorithmRedisKeys("k", leases.LeakyBucket)
+	now := clock.Now().UnixMicro()
+	level := func() float64 {
+		st, err := s.State(ctx, "k", b)
+		require.NoError(t, err)
+		return st.Level
+	}
+	for range 10 {
+		out, err := s.Take(ctx, []leases.TakeOp{{Key: "k", Bucket: b, Cost: 1}})
+		require.NoError(t, err)
+		require.True(t, out[0].Taken)
+	}
+	tInt := 1e6 / 909_091.0
+	q, err := rdb.HGet(ctx, h, "q").Result()
+	require.NoError(t, err)
+	assert.Equal(t, fmt.Sprint(now+10), strings.Fields(q)[0], "ten slots of 1.0999989 µs: TAT is 10.99999 µs on")
+	a, err := rdb.HGet(ctx, h, "a").Float64()
+	require.NoError(t, err)
+	assert.InDelta(t, float64(now)+10*tInt, a, 0.125, "a holds TAT to the nearest float64")
+	assert.InDelta(t, 10, level(), 1e-6, "ten slots queued, exactly")
+
+	// A script from before q writes a alone: q no longer matches, and a
+	// is TAT.
+	require.NoError(t, rdb.HSet(ctx, h, "a", fmt.Sprint(now+50)).Err())
+	assert.InDelta(t, 50/tInt, level(), 1e-6, "TAT from a")
+	out, err := s.Take(ctx, []leases.TakeOp{{Key: "k", Bucket: b, Cost: 1}})
+	require.NoError(t, err)
+	require.True(t, out[0].Taken)
+	assert.InDelta(t, 50/tInt+1, level(), 1e-6, "the next slot after a's TAT")
 }

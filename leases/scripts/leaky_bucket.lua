@@ -12,14 +12,18 @@
 -- KEYS[1] H  the bucket hash (absent while the queue is empty and no lease
 --            is open: that is the same as no state):
 --              a  TAT, the end of the last slot handed out (µs, shortest
---                 round-trip decimal)
+--                 round-trip decimal), rounded to the nearest float64
+--              q  TAT exact: "<whole µs> <fraction of a µs>" (see
+--                 lbTime in leakybucket.go), read only while a is still
+--                 its rounding (a script from before q writes a alone)
 --              o  outstanding: Σ granted over the open leases
 --              n  open leases
 --              c  clients holding open leases
 --              x  an upper bound of the open leases' expiries (µs)
 --              "p|<client>"  processes of that client holding open leases
 --              "<slot>|<client>/<process>"  a lease:
---                 "<id> <granted> <expiry µs> <slice start> <slice end>"
+--                 "<id> <granted> <expiry µs> <slice start> <slice end>",
+--                 the start rounded up, the end to the nearest
 -- KEYS[2] Z  the expiry index while a lease is open: member
 --            "<slot>|<client>/<process>", score expiry
 -- KEYS[3]    unused
@@ -44,42 +48,92 @@ local function ms_up(us)
   return math.floor((c + 999) / 1000)
 end
 
+-- An instant is kept exact as two numbers, whole µs i and the fraction f
+-- of a µs after it (0 ≤ f < 1): the twin of lbTime in leakybucket.go, each
+-- function performing the same operations.
+
+-- add_up returns the least double at or above the exact sum a + b.
+local function add_up(a, b)
+  local s = a + b
+  local bb = s - a
+  local e = (a - (s - bb)) + (b - bb)
+  if e > 0 then
+    local _, x = math.frexp(s)
+    s = s + math.ldexp(1, x - 53)
+  end
+  return s
+end
+
+-- from splits the double v (µs, positive).
+local function from(v)
+  local i = math.floor(v)
+  return i, v - i
+end
+
+-- add returns the instant x µs after i + f.
+local function add(i, f, x)
+  local s = f + x
+  local k = math.floor(s)
+  i, f = i + k, s - k
+  if f >= 1 then i, f = i + 1, f - 1 end
+  return i, f
+end
+
+local function after(i, f)
+  return i > now or (i == now and f > 0)
+end
+
+local function since(i, f)
+  return (i - now) + f
+end
+
+-- later returns the later of i + f and now.
+local function later(i, f)
+  if after(i, f) then return i, f end
+  return now, 0
+end
+
 -- free returns ⌊burst − (start − now)/T⌋: the free slots of the queue when
--- the next slot starts at start.
-local function free(start)
-  return math.floor(burst - (start - now) / t + eps)
+-- the next slot starts at si + sf.
+local function free(si, sf)
+  return math.floor(burst - since(si, sf) / t + eps)
 end
 
 local st
 if mode == 'lease' then
-  st = redis.call('HMGET', H, 'a', 'o', 'n', 'c', 'x', field, ofield, 'p|' .. client)
+  st = redis.call('HMGET', H, 'a', 'o', 'n', 'c', 'x', 'q', field, ofield, 'p|' .. client)
 else
-  st = redis.call('HMGET', H, 'a', 'o', 'n', 'c', 'x')
+  st = redis.call('HMGET', H, 'a', 'o', 'n', 'c', 'x', 'q')
 end
 local existed = st[1] ~= false
-local tat
+local ti, tf -- TAT
 if existed then
-  tat = tonumber(st[1])
+  ti, tf = from(tonumber(st[1]))
+  if st[6] then
+    local qi, qf = string.match(st[6], '^(%S+) (%S+)$')
+    qi, qf = tonumber(qi), tonumber(qf)
+    if qi and qf and fmtf(qi + qf) == st[1] then ti, tf = qi, qf end
+  end
   out = tonumber(st[2]) or 0
   n = tonumber(st[3]) or 0
   clients = tonumber(st[4]) or 0
   maxexp = tonumber(st[5]) or 0
 else
-  tat = now
+  ti, tf = now, 0
   if ARGV[16] ~= '1' then
     -- The hash lost while leases were open: restart the queue at the
     -- latest expiry, after every slice handed out.
     local tail = redis.call('ZRANGE', Z, -1, -1, 'WITHSCORES')
     if #tail > 0 and tonumber(tail[2]) > now then
-      tat = tonumber(tail[2])
+      ti, tf = tonumber(tail[2]), 0
       changed = true
     end
   end
 end
 if mode == 'lease' then
-  recs[field] = st[6]
-  recs[ofield] = st[7]
-  pc[client] = tonumber(st[8]) or 0
+  recs[field] = st[7]
+  recs[ofield] = st[8]
+  pc[client] = tonumber(st[9]) or 0
 end
 
 local function parse(rec)
@@ -112,32 +166,37 @@ if mode == 'state' then
   -- the leases open at now (the range skips the expired ones, which a dry
   -- run leaves in Z).
   local level = 0
-  if tat > now then level = (tat - now) / t end
+  if after(ti, tf) then level = since(ti, tf) / t end
   local k = 0
   if n > 0 then k = count_owners(redis.call('ZRANGEBYSCORE', Z, '(' .. fmtd(now), '+inf')) end
-  local start = tat
-  if now > start then start = now end
-  local f = free(start)
+  local si, sf = later(ti, tf)
+  local f = free(si, sf)
   if f < 0 then f = 0 end
   local nx, full = 0, 0
   if f < burst then
-    nx = ms_up(start - now - (burst - (f + 1)) * t)
-    full = ms_up(tat - now)
+    nx = ms_up(since(si, sf) - (burst - (f + 1)) * t)
+    full = ms_up(since(ti, tf))
   end
   return { fmtf(level), out, n, fmtd(now), k, f, nx, full, 0 }
 end
 
 local function save()
-  if n <= 0 and tat <= now then
+  if n <= 0 and not after(ti, tf) then
     -- An empty queue and no lease: the same as no state.
     if existed then redis.call('DEL', H, Z) end
     return
   end
-  local hold = tat - now
+  local hold = since(ti, tf)
   if n > 0 and maxexp - now > hold then hold = maxexp - now end
   local px = math.ceil(hold / 1000) + 1000
-  local args = { 'a', fmtf(tat), 'o', fmtd(out), 'n', fmtd(n), 'c', fmtd(clients), 'x', fmtd(maxexp) }
   local dels = {}
+  local a = fmtf(ti + tf)
+  local args = { 'a', a, 'o', fmtd(out), 'n', fmtd(n), 'c', fmtd(clients), 'x', fmtd(maxexp) }
+  if tf ~= 0 then
+    args[#args + 1] = 'q'; args[#args + 1] = fmtd(ti) .. ' ' .. fmtf(tf)
+  elseif existed and st[6] then
+    dels[#dels + 1] = 'q'
+  end
   pending_writes(args, dels)
   call_chunked('HSET', H, args)
   if #dels > 0 then call_chunked('HDEL', H, dels) end
@@ -150,39 +209,36 @@ local function save()
 end
 
 local function status()
-  local start = tat
-  if now > start then start = now end
-  local f = free(start)
+  local f = free(later(ti, tf))
   if f < 0 then f = 0 end
-  return f, ms_up(tat - now)
+  return f, ms_up(since(ti, tf))
 end
 
 if mode == 'take' then
   local cost = tonumber(ARGV[9])
-  local start = tat
-  if now > start then start = now end
+  local si, sf = later(ti, tf)
   local maxd = tonumber(ARGV[11]) or -1 -- µs; −1: no maximum
   local taken, retry, delay = 0, 0, 0
   if cost == 0 then
     taken = 1
   elseif cost + pfloor > burst then
     retry = -1
-  elseif free(start) >= cost + pfloor and maxd >= 0 and start - now > maxd then
+  elseif free(si, sf) >= cost + pfloor and maxd >= 0 and since(si, sf) > maxd then
     -- The slot is further away than the caller waits: not taken.
-    retry = ms_up(start - now - maxd)
-  elseif free(start) >= cost + pfloor then
+    retry = ms_up(since(si, sf) - maxd)
+  elseif free(si, sf) >= cost + pfloor then
     taken = 1
-    tat = start + cost * t
-    delay = ms_up(start - now)
+    ti, tf = add(si, sf, cost * t)
+    delay = ms_up(since(si, sf))
     changed = true
   else
-    retry = ms_up(start - now - (burst - pfloor - cost) * t)
+    retry = ms_up(since(si, sf) - (burst - pfloor - cost) * t)
   end
   if changed then save() end
   local rem, reset = status()
   -- The stamp of a take is its slots' end, for its refund.
   local stamp = 0
-  if taken == 1 and cost > 0 then stamp = math.floor(tat) end
+  if taken == 1 and cost > 0 then stamp = ti end
   return { taken, retry, rem, expired, reset, delay, stamp }
 end
 
@@ -191,9 +247,8 @@ if mode == 'refund' then
   -- out (see lbState.refund).
   local cost = tonumber(ARGV[9])
   local at = tonumber(ARGV[10]) or 0
-  if at > 0 and cost > 0 and t >= 1 and math.floor(tat) == at then
-    tat = tat - cost * t
-    if tat < now then tat = now end
+  if at > 0 and cost > 0 and t >= 1 and ti == at then
+    ti, tf = later(add(ti, tf, -(cost * t)))
     changed = true
   end
   if changed then save() end
@@ -220,11 +275,10 @@ if settle_id ~= '' then
   end
   close_lease(field, g)
   redis.call('ZREM', Z, field)
-  if tat == en then
+  if ti + tf == en then
     -- Nothing was handed out after this slice: its unused tail comes back.
-    local v = s + used * t
-    if v < now then v = now end
-    tat = v
+    local si, sf = from(s)
+    ti, tf = later(add(si, sf, used * t))
   end
   settled = 1
 elseif cur then
@@ -246,10 +300,9 @@ end
 
 local granted, retry, delay, lttl = 0, 0, 0, 0
 if want > 0 then
-  local start = tat
-  if now > start then start = now end
+  local si, sf = later(ti, tf)
   local g = want
-  local f = free(start) - pfloor
+  local f = free(si, sf) - pfloor
   if f < g then g = f end
   if h > 1 then
     local fair = math.floor(burst / h)
@@ -257,17 +310,17 @@ if want > 0 then
     if fair < g then g = fair end
   end
   if g > 0 then
-    local en = start + g * t
-    tat = en
-    local e = math.ceil(en)
+    ti, tf = add(si, sf, g * t)
+    local e = ti
+    if tf > 0 then e = e + 1 end
     if now + ttl > e then e = now + ttl end
-    open_lease(new_id .. ' ' .. fmtd(g) .. ' ' .. fmtd(e) .. ' ' .. fmtf(start) .. ' ' .. fmtf(en), g, e)
+    open_lease(new_id .. ' ' .. fmtd(g) .. ' ' .. fmtd(e) .. ' ' .. fmtf(add_up(si, sf)) .. ' ' .. fmtf(ti + tf), g, e)
     redis.call('ZADD', Z, fmtd(e), field)
     granted = g
-    delay = ms_up(start - now)
+    delay = ms_up(since(si, sf))
     lttl = e - now
   else
-    retry = ms_up(start - now - (burst - pfloor - 1) * t)
+    retry = ms_up(since(si, sf) - (burst - pfloor - 1) * t)
   end
 end
 save()

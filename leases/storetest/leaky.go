@@ -39,6 +39,7 @@ func RunLeaky(t *testing.T, newStore Factory, opts Options) {
 	t.Run("MaxDelay", func(t *testing.T) { testLBMaxDelay(t, newFixture(t, newStore)) })
 	t.Run("RefundNamesItsTake", func(t *testing.T) { testLBRefund(t, newFixture(t, newStore)) })
 	t.Run("FractionalInterval", func(t *testing.T) { testLBFractional(t, newFixture(t, newStore)) })
+	t.Run("ShortIntervalKeepsRate", func(t *testing.T) { testLBShortInterval(t, newFixture(t, newStore)) })
 	t.Run("ConcurrentSlots", func(t *testing.T) { testLBConcurrent(t, newFixture(t, newStore), opts.ConcurrentTicks) })
 }
 
@@ -352,6 +353,75 @@ func testLBFractional(t *testing.T, f *fixture) {
 	o = f.take("k", b, 1)
 	require.True(t, o.Taken)
 	assert.Equal(t, 666*time.Millisecond, o.Delay, "its slot is at 1000 ms")
+}
+
+// testLBShortInterval (found by the invariant review of the bounds on
+// input): a leaky bucket of 909,091 per second, one slot every 1.0999989
+// µs, saturated for 1.9 ms by takes, leases, settles and refunds, each
+// attempted until the queue refuses. The store keeps TAT as a float64 of
+// µs on its clock, whose spacing near 2026 is 0.25 µs: TAT + T rounded to
+// the nearest, now + 1.0 µs, every time, so each slot handed out was 9%
+// shorter than T and the queue drained 10% faster than the rate (about
+// 2,000 slots where burst + rate·D allows 1,827). TAT now rounds up, to
+// the least float64 at or after the exact sum: slots are never closer
+// than T, at the cost of at most one spacing of the clock per operation.
+func testLBShortInterval(t *testing.T, f *fixture) {
+	const burst = 100
+	b := leaky(909_091, time.Second, burst, time.Second)
+	owner := func(key string) string { return key + "/1" }
+	// Each attempt returns the slots it handed out for good: 0 once the
+	// queue refuses.
+	attempts := map[string]func(key string) int64{
+		"take": func(key string) int64 {
+			if f.take(key, b, 1).Taken {
+				return 1
+			}
+			return 0
+		},
+		"lease": func(key string) int64 {
+			// A lease of one slot; the next replaces it as fully used.
+			return f.lease(owner(key), key, b, 1, "", 0).Granted
+		},
+		"settle": func(key string) int64 {
+			// A lease of two, settled at once with one used: TAT moves
+			// back to the end of the used slot.
+			l := f.lease(owner(key), key, b, 2, "", 0)
+			if l.Granted == 0 {
+				return 0
+			}
+			s := f.lease(owner(key), key, b, 0, l.LeaseID, 1)
+			require.NoError(t, s.Err)
+			return 1
+		},
+		"refund": func(key string) int64 {
+			// A take of two, one given back at once.
+			o := f.take(key, b, 2)
+			if !o.Taken {
+				return 0
+			}
+			require.NoError(t, f.store.Refund(f.ctx, []leases.TakeOp{{Key: key, Bucket: b, Cost: 1, At: o.At}}))
+			return 1
+		},
+	}
+	const ticks, step = 20, 100 * time.Microsecond
+	d := time.Duration(ticks-1) * step
+	allowed := burst + int64(float64(b.Limit)*d.Seconds())
+	for name, attempt := range attempts {
+		var n int64
+		for i := range ticks {
+			if i > 0 {
+				f.clock.Advance(step)
+			}
+			for k := 0; k <= 2*burst; k++ {
+				got := attempt(name)
+				if got == 0 {
+					break
+				}
+				n += got
+			}
+		}
+		assert.LessOrEqual(t, n, allowed, "%s: slots handed out in %v, burst + rate·D allows %d", name, d, allowed)
+	}
 }
 
 // testLBConcurrent: many goroutines lease, settle and take on one key at
