@@ -885,3 +885,66 @@ func TestRedisLeakyExactTAT(t *testing.T) {
 	require.True(t, out[0].Taken)
 	assert.InDelta(t, 50/tInt+1, level(), 1e-6, "the next slot after a's TAT")
 }
+
+// TestStoresAgreeLongestFill: the slowest buckets validation accepts (a
+// burst that takes leases.MaxFillTime to refill, a queue as long to drain)
+// keep their waits and deadlines exact in both stores, with identical
+// answers: a hundred years of µs fit a float64 exactly beside the clock.
+func TestStoresAgreeLongestFill(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	ctx := context.Background()
+	day := 24 * time.Hour
+	burst := int64(leases.MaxFillTime / day)
+	for _, alg := range []leases.Algorithm{leases.TokenBucket, leases.LeakyBucket} {
+		t.Run(string(alg), func(t *testing.T) {
+			require.NoError(t, rdb.FlushDB(ctx).Err())
+			clock := storetest.NewClock(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
+			mem := leases.NewMemoryStore(leases.MemoryOptions{Now: clock.Now, SweepInterval: -1})
+			t.Cleanup(func() { _ = mem.Close() })
+			red := leases.NewRedisStore(rdb, leases.RedisOptions{Now: clock.Now})
+			b := leases.Bucket{Algorithm: alg, Limit: 1, Period: day, Burst: burst, LeaseTTL: time.Hour}
+			take := func(cost int64) leases.TakeOutcome {
+				op := []leases.TakeOp{{Key: "k", Bucket: b, Cost: cost}}
+				mo, err := mem.Take(ctx, op)
+				require.NoError(t, err)
+				ro, err := red.Take(ctx, op)
+				require.NoError(t, err)
+				require.Equal(t, mo, ro, "take %d", cost)
+				return mo[0]
+			}
+			lease := func(key string, want int64) leases.LeaseOutcome {
+				op := []leases.LeaseOp{{Key: key, Bucket: b, Want: want, NewLeaseID: "l1", MaxDelay: time.Hour}}
+				mo, err := mem.Lease(ctx, own("a/1"), op)
+				require.NoError(t, err)
+				ro, err := red.Lease(ctx, own("a/1"), op)
+				require.NoError(t, err)
+				require.Equal(t, mo, ro, "lease %d of %s", want, key)
+				require.NoError(t, mo[0].Err)
+				return mo[0]
+			}
+			require.True(t, take(burst).Taken, "the whole capacity at once")
+			o := take(burst)
+			require.False(t, o.Taken)
+			assert.Equal(t, leases.MaxFillTime, o.RetryAfter, "the whole capacity again")
+			assert.Equal(t, day, take(1).RetryAfter, "one more token, or slot: a day")
+			l := lease("k", burst)
+			assert.Zero(t, l.Granted, "no deferral of a hundred years")
+			assert.Equal(t, day, l.RetryAfter)
+			l = lease("fresh", burst)
+			require.EqualValues(t, burst, l.Granted)
+			if alg == leases.LeakyBucket {
+				assert.Equal(t, leases.MaxFillTime, l.TTL, "the lease lives until its slice ends")
+			}
+			for _, key := range []string{"k", "fresh"} {
+				ms, err := mem.State(ctx, key, b)
+				require.NoError(t, err)
+				rs, err := red.State(ctx, key, b)
+				require.NoError(t, err)
+				requireSameState(t, ms, rs, 0)
+				if key == "k" {
+					assert.Equal(t, leases.MaxFillTime, ms.Full, "whole again in a hundred years")
+				}
+			}
+		})
+	}
+}

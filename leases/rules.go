@@ -68,7 +68,8 @@ type Limit struct {
 	// Period is the refill period or the window: MinPeriod to MaxPeriod.
 	Period time.Duration
 	// Burst is the bucket size of a token bucket and the queue size of a
-	// leaky bucket: 1 to protocol.MaxCount; 0 means Limit. The windows
+	// leaky bucket: 1 to protocol.MaxCount, and no more than the rate
+	// refills (or drains) in MaxFillTime; 0 means Limit. The windows
 	// take no burst (it is their Limit).
 	Burst int64
 }
@@ -324,6 +325,8 @@ func (r *Rule) Validate() error {
 	for i := range d.Limits {
 		if b := d.bucket(i); b.Limit > protocol.MaxCount || b.Burst > protocol.MaxCount {
 			return fail("soft", "raises limits[%d] above %d", i, protocol.MaxCount)
+		} else if fillTime(&b) > float64(MaxFillTime) {
+			return fail("soft", "raises limits[%d]'s burst to %d, which takes %s to %s; at most 100 years", i, b.Burst, fillYears(&b), fillWhat(&b))
 		}
 	}
 	return r.validateReserve(fail)
@@ -390,7 +393,48 @@ func (l *Limit) validate() error {
 			return err
 		}
 	}
+	if b := l.Bucket(DefaultLeaseTTL); fillTime(&b) > float64(MaxFillTime) {
+		return fail("burst", "is %d: at %d per %v it takes %s to %s; at most 100 years (a burst of %d at this rate)",
+			l.Burst, l.Limit, l.Period, fillYears(&b), fillWhat(&b), maxBurst(&b))
+	}
 	return nil
+}
+
+// MaxFillTime is the longest a token bucket may take to refill its burst,
+// and a leaky bucket to drain its queue (Burst × Period / Limit): a
+// hundred years. Beyond it the stores' waits and deadlines, µs in an
+// int64 and a time.Duration, in Lua a double, lose precision and then
+// overflow: a bucket of 1 per day and a burst of 10^9 (2.7 million years)
+// deferred a grant of 2×10^8 tokens with a delay of 0 on an empty bucket,
+// 1.2×10^9 admitted at one instant in the memory store, and failed every
+// call on its key in Redis, after writing half its state.
+const MaxFillTime = 100 * 365 * 24 * time.Hour
+
+// fillTime returns the time b's capacity takes to refill (or drain), in
+// ns, 0 for the windows, which have no burst.
+func fillTime(b *Bucket) float64 {
+	if a := algName(b); a != TokenBucket && a != LeakyBucket {
+		return 0
+	}
+	return float64(b.Burst) * float64(b.Period) / float64(b.Limit)
+}
+
+// fillYears returns fillTime in years, for an error message.
+func fillYears(b *Bucket) string {
+	return fmt.Sprintf("%.3g years", fillTime(b)/float64(365*24*time.Hour))
+}
+
+// fillWhat says what fillTime measures, for an error message.
+func fillWhat(b *Bucket) string {
+	if algName(b) == LeakyBucket {
+		return "drain the queue"
+	}
+	return "refill the bucket"
+}
+
+// maxBurst returns the largest burst b's rate refills within MaxFillTime.
+func maxBurst(b *Bucket) int64 {
+	return int64(math.Floor(float64(MaxFillTime) * float64(b.Limit) / float64(b.Period)))
 }
 
 // knownAlgorithms are the algorithm names a rule may give, implemented or

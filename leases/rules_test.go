@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ratelease/ratelease/protocol"
 )
 
 func TestGlobMatch(t *testing.T) {
@@ -272,4 +274,46 @@ func TestRuleFloor(t *testing.T) {
 	require.NoError(t, err)
 	got := p.Rules()[0]
 	assert.Equal(t, map[string]float64{"critical": 0.25, "normal": 0}, got.Reserve)
+}
+
+// TestRuleFillTime (found by the invariant review of the bounds on input):
+// a token bucket that takes more than MaxFillTime to refill its burst, or
+// a leaky bucket its queue, is refused. Validation took any burst at any
+// rate above 10^-6 a second: 1 per day and a burst of 10^9 refill in 2.7
+// million years, whose µs overflow an int64. The memory store then
+// computed a wait of 0 for a deferral of 2×10^8 tokens on an empty bucket
+// (1.2×10^9 admitted at one instant, the bound 10^9) and the Redis store
+// failed every call on the key after writing half its state (a PEXPIRE
+// out of range); a leaky bucket's slice end overflowed into its lease's
+// record, which no later call could parse.
+func TestRuleFillTime(t *testing.T) {
+	day := 24 * time.Hour
+	maxDays := int64(MaxFillTime / day) // 36,500
+	tests := []struct {
+		name string
+		rule Rule
+		want string // empty: valid
+	}{
+		{"token bucket of a billion at one a day", Rule{Limit: 1, Period: day, Burst: 1_000_000_000}, "burst: is 1000000000: at 1 per 24h0m0s it takes 2.74e+06 years to refill the bucket; at most 100 years"},
+		{"leaky bucket of a billion at one a day", Rule{Algorithm: LeakyBucket, Limit: 1, Period: day, Burst: 1_000_000_000}, "to drain the queue"},
+		{"a burst one token beyond", Rule{Limit: 1, Period: day, Burst: maxDays + 1}, "a burst of 36500 at this rate"},
+		{"the longest refill", Rule{Limit: 1, Period: day, Burst: maxDays}, ""},
+		{"the longest queue", Rule{Algorithm: LeakyBucket, Limit: 1, Period: day, Burst: maxDays}, ""},
+		{"a second limit", Rule{Limits: []Limit{{Limit: 10, Period: time.Second}, {Limit: 1, Period: day, Burst: maxDays + 1}}}, "limits[1].burst"},
+		{"soft raises the burst beyond", Rule{Limit: 1, Period: day, Burst: maxDays, Soft: 0.5}, "soft: raises limits[0]'s burst to 54750"},
+		{"a window has no burst", Rule{Algorithm: FixedWindow, Limit: protocol.MaxCount, Period: day}, ""},
+		{"the fastest rate", Rule{Limit: protocol.MaxCount, Period: time.Millisecond, Burst: protocol.MaxCount}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.rule.Name, tt.rule.Match = "r", "k:*"
+			_, err := NewPolicy(RuleSet{Rules: []Rule{tt.rule}})
+			if tt.want == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, ErrInvalidRules)
+			assert.Contains(t, err.Error(), tt.want)
+		})
+	}
 }
