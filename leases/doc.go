@@ -551,8 +551,8 @@
 // every request: a lease is granted what was asked, and its ID remembers
 // what the store granted, so that its settle charges the store no more
 // than that; Report.ShadowDenials counts what would have been denied.
-// Elastic (Rule.Elastic, a pool key governed by a rule of one limit) lets a
-// request its own limits deny borrow from the pool: each key admits at most
+// Elastic (Rule.Elastic, a pool key governed by a rule of one limit, not a
+// leaky_bucket) lets a request its own limits deny borrow from the pool: each key admits at most
 // its own bound plus what it borrowed, and all keys together borrow at most
 // the pool's bound (elastic.go has the details of leases). The engine keeps
 // no state of its own, so these lease IDs carry what the settle needs, with

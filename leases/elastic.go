@@ -13,9 +13,10 @@ import (
 // (Rule.Elastic) lets a request its own limits deny borrow from the pool's
 // bucket, so that callers exceed their own limit only while the pool has
 // room. The pool is a key like any other, governed by its own rule (one
-// limit, not itself elastic); only borrowed requests take from it, so size
-// it to the headroom the protected backend has beyond what the callers'
-// own limits admit.
+// limit, not itself elastic, nor a leaky_bucket: a shaper's slots come with
+// a wait that a borrowed request, admitted at once, would not keep); only
+// borrowed requests take from it, so size it to the headroom the
+// protected backend has beyond what the callers' own limits admit.
 //
 // A take (direct decision) denied only by elastic keys takes its cost from
 // each such key's pool, all or nothing, in one more store call; if a pool
@@ -62,6 +63,12 @@ func validateElastic(p *Policy) error {
 			return fail("the pool key %q is governed by rule %q, which has %d limits; a pool has one", r.Elastic, pool.Name, len(pool.Limits))
 		case pool.Match == r.Match:
 			return fail("the pool key %q is governed by the rule itself", r.Elastic)
+		case pool.Limits[0].Algorithm == LeakyBucket:
+			// A shaper hands out slots, each with its wait: a borrowed
+			// take was admitted at once (ten borrows of a pool of 10/s
+			// in one instant, its slots 100 ms apart), and a lease's
+			// shortfall, taken outright, has no slots to spend by.
+			return fail("the pool key %q is governed by rule %q, a leaky_bucket, which shapes requests into slots that a borrowed request would not wait for; govern the pool by a token bucket or a window", r.Elastic, pool.Name)
 		}
 	}
 	return nil

@@ -645,3 +645,26 @@ func TestEngineDeferred(t *testing.T) {
 		assert.GreaterOrEqual(t, level(key, r.Buckets()[0]), 0.0, "%s: no debt", key)
 	}
 }
+
+// TestEngineElasticLeakyPool (found by the invariant review): a pool
+// governed by a leaky_bucket is refused. Its borrowed takes were taken
+// from the shaper's queue with their slot's delay dropped: under a pool of
+// 10/s (a slot every 100 ms, a queue of 10), ten requests of a key past
+// its own limit borrowed at one instant, each admitted with delay 0, where
+// the pool's own bound admits one request per 100 ms; a take of the pool
+// key itself was told to wait for its slot.
+func TestEngineElasticLeakyPool(t *testing.T) {
+	_, err := leases.NewPolicy(leases.RuleSet{Rules: []leases.Rule{
+		{Name: "users", Match: "user:*", Limit: 1, Period: time.Hour, Elastic: "pool"},
+		{Name: "pool", Match: "pool", Algorithm: leases.LeakyBucket, Limit: 10, Period: time.Second, Burst: 10},
+	}})
+	require.ErrorIs(t, err, leases.ErrInvalidRules)
+	assert.Contains(t, err.Error(), `rule "users": elastic: the pool key "pool" is governed by rule "pool", a leaky_bucket`)
+	for _, alg := range []leases.Algorithm{leases.TokenBucket, leases.FixedWindow, leases.SlidingWindowCounter, leases.SlidingWindowLog} {
+		_, err := leases.NewPolicy(leases.RuleSet{Rules: []leases.Rule{
+			{Name: "users", Match: "user:*", Limit: 1, Period: time.Hour, Elastic: "pool"},
+			{Name: "pool", Match: "pool", Algorithm: alg, Limit: 10, Period: time.Second},
+		}})
+		require.NoError(t, err, "a pool of %s lends tokens outright", alg)
+	}
+}
