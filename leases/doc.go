@@ -573,7 +573,10 @@
 // where capacity is the limit's burst (token bucket), its limit (windows)
 // or its queue (leaky bucket), soft overage included (Rule.Floor). The
 // Engine computes the floor of each limit and passes it to the store in
-// LeaseOp.Floor and TakeOp.Floor; every algorithm, in Go and in Lua
+// LeaseOp.Floor and TakeOp.Floor (a borrow from an elastic rule's pool
+// too, under the floor of the pool's rule for the request's class: it
+// borrowed critical's reserve of a pool for low requests, and a critical
+// take of the pool was denied); every algorithm, in Go and in Lua
 // (ARGV[17]), lets a grant or a take use max(0, free − floor) of what is
 // free, where free is what the algorithm would otherwise grant (the
 // token bucket's whole tokens, a window's limit less what it counts, a

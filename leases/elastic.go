@@ -19,11 +19,13 @@ import (
 // protected backend has beyond what the callers' own limits admit.
 //
 // A take (direct decision) denied only by elastic keys takes its cost from
-// each such key's pool, all or nothing, in one more store call; if a pool
-// cannot serve, what the others gave is refunded and the take stays denied.
-// A lease entry whose own limits granted less than it wanted takes the
-// shortfall from the pool outright (a take, not a lease: the pool is shared
-// by every caller of every key of the rule), and is granted the sum. Its
+// each such key's pool, all or nothing, in one more store call, leaving
+// the floor the pool's rule keeps from the take's class (Rule.Reserve);
+// if a pool cannot serve, what the others gave is refunded and the take
+// stays denied. A lease entry whose own limits granted less than it wanted
+// takes the shortfall from the pool outright, above the same floor (a
+// take, not a lease: the pool is shared by every caller of every key of
+// the rule), and is granted the sum. Its
 // lease ID remembers both parts and the take's stamp, authenticated (see
 // leaseid.go), so that its settle charges the own limits with at most what
 // they granted and gives the pool back what was borrowed and not used, and
@@ -74,13 +76,17 @@ func validateElastic(p *Policy) error {
 	return nil
 }
 
-// poolOp returns the take of cost tokens from rule r's pool.
-func (e *Engine) poolOp(r *Rule, cost int64) (TakeOp, bool) {
+// poolOp returns the take of cost tokens from rule r's pool by a request
+// of class priority, which leaves the floor of the pool's rule for that
+// class (Rule.Floor): a borrower takes no more of the reserve of the
+// classes above it than a take of the pool key itself would.
+func (e *Engine) poolOp(r *Rule, cost int64, priority string) (TakeOp, bool) {
 	pool, ok := e.policy.Match(r.Elastic)
 	if !ok || len(pool.Limits) != 1 {
 		return TakeOp{}, false // validation forbids it; a pool without rule lends nothing
 	}
-	return TakeOp{Key: r.Elastic, Bucket: pool.bucket(0), Cost: cost}, true
+	b := pool.bucket(0)
+	return TakeOp{Key: r.Elastic, Bucket: b, Cost: cost, Floor: pool.Floor(priority, b.Burst)}, true
 }
 
 // borrowTakes lets the denied takes whose every denying key is elastic
@@ -104,7 +110,7 @@ func (e *Engine) borrowTakes(ctx context.Context, takes []TakeAsk, resps []TakeR
 			}
 			op, ok := TakeOp{}, k.Rule != nil && k.Rule.Elastic != ""
 			if ok {
-				op, ok = e.poolOp(k.Rule, takes[ti].Cost)
+				op, ok = e.poolOp(k.Rule, takes[ti].Cost, takes[ti].Priority)
 			}
 			if !ok {
 				eligible = false
@@ -175,7 +181,7 @@ func (e *Engine) borrowLeases(ctx context.Context, owner Owner, ids *idSecret, a
 		if res.Err != nil || res.Rule == nil || res.Rule.Elastic == "" || a.Want <= res.Granted {
 			continue
 		}
-		op, ok := e.poolOp(res.Rule, a.Want-res.Granted)
+		op, ok := e.poolOp(res.Rule, a.Want-res.Granted, a.Priority)
 		if !ok {
 			continue
 		}
@@ -237,7 +243,7 @@ func (e *Engine) poolRefunds(parsed []leaseIDParts, asks []LeaseAsk, results []L
 		}
 		usedPool := max(0, asks[i].Used-p.own)
 		if unused := p.borrowed - min(usedPool, p.borrowed); unused > 0 {
-			if op, ok := e.poolOp(res.Rule, unused); ok {
+			if op, ok := e.poolOp(res.Rule, unused, asks[i].Priority); ok {
 				op.At = p.stamp
 				out = append(out, op)
 			}

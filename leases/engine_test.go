@@ -668,3 +668,61 @@ func TestEngineElasticLeakyPool(t *testing.T) {
 		require.NoError(t, err, "a pool of %s lends tokens outright", alg)
 	}
 }
+
+// TestEngineElasticPoolReserve (found by the invariant review): a request
+// that borrows from an elastic rule's pool leaves the pool's floor for its
+// class, as a take of the pool key itself does. Borrows were taken with no
+// floor: low requests past their own limit borrowed the whole pool of 10,
+// critical's reserve of 5 included, and a critical take of the pool was
+// then denied; a low lease borrowed its shortfall of 7 of the 10, and
+// critical found 3.
+func TestEngineElasticPoolReserve(t *testing.T) {
+	rules := leases.RuleSet{Rules: []leases.Rule{
+		{Name: "users", Match: "user:*", Limit: 1, Period: time.Hour, Elastic: "pool"},
+		{Name: "pool", Match: "pool", Limit: 10, Period: time.Hour, Reserve: map[string]float64{"critical": 0.5}},
+	}}
+	ctx := context.Background()
+	critical := func(t *testing.T, e *leases.Engine) int {
+		n := 0
+		for range 6 {
+			res, _, err := e.Take(ctx, []leases.TakeAsk{{Keys: []string{"pool"}, Cost: 1, Priority: "critical"}})
+			require.NoError(t, err)
+			require.NoError(t, res[0].Err)
+			if res[0].Allowed {
+				n++
+			}
+		}
+		return n
+	}
+	t.Run("takes", func(t *testing.T) {
+		e, _, _ := newEngine(t, rules)
+		var own, borrowed int
+		for range 20 {
+			res, _, err := e.Take(ctx, []leases.TakeAsk{{Keys: []string{"user:1"}, Cost: 1, Priority: "low"}})
+			require.NoError(t, err)
+			require.NoError(t, res[0].Err)
+			switch {
+			case res[0].Borrowed:
+				borrowed++
+			case res[0].Allowed:
+				own++
+			}
+		}
+		assert.Equal(t, 1, own, "the key's own limit")
+		assert.Equal(t, 5, borrowed, "the pool's 10 less critical's reserve")
+		assert.Equal(t, 5, critical(t, e), "critical finds its reserve in the pool")
+	})
+	t.Run("lease", func(t *testing.T) {
+		e, _, _ := newEngine(t, rules)
+		res, _, err := e.Lease(ctx, own("a/1"), []leases.LeaseAsk{{Key: "user:2", Want: 8, Priority: "low"}})
+		require.NoError(t, err)
+		require.NoError(t, res[0].Err)
+		assert.EqualValues(t, 1, res[0].Granted, "the key's own limit")
+		assert.Zero(t, res[0].Borrowed, "a shortfall of 7 reaches into the reserve")
+		res, _, err = e.Lease(ctx, own("b/1"), []leases.LeaseAsk{{Key: "user:3", Want: 6, Priority: "low"}})
+		require.NoError(t, err)
+		require.NoError(t, res[0].Err)
+		assert.EqualValues(t, 5, res[0].Borrowed, "a shortfall of 5 fits above the floor")
+		assert.Equal(t, 5, critical(t, e), "critical finds its reserve in the pool")
+	})
+}
