@@ -119,6 +119,18 @@ type agreeCase struct {
 	// the windows' cases start off the second, so that their windows and
 	// log buckets do not line up with the whole seconds of the steps.
 	offset time.Duration
+	// reload runs one op in reload under a bucket drawn from all of
+	// buckets rather than the key's own (a rule change: another period,
+	// limit, burst, lease TTL or algorithm), and then the key's next ops
+	// under that one until the next change; 0: never, and the random
+	// sequence is the one it always was. The invariant checks after each
+	// step are left out (a rule that shrank leaves more counted than the
+	// new one holds); the two stores must still agree.
+	reload int
+	// back moves the clock back instead of forward at one step in back,
+	// by up to maxStep (Redis TIME after a failover to a replica whose
+	// clock is behind, or RedisOptions.Now); 0: never.
+	back int
 }
 
 // randomOwn returns an OwnOp on key: an acquire or renewal (OwnOp.Renew a
@@ -261,10 +273,35 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 	}
 	open := map[string]held{} // owner|key|slot -> lease, as the memory store saw it
 	var settled, expired, waiters, refused, takes, denied, refunds, acquired, afresh, contested, released, deferred, debts int
+	ruleOf := map[string]int{} // key → the bucket its rule is now, while reloads change it
+	var reloads, backs int
 	for step := range c.steps {
-		clock.Advance(time.Duration(rng.Int64N(int64(c.maxStep))))
+		d := time.Duration(rng.Int64N(int64(c.maxStep)))
+		if c.back > 0 && rng.IntN(c.back) == 0 {
+			d = -d
+			backs++
+		}
+		clock.Advance(d)
 		ki := rng.IntN(len(c.keys))
 		key, b := c.keys[ki], c.buckets[ki%len(c.buckets)]
+		if c.reload > 0 {
+			bi, ok := ruleOf[key]
+			if !ok || rng.IntN(c.reload) == 0 {
+				bi = rng.IntN(len(c.buckets))
+				ruleOf[key] = bi
+				reloads++
+			}
+			b = c.buckets[bi]
+		}
+		if c.reload > 0 || c.back > 0 {
+			// Redis expires keys on its own clock, not on the driven
+			// one, which runs several times faster: the share clocks,
+			// whose TTL only a new owner renews, lapsed mid-walk (in
+			// real time) while the memory store kept them. The walk is
+			// about the answers on one clock.
+			_, _, shares := leases.RedisKeys(key)
+			require.NoError(t, rdb.Persist(ctx, shares).Err())
+		}
 		owner := own(c.owners[rng.IntN(len(c.owners))])
 		switch r := rng.IntN(c.takes); {
 		case c.owns > 0 && rng.IntN(c.owns) == 0:
@@ -367,7 +404,13 @@ func agree(t *testing.T, rdb redis.UniversalClient, c agreeCase) {
 		if ms.Level < 0 {
 			debts++
 		}
-		checkLevel(t, ms, b, step)
+		if c.reload == 0 {
+			checkLevel(t, ms, b, step)
+		}
+	}
+	if c.reload > 0 || c.back > 0 {
+		t.Logf("%s: %d rule changes, %d steps back in time", c.name, reloads, backs)
+		require.Positive(t, reloads+backs)
 	}
 	t.Logf("%s: %d settles, %d leases expired or replaced unsettled, %d denials to waiters, %d refused by a cap, %d takes (%d denied), %d refunds, %d ownerships acquired (%d afresh), %d contested, %d released, %d grants deferred, %d steps in debt",
 		c.name, settled, expired, waiters, refused, takes, denied, refunds, acquired, afresh, contested, released, deferred, debts)

@@ -223,10 +223,9 @@ type tbState struct {
 	// procs counts, per client, its processes holding at least one open
 	// lease; a client holding none has no entry.
 	procs map[string]int
-	// shares are the owners' fair-share clocks (µs). A clock at or below
-	// now − burst/rate limits nothing and is the same as none, so dropping
-	// one changes no answer.
-	shares map[Owner]float64
+	// shares are the owners' fair-share clocks (µs), dropped as the Redis
+	// store drops them (see setShare).
+	shares shareClocks
 	bucket Bucket // parameters of the last operation, for the idle sweep
 	// owner is the lease server owning the bucket, nil when none.
 	owner *tbOwner
@@ -378,29 +377,74 @@ func (s *tbState) holders(o Owner) (clients, procs int) {
 	return clients, procs
 }
 
-// shareBase returns owner's share clock, at least floor, and drops clocks
-// that limit nothing once they outnumber the holders (which changes no
-// answer, and keeps the map's size proportional to the holders).
+// shareBase returns owner's share clock, at least floor.
 func (s *tbState) shareBase(o Owner, floor float64) float64 {
 	base := floor
-	if vt, ok := s.shares[o]; ok && vt > floor {
-		base = vt
-	}
-	if len(s.shares) > 2*len(s.leases)+16 {
-		for k, vt := range s.shares {
-			if vt <= floor {
-				delete(s.shares, k)
-			}
-		}
+	if c := s.shares.by[o]; c != nil && c.vt > floor {
+		base = c.vt
 	}
 	return base
 }
 
-func (s *tbState) setShare(o Owner, vt float64) {
-	if s.shares == nil {
-		s.shares = make(map[Owner]float64)
+// setShare sets owner's share clock to vt. An owner's first clock drops
+// the clocks below floor (now − burst/rate, under which a clock limits
+// nothing), as the Redis script's ZREMRANGEBYSCORE does when its ZADD adds
+// a member, and only then. A clock below the floor is the same as none
+// while the rule stands and the clock moves on, but not after a rule that
+// lengthened burst/rate or a clock that went back: the memory store kept
+// clocks until they outnumbered the holders, the Redis store dropped them
+// at the next new owner, and the two stores granted a lease on a shared
+// key 2 and 3 tokens (TestStoresAgreeRuleChanges).
+func (s *tbState) setShare(o Owner, vt, floor float64) {
+	sc := &s.shares
+	if c := sc.by[o]; c != nil {
+		c.vt = vt
+		heap.Fix(sc, c.index)
+		return
 	}
-	s.shares[o] = vt
+	if sc.by == nil {
+		sc.by = make(map[Owner]*shareClock)
+	}
+	c := &shareClock{owner: o, vt: vt}
+	sc.by[o] = c
+	heap.Push(sc, c)
+	for len(sc.h) > 0 && sc.h[0].vt < floor {
+		delete(sc.by, heap.Pop(sc).(*shareClock).owner)
+	}
+}
+
+// shareClock is one owner's fair-share clock.
+type shareClock struct {
+	owner Owner
+	vt    float64 // µs
+	index int     // in shareClocks.h
+}
+
+// shareClocks are a key's share clocks, by owner and in a min-heap by
+// clock, so that dropping those below the floor costs O(log n) each, not
+// a scan (the Redis store's sorted set, rl:{key}:s).
+type shareClocks struct {
+	by map[Owner]*shareClock
+	h  []*shareClock
+}
+
+func (sc *shareClocks) Len() int           { return len(sc.h) }
+func (sc *shareClocks) Less(i, j int) bool { return sc.h[i].vt < sc.h[j].vt }
+func (sc *shareClocks) Swap(i, j int) {
+	sc.h[i], sc.h[j] = sc.h[j], sc.h[i]
+	sc.h[i].index, sc.h[j].index = i, j
+}
+func (sc *shareClocks) Push(x any) {
+	c := x.(*shareClock)
+	c.index = len(sc.h)
+	sc.h = append(sc.h, c)
+}
+func (sc *shareClocks) Pop() any {
+	old := sc.h
+	c := old[len(old)-1]
+	old[len(old)-1] = nil
+	sc.h = old[:len(old)-1]
+	return c
 }
 
 func (s *tbState) remaining() int64 {
@@ -591,7 +635,7 @@ func (s *tbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 				// tokens taken from the spare above a quarter full are
 				// free.
 				adv := min(float64(g), share)
-				s.setShare(owner, base+float64(float64(adv*float64(h))/b.ratePerMicro()))
+				s.setShare(owner, base+float64(float64(adv*float64(h))/b.ratePerMicro()), float64(now)-float64(b.Burst)/b.ratePerMicro())
 			}
 			o.Granted = g
 			o.LeaseID = op.NewLeaseID

@@ -117,3 +117,48 @@ func TestRedisMemoryWindows(t *testing.T) {
 		}
 	}
 }
+
+// TestStoresAgreeRuleChanges is the random walk of TestStoresAgree over
+// every algorithm at once, with rule changes (a key's next ops under
+// another bucket: another algorithm, period, limit, burst or lease TTL,
+// while its leases of the old rule are open) and a clock that sometimes
+// goes back (Redis TIME after a failover to a replica whose clock is
+// behind): both stores must give identical answers throughout.
+func TestStoresAgreeRuleChanges(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	b := func(alg leases.Algorithm, limit int64, period time.Duration, burst int64, ttl time.Duration) leases.Bucket {
+		return leases.Bucket{Algorithm: alg, Limit: limit, Period: period, Burst: burst, LeaseTTL: ttl}
+	}
+	all := []leases.Bucket{
+		b(leases.TokenBucket, 13, time.Second, 13, 300*time.Millisecond),
+		b(leases.TokenBucket, 50, 100*time.Millisecond, 20, 50*time.Millisecond),
+		b(leases.FixedWindow, 13, time.Second, 13, 300*time.Millisecond),
+		b(leases.FixedWindow, 50, 100*time.Millisecond, 50, 2*time.Second),
+		b(leases.SlidingWindowCounter, 13, time.Second, 13, 300*time.Millisecond),
+		b(leases.SlidingWindowCounter, 3, 7*time.Millisecond, 3, 20*time.Millisecond),
+		b(leases.SlidingWindowLog, 13, time.Second, 13, 300*time.Millisecond),
+		b(leases.SlidingWindowLog, 40, 200*time.Millisecond, 40, 50*time.Millisecond),
+		b(leases.LeakyBucket, 7, time.Second, 13, 300*time.Millisecond),
+		b(leases.LeakyBucket, 1000, time.Minute, 50, 2*time.Second),
+	}
+	cases := []agreeCase{{
+		name:    "reloads",
+		buckets: all,
+		keys:    []string{"a", "b", "c"},
+		owners:  []string{"x/1", "y/1", "z/1", "x/2"},
+		steps:   4000, maxStep: 5 * time.Millisecond, abandon: 6, takes: 5, maxCost: 5,
+		reload: 8,
+	}, {
+		name:    "reloads and a clock that goes back",
+		buckets: all,
+		keys:    []string{"a", "b"},
+		owners:  []string{"x/1", "y/1", "x/2"},
+		steps:   4000, maxStep: 5 * time.Millisecond, abandon: 6, takes: 5, maxCost: 5,
+		reload: 20, back: 4, floors: true, defers: 5,
+	}}
+	for _, c := range cases {
+		c.seed, c.offset = [2]uint64{5, 6}, 654_321*time.Microsecond
+		t.Run(c.name, func(t *testing.T) { agree(t, rdb, c) })
+	}
+}
