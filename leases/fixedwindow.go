@@ -177,7 +177,19 @@ func (s *fwState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOut
 
 func (s *fwState) take(b *Bucket, cost, floor int64, maxDelay time.Duration, now int64) TakeOutcome {
 	s.bucket = *b
-	return windowTake(s, b, cost, floor, now)
+	start, cur, prev, taken := s.start, s.cur, s.prev, s.taken
+	o := windowTake(s, b, cost, floor, now)
+	if !o.Taken && o.Expired == 0 && (s.start == start || s.out == 0) {
+		// A denial that closed no lease and carried none into a new
+		// window changes nothing: the Redis store writes nothing then,
+		// and the next call rolls again from the window it stored. Keep
+		// that window here too: after a reload to a longer period, the
+		// memory store counted from a window that a denied take had
+		// rolled to (nothing), Redis from the one before (the tokens
+		// spent in it).
+		s.start, s.cur, s.prev, s.taken = start, cur, prev, taken
+	}
+	return o
 }
 
 // refund gives back up to cost of the tokens taken directly in this

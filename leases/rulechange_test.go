@@ -198,3 +198,48 @@ func TestRuleChangeShorterWindowWithoutRollKeepsKeys(t *testing.T) {
 	assert.Equal(t, got["memory"], got["redis"], "stores answer alike")
 	assert.False(t, got["redis"], "a 1 s window admits 100 beside an open lease of 100")
 }
+
+// TestRuleChangeDeniedTakeKeepsWindow (found by the invariant review's
+// walk with rule changes, TestStoresAgreeRuleChanges): a take denied in a
+// later window, closing no lease, writes nothing in Redis, whose next call
+// rolls again from the window it stored; the memory store kept the roll.
+// Under the same rule the two are the same, but not after a reload to a
+// longer period whose aligned window starts before the stored one, where a
+// window stays: the memory store counted from the empty window the denial
+// had rolled to (13 free of 13), Redis from the window of the tokens spent
+// 2 ms before (11 free). The memory store now keeps the window as Redis
+// does.
+func TestRuleChangeDeniedTakeKeepsWindow(t *testing.T) {
+	for _, alg := range []leases.Algorithm{leases.FixedWindow, leases.SlidingWindowCounter} {
+		t.Run(string(alg), func(t *testing.T) {
+			mem, red, clock, _ := ruleChangeStores(t)
+			ctx := context.Background()
+			// 100 ms into a second: the 7 ms windows below lie in it.
+			clock.Advance(time.Duration(1_100_000-clock.Now().UnixMicro()%1_000_000) * time.Microsecond)
+			short := leases.Bucket{Algorithm: alg, Limit: 3, Period: 7 * time.Millisecond, Burst: 3, LeaseTTL: time.Second}
+			long := leases.Bucket{Algorithm: alg, Limit: 13, Period: time.Second, Burst: 13, LeaseTTL: time.Second}
+			take := func(b leases.Bucket, cost int64) map[string]leases.TakeOutcome {
+				got := map[string]leases.TakeOutcome{}
+				for name, s := range named(mem, red) {
+					out, err := s.Take(ctx, []leases.TakeOp{{Key: "k", Bucket: b, Cost: cost}})
+					require.NoError(t, err)
+					got[name] = out[0]
+				}
+				require.Equal(t, got["memory"], got["redis"], "the stores answer alike")
+				return got
+			}
+			require.True(t, take(short, 2)["memory"].Taken)
+			clock.Advance(16 * time.Millisecond) // two windows later
+			require.False(t, take(short, 4)["memory"].Taken, "more than the limit: denied, nothing changed")
+			clock.Advance(time.Millisecond) // the rule is 13 per second now
+			free := map[string]int64{}
+			for name, s := range named(mem, red) {
+				st, err := s.State(ctx, "k", long)
+				require.NoError(t, err)
+				free[name] = st.Free
+			}
+			assert.Equal(t, free["redis"], free["memory"], "the stores count alike")
+			t.Logf("free under the new rule: %v", free)
+		})
+	}
+}

@@ -161,4 +161,23 @@ func TestStoresAgreeRuleChanges(t *testing.T) {
 		c.seed, c.offset = [2]uint64{5, 6}, 654_321*time.Microsecond
 		t.Run(c.name, func(t *testing.T) { agree(t, rdb, c) })
 	}
+	// More rules, shorter periods, changed more often: a take denied in a
+	// later window of a window algorithm, which Redis does not write,
+	// followed by a reload to a longer period (the memory store counted
+	// from the window the denial rolled to; see
+	// TestRuleChangeDeniedTakeKeepsWindow).
+	more := []leases.Bucket{
+		all[0], all[1], b(leases.TokenBucket, 3, 7*time.Millisecond, 5, 20*time.Millisecond),
+		all[2], all[3], b(leases.FixedWindow, 5, 3*time.Millisecond, 5, time.Second),
+		all[4], all[5], b(leases.SlidingWindowCounter, 40, 200*time.Millisecond, 40, time.Second),
+		all[6], all[7], b(leases.SlidingWindowLog, 7, 64*time.Millisecond, 7, 2*time.Second),
+		all[8], all[9], b(leases.LeakyBucket, 909_091, time.Second, 30, time.Millisecond),
+	}
+	t.Run("many rules", func(t *testing.T) {
+		agree(t, rdb, agreeCase{
+			name: "many rules", buckets: more, keys: []string{"a", "b}"}, owners: []string{"x/1", "y/1", "x/2", "z/1"},
+			steps: 1500, maxStep: 5 * time.Millisecond, abandon: 5, takes: 4, maxCost: 6, reload: 5, defers: 4,
+			seed: [2]uint64{5, 99}, offset: 5 * 7777 * time.Microsecond,
+		})
+	})
 }
