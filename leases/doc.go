@@ -527,7 +527,8 @@
 // with their slices, the holder counts), plus a sorted set of expiries,
 // rl:{key}:lb:z, while a lease is open. Both expire once the queue is
 // empty and the last lease has ended; a key with an empty queue and no
-// lease is deleted at once. Should the hash be evicted alone, TAT restarts
+// lease is deleted at once (and the memory store forgets its TAT then, so
+// that the two agree when the clock goes back). Should the hash be evicted alone, TAT restarts
 // at the latest expiry in the index, after every slice handed out.
 //
 // TAT is exact: whole µs and the fraction of a µs apart (lbTime; in Redis

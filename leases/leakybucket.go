@@ -77,8 +77,10 @@ type lbState struct {
 	bucket Bucket         // parameters of the last operation, for the idle sweep
 }
 
-func newLBState(b *Bucket, now int64) *lbState {
-	return &lbState{tat: lbAt(now), bucket: *b}
+// newLBState returns a key's state with no TAT (zero, before any now): an
+// empty queue whatever the clock says, as a key without a hash in Redis.
+func newLBState(b *Bucket, _ int64) *lbState {
+	return &lbState{bucket: *b}
 }
 
 func (s *lbState) algorithm() Algorithm { return LeakyBucket }
@@ -237,7 +239,26 @@ func (s *lbState) status(b *Bucket, now int64, t float64) (int64, time.Duration)
 	return max(0, lbFree(b, start, now, t)), usToMillisUp(s.tat.since(now))
 }
 
+// forget forgets TAT when the queue is empty and no lease is open at now,
+// as the Redis store deletes such a state whenever it writes one: a state
+// the same as none while the clock moves on, but not when it goes back
+// (Redis TIME after a failover to a replica whose clock is behind, the
+// memory store's wall clock stepped back). The memory store kept TAT, so
+// after the clock went back 1 ms it found a queue (12 slots free of 13)
+// where Redis found none (13).
+func (s *lbState) forget(now int64) {
+	if len(s.leases) == 0 && !s.tat.after(now) {
+		s.tat = lbTime{}
+	}
+}
+
 func (s *lbState) lease(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOutcome {
+	o := s.leaseOp(b, owner, op, now)
+	s.forget(now) // the Redis script writes the state at every lease call
+	return o
+}
+
+func (s *lbState) leaseOp(b *Bucket, owner Owner, op *LeaseOp, now int64) LeaseOutcome {
 	s.bucket = *b
 	t := b.interval()
 	var o LeaseOutcome
@@ -323,6 +344,9 @@ func (s *lbState) take(b *Bucket, cost, floor int64, maxDelay time.Duration, now
 		o.RetryAfter = usToMillisUp(start.since(now) - float64(float64(b.Burst-floor-cost)*t))
 	}
 	o.Remaining, o.Reset = s.status(b, now, t)
+	if (o.Taken && cost > 0) || o.Expired > 0 {
+		s.forget(now) // the Redis script writes the state only then
+	}
 	return o
 }
 
@@ -334,12 +358,15 @@ func (s *lbState) take(b *Bucket, cost, floor int64, maxDelay time.Duration, now
 // back.
 func (s *lbState) refund(b *Bucket, cost int64, at int64, now int64) {
 	s.bucket = *b
-	s.expire(now)
+	if s.expire(now) > 0 {
+		defer s.forget(now) // the Redis script writes the state then
+	}
 	t := b.interval()
 	if at <= 0 || cost <= 0 || t < 1 || s.tat.i != float64(at) {
 		return
 	}
 	s.tat = s.tat.add(-(float64(cost) * t)).later(now)
+	s.forget(now)
 }
 
 // idle reports whether the queue is empty and no lease is open at now.
