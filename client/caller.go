@@ -468,9 +468,9 @@ func validateTakes(req *protocol.LeaseRequest, res []protocol.CheckResponse) err
 				return fmt.Errorf("%w: take %d answers key %q for %q", ErrServerResponse, i, k.Key, t.Keys[j])
 			case r.Allowed && !k.Allowed:
 				return fmt.Errorf("%w: take %d allowed although key %q denied", ErrServerResponse, i, k.Key)
-			case k.RetryAfterMillis < 0 || k.RetryAfterMillis > int64(24*time.Hour/time.Millisecond):
+			case k.RetryAfterMillis < 0 || k.RetryAfterMillis > protocol.MaxWaitMillis:
 				return fmt.Errorf("%w: take %d key %q: retry_after_ms out of range", ErrServerResponse, i, k.Key)
-			case k.DelayMillis < 0 || k.DelayMillis > int64(24*time.Hour/time.Millisecond):
+			case k.DelayMillis < 0 || k.DelayMillis > protocol.MaxWaitMillis:
 				return fmt.Errorf("%w: take %d key %q: delay_ms out of range", ErrServerResponse, i, k.Key)
 			case k.Burst < 0 || k.Limit < 0 || !periodOK(k.PeriodMillis) || k.LeaseTTLMillis < 0 || k.LeaseTTLMillis > int64(time.Hour/time.Millisecond):
 				return fmt.Errorf("%w: take %d key %q: rule out of range", ErrServerResponse, i, k.Key)
@@ -478,7 +478,7 @@ func validateTakes(req *protocol.LeaseRequest, res []protocol.CheckResponse) err
 				return fmt.Errorf("%w: take %d key %q: limits out of range", ErrServerResponse, i, k.Key)
 			}
 		}
-		if r.RetryAfterMillis < 0 || r.RetryAfterMillis > int64(24*time.Hour/time.Millisecond) {
+		if r.RetryAfterMillis < 0 || r.RetryAfterMillis > protocol.MaxWaitMillis {
 			return fmt.Errorf("%w: take %d: retry_after_ms out of range", ErrServerResponse, i)
 		}
 	}
@@ -512,9 +512,9 @@ func validateResults(req *protocol.LeaseRequest, res []protocol.LeaseResult) err
 			// On every answer: an unlimited key is allowed locally for
 			// its TTL (a lying 10^12 ms once pinned one for 31 years).
 			return bad("ttl_ms out of range")
-		case r.RetryAfterMillis < 0 || r.RetryAfterMillis > int64(24*time.Hour/time.Millisecond):
+		case r.RetryAfterMillis < 0 || r.RetryAfterMillis > protocol.MaxWaitMillis:
 			return bad("retry_after_ms out of range")
-		case r.DelayMillis < 0 || r.DelayMillis > int64(24*time.Hour/time.Millisecond):
+		case r.DelayMillis < 0 || r.DelayMillis > protocol.MaxWaitMillis:
 			return bad("delay_ms out of range")
 		case math.IsNaN(r.SafeRate) || math.IsInf(r.SafeRate, 0) || r.SafeRate < 0:
 			return bad("safe_rate out of range")
@@ -560,7 +560,7 @@ func limitsOK(ls []protocol.LimitStatus) bool {
 // 4h48m, for a failed server.)
 func maxTTLMillis(r *protocol.LeaseResult) int64 {
 	const hour = int64(time.Hour / time.Millisecond)
-	if r.Algorithm != algorithmLeaky || r.Limit <= 0 || r.Granted <= 0 || !periodOK(r.PeriodMillis) || r.DelayMillis < 0 || r.DelayMillis > 24*hour {
+	if r.Algorithm != algorithmLeaky || r.Limit <= 0 || r.Granted <= 0 || !periodOK(r.PeriodMillis) || r.DelayMillis < 0 || r.DelayMillis > protocol.MaxWaitMillis {
 		return hour // out of range ones are refused by their own checks
 	}
 	// Granted ≤ Want ≤ MaxCount (checked before) and PeriodMillis ≤

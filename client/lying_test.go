@@ -668,3 +668,41 @@ func TestPriorityTakeWhileLeaseCallsFail(t *testing.T) {
 	t.Logf("critical decisions allowed on the leased key: %v", bySource)
 	assert.Equal(t, map[Source]int{SourceDirect: 10}, bySource, "critical takes the server answers")
 }
+
+// TestLongWaitsAreAnswers: a wait longer than a day, which a rule may
+// produce (a token bucket of 1 a day asked for 5 tokens; a leaky bucket's
+// queue of four days' slots), is a server's answer, not a lie: the client
+// took any retry_after_ms or delay_ms above 24 h for a lying server, went
+// offline (ServerErrors 1, Online false) and decided every key by the
+// fallback, which under FallbackOpen allows while the servers answer.
+func TestLongWaitsAreAnswers(t *testing.T) {
+	const rules = `
+rules:
+  - {name: slow, match: "slow:*", limit: 1, period: 24h, burst: 10}
+  - {name: queue, match: "queue:*", algorithm: leaky_bucket, limit: 10, period: 24h, burst: 40}
+`
+	srv := leasetest.Start(t, rules, leasetest.Options{})
+	c, err := New(Config{Servers: []string{srv.URL()}, ProbeTimeout: -1, LeaseMinTokens: 1000, Fallback: FallbackOpen})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	ctx := context.Background()
+
+	require.True(t, c.AllowN(ctx, 5, "slow:a").Allowed)
+	require.True(t, c.AllowN(ctx, 5, "slow:a").Allowed)
+	d := c.AllowN(ctx, 5, "slow:a")
+	assert.False(t, d.Allowed, "the bucket is empty: %+v", d)
+	assert.Equal(t, SourceDirect, d.Source)
+	assert.Greater(t, d.RetryAfter, 4*24*time.Hour, "5 tokens at 1 a day")
+	assert.LessOrEqual(t, d.RetryAfter, 5*24*time.Hour)
+
+	require.True(t, c.AllowN(ctx, 15, "queue:a").Allowed, "the queue is empty: its 15 slots start now")
+	d = c.AllowN(ctx, 15, "queue:a")
+	assert.False(t, d.Allowed, "the next slot is 36 h away: Allow does not wait: %+v", d)
+	assert.Equal(t, SourceDirect, d.Source)
+	assert.Greater(t, d.RetryAfter, 24*time.Hour)
+
+	s := c.Stats()
+	assert.Zero(t, s.ServerErrors, "answers, not failures")
+	assert.Zero(t, s.FallbackDecisions)
+	assert.True(t, s.Online)
+}

@@ -408,7 +408,7 @@ func (l *Limit) validate() error {
 // deferred a grant of 2×10^8 tokens with a delay of 0 on an empty bucket,
 // 1.2×10^9 admitted at one instant in the memory store, and failed every
 // call on its key in Redis, after writing half its state.
-const MaxFillTime = 100 * 365 * 24 * time.Hour
+const MaxFillTime = protocol.MaxFillMillis * time.Millisecond
 
 // fillTime returns the time b's capacity takes to refill (or drain), in
 // ns, 0 for the windows, which have no burst.

@@ -31,6 +31,17 @@ const (
 	MaxLimits = 8
 	// MaxPeriodMillis is the longest period of a limit, in ms (24 h).
 	MaxPeriodMillis = 24 * 60 * 60 * 1000
+	// MaxFillMillis is the longest a limit's capacity may take to refill
+	// (a token bucket's burst) or to drain (a leaky bucket's queue), in ms
+	// (100 years): a server refuses a rule beyond it.
+	MaxFillMillis = 100 * 365 * 24 * 60 * 60 * 1000
+	// MaxWaitMillis is the longest retry_after_ms or delay_ms a server may
+	// answer: a refill of twice MaxFillMillis (a bucket in debt of
+	// deferred grants refills the debt first) after leases or windows of
+	// MaxPeriodMillis at most. A client takes a longer one for a lying
+	// server's; waits beyond a day are correct answers (5 tokens of a
+	// limit of 1 a day).
+	MaxWaitMillis = 2*MaxFillMillis + MaxPeriodMillis
 )
 
 // ValidLeaseID reports whether id is a lease_id the protocol allows: 1 to
