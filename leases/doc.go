@@ -181,7 +181,16 @@
 // token bucket's burst, a window's limit, a leaky bucket's queue), the
 // old leases included: 10 tokens leased under 10 per hour, then a change
 // to fixed_window, admit 10 more within the hour
-// (server.TestReloadAlgorithmChangeBound). The
+// (server.TestReloadAlgorithmChangeBound). A rule's limits are stored by
+// their place in Rule.Limits (limitKey): a reload that removes or
+// reorders them gives a limit the state of the one that stood at its
+// place before, and counts as that place's change of algorithm or
+// period, with the same bound ([fixed_window 10/s, token_bucket 100/day]
+// with 100 admitted, then [token_bucket 100/day], admits 100 more that
+// day, found by the invariant review). Keys by the limit's own parameters
+// would keep a moved limit's count, but would lose the count of a limit
+// whose period changes, which is kept now, and would need the stored
+// state moved at upgrade. The
 // hash's TTL is set with half again of slack, and the Redis time it runs
 // to is kept beside x; a write whose need it still covers leaves it
 // running, so a renewal runs EVALSHA, TIME, HMGET and HSET, and a PEXPIRE
