@@ -187,7 +187,8 @@
 // place before, and counts as that place's change of algorithm or
 // period, with the same bound ([fixed_window 10/s, token_bucket 100/day]
 // with 100 admitted, then [token_bucket 100/day], admits 100 more that
-// day, found by the invariant review). Keys by the limit's own parameters
+// day, found by the invariant review; server.TestReloadLimitRemovedBound).
+// Keys by the limit's own parameters
 // would keep a moved limit's count, but would lose the count of a limit
 // whose period changes, which is kept now, and would need the stored
 // state moved at upgrade. The

@@ -191,6 +191,36 @@ func TestReloadAlgorithmChangeBound(t *testing.T) {
 	}
 }
 
+// TestReloadLimitRemovedBound: a rule's limits are kept by their place in
+// its list, so a reload that drops the first one gives the second, which
+// did not change, the first one's state: that is a change of the place's
+// algorithm or period, with its bound, the rule's bound plus one capacity
+// of the limit now there (the invariant review's candidate A, documented:
+// README, leases/doc.go).
+func TestReloadLimitRemovedBound(t *testing.T) {
+	const daily = 10
+	before := "rules:\n  - name: r\n    match: \"k:*\"\n    limits:\n      - {limit: 1000, period: 1s}\n      - {limit: 10, period: 24h}\n"
+	after := "rules:\n  - name: r\n    match: \"k:*\"\n    limits:\n      - {limit: 10, period: 24h}\n"
+	f := newFixture(t, before, frozenStore(t), Options{ReloadInterval: -1})
+	var admitted int64
+	for range 2 * daily {
+		if f.check("", "k:1").Allowed {
+			admitted++
+		}
+	}
+	require.EqualValues(t, daily, admitted, "the daily limit binds")
+
+	f.writeRules(after)
+	require.NoError(t, f.srv.Reload())
+	for range 2 * daily {
+		if f.check("", "k:1").Allowed {
+			admitted++
+		}
+	}
+	assert.LessOrEqual(t, admitted, int64(2*daily), "the stated bound: the limit plus one capacity of the limit now at the first place")
+	assert.Greater(t, admitted, int64(daily), "the daily limit moved to the first limit's state, as documented")
+}
+
 // TestReloadEmptyFileKeepsRules: a rules file caught empty while it is
 // rewritten in place (a shell's "> rules.yaml", an editor that truncates
 // then writes) is refused at reload, not put in force: it parsed as a
