@@ -172,14 +172,14 @@
 // than grant a part of it (see leases/doc.go; the floor there is 20); its
 // Redis commands per decision went from 0.57 before these changes
 // (BENCHMARKS.md at commit 8f67f6e) to 0.16 in the committed BENCHMARKS.md
-// (27 lease calls per 1,000 decisions there). It loses 0.6–0.9% of the
-// exact bucket's admissions in a 4 s run (0.76%, 31 tokens, in the
-// committed one) and 0.26%, about 30 tokens, in one 12 s run (go test
-// -run '^$' -bench 'Compare/^(hot|saturated)$/a-lease' -benchtime 12s
-// ./e2e/compare/, not committed as a report): about as many as were
-// granted out of the refill and still held in leases when the run stops
-// (Stats.TokensHeld less the bucket's debt then: 87 − 53 = 34 beside 31
-// lost in the committed run).
+// (27 lease calls per 1,000 decisions there). It loses 0.6–1.0% of the
+// exact bucket's admissions in a 4 s run (0.63%, 26 tokens, in the
+// committed one; 0.59% to 1.00% in fifteen runs alone) and 0.26%, about
+// 30 tokens, in one 12 s run (go test -run '^$' -bench
+// 'Compare/^(hot|saturated)$/a-lease' -benchtime 12s ./e2e/compare/, not
+// committed as a report): about as many as were granted out of the refill
+// and still held in leases when the run stops (Stats.TokensHeld less the
+// bucket's debt then: 75 − 45 = 30 beside 26 lost in the committed run).
 //
 // # Priorities
 //
