@@ -110,15 +110,16 @@ type Decided struct {
 func (l *Limiter) Decide(ctx context.Context, keys []string, cost int64) (out Decided) {
 	d := l.c.AllowN(ctx, cost, keys...)
 	out.Decision = d
+	// ended: the context ended before a server decided (the client's
+	// decision carries the context's error): no limit judged the request.
+	ended := d.Err != nil && ctx.Err() != nil && errors.Is(d.Err, ctx.Err())
 	switch {
 	case d.Allowed:
 		l.allowed.Add(1)
 		l.admit(&out, OutcomeAllowed, true)
 		return out
-	case d.Err != nil && ctx.Err() != nil && errors.Is(d.Err, ctx.Err()) && !l.shadow:
-		// The context ended before a server decided (the client's
-		// decision carries its error): no limit judged the request. The
-		// request's end, as when the context ends while it waits in the
+	case ended && !l.shadow:
+		// The request's end, as when the context ends while it waits in the
 		// queue; it was VerdictDeny without a queue, a rate limit by
 		// every sign (grpclimit answered ResourceExhausted, found by
 		// review). Shadow mode admits it, as it admits a closed client's.
@@ -127,7 +128,7 @@ func (l *Limiter) Decide(ctx context.Context, keys []string, cost int64) (out De
 		out.Fields = l.headers != HeadersNone && len(d.Limits) > 0
 		out.State = true
 		return out
-	case d.Err != nil && d.Source != client.SourceClosed && !(ctx.Err() != nil && errors.Is(d.Err, ctx.Err())):
+	case d.Err != nil && d.Source != client.SourceClosed && !ended:
 		// (A closed client's decision carries ErrClosed: it goes on
 		// below, as a closing; in shadow mode, so does one whose context
 		// ended before a server decided it.)
